@@ -1,0 +1,486 @@
+//! The configuration model. Serde structs with `deny_unknown_fields` are deserialized with
+//! the key path tracked, then validated into typed values.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    net::SocketAddr,
+    num::NonZeroUsize,
+    path::PathBuf,
+    time::Duration,
+};
+
+use serde::Deserialize;
+use serde_json::Value as Json;
+use toml::Table;
+
+use crate::ConfigError;
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// The gRPC server.
+    pub server: ServerConfig,
+    /// The local worker pool.
+    pub workers: WorkersConfig,
+    /// Logs and traces.
+    pub telemetry: TelemetryConfig,
+    /// Which built-in tools are on.
+    pub builtin: BuiltinConfig,
+    /// Tools defined in the file.
+    pub tools: ToolsConfig,
+}
+
+/// `[server]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    /// Listen address.
+    pub listen: SocketAddr,
+    /// Time in-flight calls get to finish on shutdown.
+    pub shutdown_grace: Duration,
+    /// Call timeout when neither client nor tool sets one.
+    pub default_call_timeout: Duration,
+    /// Upper bound of any call's timeout.
+    pub max_call_timeout: Duration,
+    /// Config file poll interval; `None`: reload on SIGHUP only.
+    pub reload_poll: Option<Duration>,
+}
+
+/// `[workers]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkersConfig {
+    /// Number of supervised workers.
+    pub size: NonZeroUsize,
+    /// Calls that may wait for a worker.
+    pub queue: usize,
+}
+
+/// `[telemetry]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TelemetryConfig {
+    /// Log filter.
+    pub log: String,
+    /// OTLP/gRPC endpoint; `None` falls back to `OTEL_EXPORTER_OTLP_ENDPOINT`.
+    pub otlp_endpoint: Option<String>,
+    /// `service.name` of exported spans.
+    pub service_name: String,
+}
+
+/// `[builtin]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BuiltinConfig {
+    /// The reasoning toolkit (`think`, `analyze`).
+    pub reasoning: bool,
+    /// The `echo` tool.
+    pub echo: bool,
+}
+
+/// `[tools]`: tools defined in the file.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ToolsConfig {
+    /// `[[tools.http]]`.
+    pub http: Vec<HttpToolConfig>,
+    /// `[[tools.command]]`.
+    pub command: Vec<CommandToolConfig>,
+}
+
+/// Fields every configured tool has.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCommon {
+    /// Tool name.
+    pub name: String,
+    /// Description for the model.
+    pub description: String,
+    /// JSON Schema of the arguments.
+    pub parameters: Json,
+    /// Labels.
+    pub tags: Vec<String>,
+    /// Longest a call may run.
+    pub timeout: Duration,
+    /// Calls that may run at once; `None`: limited by the pool only.
+    pub max_concurrency: Option<NonZeroUsize>,
+}
+
+/// HTTP methods an HTTP tool may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum HttpMethod {
+    /// GET
+    Get,
+    /// POST
+    Post,
+    /// PUT
+    Put,
+    /// PATCH
+    Patch,
+    /// DELETE
+    Delete,
+}
+
+/// `[[tools.http]]`: a tool that makes one HTTP request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HttpToolConfig {
+    /// Name, description, schema and limits.
+    pub common: ToolCommon,
+    /// Request method.
+    pub method: HttpMethod,
+    /// URL template with `{{param}}` placeholders, URL-encoded on substitution.
+    pub url: String,
+    /// Request headers, `${VAR}` references already resolved.
+    pub headers: BTreeMap<String, String>,
+    /// JSON body template; `"{{param}}"` as a whole string keeps the argument's JSON type.
+    pub body: Option<Json>,
+    /// Dot path into the JSON response, for example `items.0.id`.
+    pub extract: Option<String>,
+    /// Largest response body read; a larger one is an error result.
+    pub max_response_bytes: usize,
+    /// Allow loopback, private and link-local destinations.
+    pub allow_private_network: bool,
+}
+
+/// `[[tools.command]]`: a tool that runs an executable with the arguments on stdin.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CommandToolConfig {
+    /// Name, description, schema and limits.
+    pub common: ToolCommon,
+    /// The executable.
+    pub command: PathBuf,
+    /// Its arguments, passed as they are (no shell).
+    pub args: Vec<String>,
+    /// Extra environment variables.
+    pub env: BTreeMap<String, String>,
+    /// Working directory.
+    pub cwd: Option<PathBuf>,
+    /// Largest stdout read; more is an error result.
+    pub max_output_bytes: usize,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    server: RawServer,
+    workers: RawWorkers,
+    telemetry: RawTelemetry,
+    builtin: RawBuiltin,
+    tools: RawTools,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    listen: SocketAddr,
+    shutdown_grace_ms: u64,
+    default_call_timeout_ms: u64,
+    max_call_timeout_ms: u64,
+    reload_poll_ms: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWorkers {
+    size: NonZeroUsize,
+    queue: usize,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTelemetry {
+    log: String,
+    otlp_endpoint: String,
+    service_name: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBuiltin {
+    reasoning: bool,
+    echo: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTools {
+    #[serde(default)]
+    http: Vec<RawHttpTool>,
+    #[serde(default)]
+    command: Vec<RawCommandTool>,
+}
+
+fn default_timeout_ms() -> u64 {
+    30_000
+}
+
+fn default_max_bytes() -> usize {
+    1024 * 1024
+}
+
+fn empty_object_schema() -> toml::Value {
+    let mut schema = Table::new();
+    schema.insert("type".into(), "object".into());
+    toml::Value::Table(schema)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHttpTool {
+    name: String,
+    description: String,
+    #[serde(default = "empty_object_schema")]
+    parameters: toml::Value,
+    #[serde(default)]
+    tags: Vec<String>,
+    #[serde(default = "default_timeout_ms")]
+    timeout_ms: u64,
+    max_concurrency: Option<NonZeroUsize>,
+    #[serde(default = "default_method")]
+    method: HttpMethod,
+    url: String,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    body: Option<toml::Value>,
+    extract: Option<String>,
+    #[serde(default = "default_max_bytes")]
+    max_response_bytes: usize,
+    #[serde(default)]
+    allow_private_network: bool,
+}
+
+fn default_method() -> HttpMethod {
+    HttpMethod::Get
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCommandTool {
+    name: String,
+    description: String,
+    #[serde(default = "empty_object_schema")]
+    parameters: toml::Value,
+    #[serde(default)]
+    tags: Vec<String>,
+    #[serde(default = "default_timeout_ms")]
+    timeout_ms: u64,
+    max_concurrency: Option<NonZeroUsize>,
+    command: PathBuf,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    cwd: Option<PathBuf>,
+    #[serde(default = "default_max_bytes")]
+    max_output_bytes: usize,
+}
+
+impl Config {
+    pub(crate) fn from_table(
+        origin: &str,
+        table: Table,
+        env: &HashMap<String, String>,
+    ) -> Result<Config, ConfigError> {
+        let key_error = |key: String, reason: String| ConfigError::Key {
+            origin: origin.to_owned(),
+            key,
+            reason,
+        };
+        let raw: RawConfig =
+            serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|error| {
+                key_error(error.path().to_string(), error.inner().message().trim().to_owned())
+            })?;
+
+        let server = ServerConfig {
+            listen: raw.server.listen,
+            shutdown_grace: Duration::from_millis(raw.server.shutdown_grace_ms),
+            default_call_timeout: positive_ms(
+                raw.server.default_call_timeout_ms,
+                "server.default_call_timeout_ms",
+                &key_error,
+            )?,
+            max_call_timeout: positive_ms(
+                raw.server.max_call_timeout_ms,
+                "server.max_call_timeout_ms",
+                &key_error,
+            )?,
+            reload_poll: (raw.server.reload_poll_ms > 0)
+                .then(|| Duration::from_millis(raw.server.reload_poll_ms)),
+        };
+        let telemetry = TelemetryConfig {
+            log: raw.telemetry.log,
+            otlp_endpoint: Some(raw.telemetry.otlp_endpoint).filter(|s| !s.trim().is_empty()),
+            service_name: raw.telemetry.service_name,
+        };
+
+        let mut names = HashMap::new();
+        let mut check_name = |name: &str, key: String| -> Result<(), ConfigError> {
+            if let Some(previous) = names.insert(name.to_owned(), key.clone()) {
+                return Err(key_error(
+                    format!("{key}.name"),
+                    format!("tool name {name:?} is already used by {previous}"),
+                ));
+            }
+            Ok(())
+        };
+
+        let mut http = Vec::new();
+        for (index, raw) in raw.tools.http.into_iter().enumerate() {
+            let key = format!("tools.http[{index}]");
+            check_name(&raw.name, key.clone())?;
+            let common = common(
+                &key,
+                raw.name,
+                raw.description,
+                raw.parameters,
+                raw.tags,
+                raw.timeout_ms,
+                raw.max_concurrency,
+                &key_error,
+            )?;
+            if !(raw.url.starts_with("http://") || raw.url.starts_with("https://")) {
+                return Err(key_error(
+                    format!("{key}.url"),
+                    "must start with http:// or https://".into(),
+                ));
+            }
+            let mut headers = BTreeMap::new();
+            for (name, value) in raw.headers {
+                let resolved = resolve_env_refs(&value, env)
+                    .map_err(|reason| key_error(format!("{key}.headers.{name}"), reason))?;
+                headers.insert(name, resolved);
+            }
+            let body = raw
+                .body
+                .map(to_json)
+                .transpose()
+                .map_err(|reason| key_error(format!("{key}.body"), reason))?;
+            http.push(HttpToolConfig {
+                common,
+                method: raw.method,
+                url: raw.url,
+                headers,
+                body,
+                extract: raw.extract.filter(|s| !s.is_empty()),
+                max_response_bytes: raw.max_response_bytes,
+                allow_private_network: raw.allow_private_network,
+            });
+        }
+
+        let mut command = Vec::new();
+        for (index, raw) in raw.tools.command.into_iter().enumerate() {
+            let key = format!("tools.command[{index}]");
+            check_name(&raw.name, key.clone())?;
+            let common = common(
+                &key,
+                raw.name,
+                raw.description,
+                raw.parameters,
+                raw.tags,
+                raw.timeout_ms,
+                raw.max_concurrency,
+                &key_error,
+            )?;
+            if raw.command.as_os_str().is_empty() {
+                return Err(key_error(format!("{key}.command"), "must not be empty".into()));
+            }
+            command.push(CommandToolConfig {
+                common,
+                command: raw.command,
+                args: raw.args,
+                env: raw.env,
+                cwd: raw.cwd,
+                max_output_bytes: raw.max_output_bytes,
+            });
+        }
+
+        Ok(Config {
+            server,
+            workers: WorkersConfig { size: raw.workers.size, queue: raw.workers.queue },
+            telemetry,
+            builtin: BuiltinConfig { reasoning: raw.builtin.reasoning, echo: raw.builtin.echo },
+            tools: ToolsConfig { http, command },
+        })
+    }
+}
+
+fn positive_ms(
+    ms: u64,
+    key: &str,
+    key_error: &impl Fn(String, String) -> ConfigError,
+) -> Result<Duration, ConfigError> {
+    if ms == 0 {
+        return Err(key_error(key.to_owned(), "must be greater than 0".into()));
+    }
+    Ok(Duration::from_millis(ms))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn common(
+    key: &str,
+    name: String,
+    description: String,
+    parameters: toml::Value,
+    tags: Vec<String>,
+    timeout_ms: u64,
+    max_concurrency: Option<NonZeroUsize>,
+    key_error: &impl Fn(String, String) -> ConfigError,
+) -> Result<ToolCommon, ConfigError> {
+    let valid_name = (1..=64).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if !valid_name {
+        return Err(key_error(
+            format!("{key}.name"),
+            format!("{name:?} must match ^[a-zA-Z0-9_-]{{1,64}}$"),
+        ));
+    }
+    let parameters = to_json(parameters).map_err(|r| key_error(format!("{key}.parameters"), r))?;
+    if parameters.get("type").and_then(Json::as_str) != Some("object") {
+        return Err(key_error(
+            format!("{key}.parameters"),
+            "must be a JSON Schema with type = \"object\"".into(),
+        ));
+    }
+    Ok(ToolCommon {
+        name,
+        description,
+        parameters,
+        tags,
+        timeout: positive_ms(timeout_ms, &format!("{key}.timeout_ms"), key_error)?,
+        max_concurrency,
+    })
+}
+
+/// Converts a TOML value to JSON; TOML datetimes have no JSON counterpart.
+fn to_json(value: toml::Value) -> Result<Json, String> {
+    Ok(match value {
+        toml::Value::String(s) => Json::String(s),
+        toml::Value::Integer(i) => Json::from(i),
+        toml::Value::Float(f) => serde_json::Number::from_f64(f)
+            .map(Json::Number)
+            .ok_or("NaN and infinity are not JSON")?,
+        toml::Value::Boolean(b) => Json::Bool(b),
+        toml::Value::Datetime(d) => return Err(format!("datetime {d} has no JSON form; quote it")),
+        toml::Value::Array(items) => {
+            Json::Array(items.into_iter().map(to_json).collect::<Result<_, _>>()?)
+        }
+        toml::Value::Table(table) => Json::Object(
+            table.into_iter().map(|(k, v)| Ok((k, to_json(v)?))).collect::<Result<_, String>>()?,
+        ),
+    })
+}
+
+/// Replaces `${VAR}` with the variable's value from `env`; a missing variable is an error,
+/// so a secret that did not arrive fails at load time instead of at the first call.
+fn resolve_env_refs(value: &str, env: &HashMap<String, String>) -> Result<String, String> {
+    let mut out = String::with_capacity(value.len());
+    let mut rest = value;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let end = after.find('}').ok_or_else(|| "unterminated ${ in value".to_owned())?;
+        let name = &after[..end];
+        let resolved = env
+            .get(name)
+            .ok_or_else(|| format!("references environment variable {name}, which is not set"))?;
+        out.push_str(resolved);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}

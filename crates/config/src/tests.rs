@@ -1,0 +1,116 @@
+use std::collections::HashMap;
+
+use super::*;
+
+fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+}
+
+#[test]
+fn defaults_parse() {
+    let config = load_str(None, &HashMap::new()).expect("defaults are valid");
+    assert_eq!(config.server.listen.to_string(), "127.0.0.1:50051");
+    assert!(config.builtin.reasoning && config.builtin.echo);
+    assert!(config.telemetry.otlp_endpoint.is_none());
+    assert!(config.tools.http.is_empty() && config.tools.command.is_empty());
+}
+
+#[test]
+fn example_file_parses() {
+    let text = include_str!("../../../deploy/toolmesh.toml");
+    let config = load_str(Some(("toolmesh.toml", text)), &env(&[("WEATHER_API_TOKEN", "t0k")]))
+        .expect("the example config is valid");
+    assert!(!config.tools.http.is_empty());
+    assert!(!config.tools.command.is_empty());
+}
+
+#[test]
+fn file_overrides_defaults_and_env_overrides_file() {
+    let file = "[server]\nlisten = \"127.0.0.1:7000\"\n[workers]\nsize = 3\n";
+    let config = load_str(Some(("f.toml", file)), &env(&[])).unwrap();
+    assert_eq!(config.server.listen.port(), 7000);
+    assert_eq!(config.workers.size.get(), 3);
+    assert_eq!(config.workers.queue, 256, "untouched keys keep their defaults");
+
+    let config = load_str(
+        Some(("f.toml", file)),
+        &env(&[("TOOLMESH__WORKERS__SIZE", "5"), ("TOOLMESH__TELEMETRY__LOG", "debug")]),
+    )
+    .unwrap();
+    assert_eq!(config.workers.size.get(), 5);
+    assert_eq!(config.telemetry.log, "debug");
+}
+
+#[test]
+fn unknown_key_is_named() {
+    let err = load_str(Some(("f.toml", "[server]\nlisten_addr = \"x\"\n")), &env(&[])).unwrap_err();
+    let line = err.to_string();
+    assert!(line.contains("f.toml") && line.contains("listen_addr"), "{line}");
+    assert!(!line.contains('\n'));
+}
+
+#[test]
+fn wrong_type_names_the_key_path() {
+    let file = r#"
+[[tools.command]]
+name = "a"
+description = "d"
+command = "/bin/true"
+timeout_ms = "soon"
+"#;
+    let err = load_str(Some(("f.toml", file)), &env(&[])).unwrap_err();
+    match &err {
+        ConfigError::Key { key, .. } => assert_eq!(key, "tools.command[0].timeout_ms"),
+        other => panic!("unexpected error {other:?}"),
+    }
+}
+
+#[test]
+fn bad_listen_address_is_named() {
+    let err =
+        load_str(Some(("f.toml", "[server]\nlisten = \"nowhere\"\n")), &env(&[])).unwrap_err();
+    assert!(err.to_string().contains("server.listen"), "{err}");
+}
+
+#[test]
+fn header_env_references_resolve_or_fail_loudly() {
+    let file = r#"
+[[tools.http]]
+name = "h"
+description = "d"
+url = "https://example.invalid/{{q}}"
+headers = { Authorization = "Bearer ${TOKEN}" }
+"#;
+    let config = load_str(Some(("f.toml", file)), &env(&[("TOKEN", "s3cret")])).unwrap();
+    assert_eq!(config.tools.http[0].headers["Authorization"], "Bearer s3cret");
+    let err = load_str(Some(("f.toml", file)), &env(&[])).unwrap_err();
+    assert!(err.to_string().contains("tools.http[0].headers.Authorization"), "{err}");
+    assert!(err.to_string().contains("TOKEN"), "{err}");
+}
+
+#[test]
+fn duplicate_and_invalid_names_are_rejected() {
+    let file = r#"
+[[tools.command]]
+name = "x"
+description = "d"
+command = "/bin/true"
+[[tools.http]]
+name = "x"
+description = "d"
+url = "http://127.0.0.1/"
+"#;
+    let err = load_str(Some(("f.toml", file)), &env(&[])).unwrap_err();
+    assert!(err.to_string().contains("already used"), "{err}");
+
+    let file =
+        "[[tools.command]]\nname = \"has space\"\ndescription = \"d\"\ncommand = \"/bin/true\"\n";
+    let err = load_str(Some(("f.toml", file)), &env(&[])).unwrap_err();
+    assert!(err.to_string().contains("tools.command[0].name"), "{err}");
+}
+
+#[test]
+fn syntax_error_names_the_line() {
+    let err = load_str(Some(("f.toml", "[server]\nlisten = \n")), &env(&[])).unwrap_err();
+    assert!(matches!(err, ConfigError::Syntax { line: 2, .. }), "{err:?}");
+}

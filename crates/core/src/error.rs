@@ -1,0 +1,94 @@
+use std::time::Duration;
+
+/// The kinds of failure toolmesh reports, each mapped to one gRPC status code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    /// The caller's input is wrong.
+    InvalidArgument,
+    /// No such tool, or one the caller may not see.
+    NotFound,
+    /// The call is not allowed in the current state.
+    FailedPrecondition,
+    /// The call ran out of time.
+    DeadlineExceeded,
+    /// Limits are reached; retrying later may succeed.
+    ResourceExhausted,
+    /// The caller cancelled the call.
+    Cancelled,
+    /// The backend of the tool cannot be reached.
+    Unavailable,
+    /// toolmesh or the tool broke.
+    Internal,
+}
+
+/// Why a backend could not produce a result. A tool's own failure is not a
+/// `BackendError` but a [`ToolOutput`](crate::ToolOutput) with `is_error` set.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BackendError {
+    /// The tool's concurrency limit and queue are full.
+    #[error("tool {tool} is overloaded: {reason}")]
+    Overloaded {
+        /// The tool.
+        tool: String,
+        /// Which limit was hit.
+        reason: String,
+    },
+    /// The backend is down or unreachable.
+    #[error("backend {backend} is unavailable: {reason}")]
+    Unavailable {
+        /// The backend (server, pool, worker).
+        backend: String,
+        /// What failed.
+        reason: String,
+    },
+    /// The call was cancelled before it finished.
+    #[error("call cancelled")]
+    Cancelled,
+    /// The call's deadline passed before it finished.
+    #[error("call exceeded its deadline of {0:?}")]
+    DeadlineExceeded(Duration),
+    /// The tool crashed (for a local tool: it panicked and its worker was restarted).
+    #[error("tool {tool} crashed during call {call_id}: {reason}")]
+    Crashed {
+        /// The tool.
+        tool: String,
+        /// The call during which it crashed.
+        call_id: String,
+        /// The panic message or exit reason.
+        reason: String,
+    },
+    /// The backend rejected the arguments after schema validation passed.
+    #[error("invalid arguments: {0}")]
+    InvalidArguments(String),
+    /// Anything else that went wrong inside the backend.
+    #[error("backend failure: {0}")]
+    Internal(String),
+}
+
+impl BackendError {
+    /// Returns the error's code.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            BackendError::Overloaded { .. } => ErrorCode::ResourceExhausted,
+            BackendError::Unavailable { .. } => ErrorCode::Unavailable,
+            BackendError::Cancelled => ErrorCode::Cancelled,
+            BackendError::DeadlineExceeded(_) => ErrorCode::DeadlineExceeded,
+            BackendError::Crashed { .. } => ErrorCode::Internal,
+            BackendError::InvalidArguments(_) => ErrorCode::InvalidArgument,
+            BackendError::Internal(_) => ErrorCode::Internal,
+        }
+    }
+
+    /// Returns a short, stable name of the error kind, for the `error.type` span attribute.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            BackendError::Overloaded { .. } => "overloaded",
+            BackendError::Unavailable { .. } => "unavailable",
+            BackendError::Cancelled => "cancelled",
+            BackendError::DeadlineExceeded(_) => "deadline_exceeded",
+            BackendError::Crashed { .. } => "crashed",
+            BackendError::InvalidArguments(_) => "invalid_arguments",
+            BackendError::Internal(_) => "internal",
+        }
+    }
+}

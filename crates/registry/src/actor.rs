@@ -1,0 +1,55 @@
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tracing::debug;
+
+use crate::{Catalog, RegistryMsg, RegistryState};
+
+/// Owns the catalog: applies writes one at a time and publishes each new snapshot.
+///
+/// Its argument is the shared snapshot cell. A restarted registry rebuilds its state from
+/// the last published snapshot, so a restart loses nothing that was committed.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RegistryActor;
+
+impl Actor for RegistryActor {
+    type Msg = RegistryMsg;
+    type State = (RegistryState, Arc<ArcSwap<Catalog>>);
+    type Arguments = Arc<ArcSwap<Catalog>>;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        published: Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let current = Catalog::clone(&published.load());
+        Ok((RegistryState::from_catalog(current), published))
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        message: Self::Msg,
+        (state, published): &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let before = state.catalog().version;
+        match message {
+            RegistryMsg::Register { tool, reply } => {
+                let _ = reply.send(state.register(tool));
+            }
+            RegistryMsg::RegisterToolkit { toolkit, tools, reply } => {
+                let _ = reply.send(state.register_toolkit(toolkit, tools));
+            }
+            RegistryMsg::ReplaceSource { update, reply } => {
+                let _ = reply.send(state.replace_source(update));
+            }
+        }
+        if state.catalog().version != before {
+            let catalog = state.catalog().clone();
+            debug!(version = catalog.version, tools = catalog.tools.len(), "catalog published");
+            published.store(Arc::new(catalog));
+        }
+        Ok(())
+    }
+}

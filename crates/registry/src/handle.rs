@@ -1,0 +1,69 @@
+use std::{sync::Arc, time::Duration};
+
+use arc_swap::ArcSwap;
+use ractor::{ActorRef, rpc::CallResult};
+use toolmesh_core::Toolkit;
+
+use crate::{Catalog, Registered, RegistryError, RegistryMsg, SourceUpdate, ToolEntry};
+
+/// How callers use the registry: reads go to the published snapshot, writes to the actor.
+#[derive(Debug, Clone)]
+pub struct RegistryHandle {
+    actor: Arc<ArcSwap<ActorRef<RegistryMsg>>>,
+    published: Arc<ArcSwap<Catalog>>,
+    timeout: Duration,
+}
+
+impl RegistryHandle {
+    /// Returns a handle to the registry actor held in `actor` (a supervisor swaps in a
+    /// restarted one), which publishes into `published`.
+    pub fn new(
+        actor: Arc<ArcSwap<ActorRef<RegistryMsg>>>,
+        published: Arc<ArcSwap<Catalog>>,
+    ) -> Self {
+        RegistryHandle { actor, published, timeout: Duration::from_secs(10) }
+    }
+
+    /// Returns the current catalog snapshot; no mailbox round trip.
+    pub fn snapshot(&self) -> Arc<Catalog> {
+        self.published.load_full()
+    }
+
+    /// Returns the tool named `name` from the current snapshot.
+    pub fn resolve(&self, name: &str) -> Option<Arc<ToolEntry>> {
+        self.published.load().get(name).cloned()
+    }
+
+    /// Registers a standalone tool.
+    pub async fn register(&self, tool: ToolEntry) -> Result<Registered, RegistryError> {
+        self.call(|reply| RegistryMsg::Register { tool, reply }).await
+    }
+
+    /// Registers a toolkit and its tools, all or nothing.
+    pub async fn register_toolkit(
+        &self,
+        toolkit: Toolkit,
+        tools: Vec<ToolEntry>,
+    ) -> Result<(), RegistryError> {
+        self.call(|reply| RegistryMsg::RegisterToolkit { toolkit, tools, reply }).await
+    }
+
+    /// Replaces all tools and toolkits of one source, all or nothing.
+    pub async fn replace_source(&self, update: SourceUpdate) -> Result<(), RegistryError> {
+        self.call(|reply| RegistryMsg::ReplaceSource { update, reply }).await
+    }
+
+    async fn call<T>(
+        &self,
+        message: impl FnOnce(ractor::RpcReplyPort<Result<T, RegistryError>>) -> RegistryMsg,
+    ) -> Result<T, RegistryError>
+    where
+        T: Send + 'static,
+    {
+        match self.actor.load().call(message, Some(self.timeout)).await {
+            Ok(CallResult::Success(result)) => result,
+            Ok(CallResult::Timeout) => Err(RegistryError::Timeout),
+            Ok(CallResult::SenderError) | Err(_) => Err(RegistryError::Unavailable),
+        }
+    }
+}

@@ -1,0 +1,292 @@
+use std::{collections::BTreeSet, sync::Arc};
+
+use toolmesh_core::{ToolSource, Toolkit};
+use tracing::warn;
+
+use crate::{Catalog, Registered, RegistryError, SourceUpdate, ToolEntry};
+
+/// The [`RegistryActor`](crate::RegistryActor)'s state: the catalog being edited. Every operation works on a copy and
+/// commits it only when the whole operation succeeds, so a rejected request changes nothing.
+#[derive(Debug, Default)]
+pub struct RegistryState {
+    catalog: Catalog,
+}
+
+impl RegistryState {
+    pub(crate) fn from_catalog(catalog: Catalog) -> Self {
+        RegistryState { catalog }
+    }
+
+    pub(crate) fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    pub(crate) fn register(&mut self, tool: ToolEntry) -> Result<Registered, RegistryError> {
+        let mut next = self.catalog.clone();
+        let outcome = insert_standalone(&mut next, tool)?;
+        self.commit(next);
+        Ok(outcome)
+    }
+
+    pub(crate) fn register_toolkit(
+        &mut self,
+        toolkit: Toolkit,
+        tools: Vec<ToolEntry>,
+    ) -> Result<(), RegistryError> {
+        let mut next = self.catalog.clone();
+        insert_toolkit(&mut next, toolkit, tools)?;
+        self.commit(next);
+        Ok(())
+    }
+
+    pub(crate) fn replace_source(&mut self, update: SourceUpdate) -> Result<(), RegistryError> {
+        let mut next = self.catalog.clone();
+        remove_source(&mut next, &update.source);
+        let mut seen = BTreeSet::new();
+        let names = update
+            .tools
+            .iter()
+            .chain(update.toolkits.iter().flat_map(|(_, tools)| tools))
+            .map(|t| &t.spec.name);
+        for name in names {
+            if !seen.insert(name) {
+                return Err(RegistryError::Duplicate(name.clone()));
+            }
+        }
+        for (toolkit, tools) in update.toolkits {
+            insert_toolkit(&mut next, toolkit, tools)?;
+        }
+        for mut tool in update.tools {
+            tool.spec.source = update.source.clone();
+            insert_standalone(&mut next, tool)?;
+        }
+        self.commit(next);
+        Ok(())
+    }
+
+    fn commit(&mut self, mut next: Catalog) {
+        next.version = self.catalog.version + 1;
+        self.catalog = next;
+    }
+}
+
+fn insert_standalone(
+    catalog: &mut Catalog,
+    mut tool: ToolEntry,
+) -> Result<Registered, RegistryError> {
+    if let Some(toolkit) = &tool.spec.toolkit {
+        return Err(RegistryError::Nested {
+            tool: tool.spec.name.clone(),
+            toolkit: toolkit.clone(),
+        });
+    }
+    let name = tool.spec.name.clone();
+    let outcome = match catalog.tools.get(&name) {
+        None => Registered::Added,
+        Some(existing) => {
+            if let Some(toolkit) = &existing.spec.toolkit {
+                return Err(RegistryError::MemberOfToolkit {
+                    tool: name,
+                    toolkit: toolkit.clone(),
+                });
+            }
+            warn!(
+                tool = %name,
+                previous = %existing.spec.source,
+                replacement = %tool.spec.source,
+                "tool registered under a taken name replaces the previous tool"
+            );
+            Registered::Replaced { previous: existing.spec.source.clone() }
+        }
+    };
+    tool.spec.toolkit = None;
+    catalog.tools.insert(name, Arc::new(tool));
+    Ok(outcome)
+}
+
+fn insert_toolkit(
+    catalog: &mut Catalog,
+    mut toolkit: Toolkit,
+    tools: Vec<ToolEntry>,
+) -> Result<(), RegistryError> {
+    if catalog.toolkits.contains_key(&toolkit.name) {
+        return Err(RegistryError::ToolkitExists(toolkit.name));
+    }
+    let mut seen = BTreeSet::new();
+    let mut taken = Vec::new();
+    for tool in &tools {
+        if let Some(other) = tool.spec.toolkit.as_ref().filter(|t| **t != toolkit.name) {
+            return Err(RegistryError::Nested {
+                tool: tool.spec.name.clone(),
+                toolkit: other.clone(),
+            });
+        }
+        if !seen.insert(tool.spec.name.as_str()) {
+            return Err(RegistryError::Duplicate(tool.spec.name.clone()));
+        }
+        if let Some(existing) = catalog.tools.get(&tool.spec.name) {
+            taken.push(format!("{} (from {})", tool.spec.name, existing.spec.source));
+        }
+    }
+    if !taken.is_empty() {
+        return Err(RegistryError::ToolkitCollision { toolkit: toolkit.name, tools: taken });
+    }
+    toolkit.tools = tools.iter().map(|t| t.spec.name.clone()).collect();
+    for mut tool in tools {
+        tool.spec.toolkit = Some(toolkit.name.clone());
+        catalog.tools.insert(tool.spec.name.clone(), Arc::new(tool));
+    }
+    catalog.toolkits.insert(toolkit.name.clone(), Arc::new(toolkit));
+    Ok(())
+}
+
+fn remove_source(catalog: &mut Catalog, source: &ToolSource) {
+    catalog.tools.retain(|_, tool| tool.spec.source != *source);
+    // A toolkit belongs to the source of its tools; one left without tools is gone too.
+    let tools = &catalog.tools;
+    catalog.toolkits.retain(|_, toolkit| toolkit.tools.iter().any(|t| tools.contains_key(t)));
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde_json::{Value, json};
+    use toolmesh_core::{
+        Backend, BackendError, CallContext, ToolOutput, ToolSource, ToolSpec, Toolkit,
+    };
+
+    use super::*;
+
+    struct Nop;
+
+    #[async_trait::async_trait]
+    impl Backend for Nop {
+        async fn call(&self, _: CallContext, _: Value) -> Result<ToolOutput, BackendError> {
+            Ok(ToolOutput::default())
+        }
+    }
+
+    fn tool(name: &str, source: &str) -> ToolEntry {
+        let spec = ToolSpec::new(name, "d", json!({"type": "object"}), ToolSource::local(source));
+        ToolEntry::new(spec, Arc::new(Nop)).unwrap()
+    }
+
+    fn kit(name: &str) -> Toolkit {
+        Toolkit {
+            name: name.into(),
+            description: String::new(),
+            instructions: "i".into(),
+            tools: vec![],
+        }
+    }
+
+    #[test]
+    fn standalone_tool_replaces_a_taken_name() {
+        let mut state = RegistryState::default();
+        assert_eq!(state.register(tool("a", "one")).unwrap(), Registered::Added);
+        let outcome = state.register(tool("a", "two")).unwrap();
+        assert_eq!(outcome, Registered::Replaced { previous: ToolSource::local("one") });
+        assert_eq!(state.catalog().tools["a"].spec.source, ToolSource::local("two"));
+        assert_eq!(state.catalog().version, 2);
+    }
+
+    #[test]
+    fn colliding_toolkit_is_rejected_whole() {
+        let mut state = RegistryState::default();
+        state.register(tool("b", "one")).unwrap();
+        let before = state.catalog().version;
+        let err = state
+            .register_toolkit(kit("k"), vec![tool("a", "kit"), tool("b", "kit"), tool("c", "kit")])
+            .unwrap_err();
+        assert!(matches!(&err, RegistryError::ToolkitCollision { tools, .. } if tools.len() == 1));
+        assert!(err.to_string().contains("b (from local:one)"), "{err}");
+        assert!(!state.catalog().tools.contains_key("a"), "nothing of the toolkit was added");
+        assert!(!state.catalog().toolkits.contains_key("k"));
+        assert_eq!(state.catalog().version, before);
+    }
+
+    #[test]
+    fn toolkit_members_are_marked_and_protected() {
+        let mut state = RegistryState::default();
+        state.register_toolkit(kit("k"), vec![tool("a", "kit"), tool("b", "kit")]).unwrap();
+        assert_eq!(state.catalog().tools["a"].spec.toolkit.as_deref(), Some("k"));
+        assert_eq!(state.catalog().toolkits["k"].tools, vec!["a", "b"]);
+        let err = state.register(tool("a", "other")).unwrap_err();
+        assert!(matches!(err, RegistryError::MemberOfToolkit { .. }));
+        let err = state.register_toolkit(kit("k"), vec![tool("z", "kit")]).unwrap_err();
+        assert_eq!(err, RegistryError::ToolkitExists("k".into()));
+    }
+
+    #[test]
+    fn toolkits_do_not_nest() {
+        let mut state = RegistryState::default();
+        let mut member = tool("a", "kit");
+        member.spec.toolkit = Some("inner".into());
+        let err = state.register_toolkit(kit("outer"), vec![member]).unwrap_err();
+        assert!(matches!(err, RegistryError::Nested { .. }));
+    }
+
+    #[test]
+    fn replace_source_swaps_atomically() {
+        let mut state = RegistryState::default();
+        state.register(tool("keep", "other")).unwrap();
+        let update = |tools: Vec<ToolEntry>| SourceUpdate {
+            source: ToolSource::local("config"),
+            tools,
+            toolkits: vec![],
+        };
+        state.replace_source(update(vec![tool("a", "config"), tool("b", "config")])).unwrap();
+        state.replace_source(update(vec![tool("b", "config"), tool("c", "config")])).unwrap();
+        let names: Vec<_> = state.catalog().tools.keys().cloned().collect();
+        assert_eq!(names, vec!["b", "c", "keep"]);
+
+        let err = state.replace_source(update(vec![tool("d", "config"), tool("d", "config")]));
+        assert_eq!(err.unwrap_err(), RegistryError::Duplicate("d".into()));
+        let names: Vec<_> = state.catalog().tools.keys().cloned().collect();
+        assert_eq!(names, vec!["b", "c", "keep"], "a rejected update changes nothing");
+    }
+
+    #[test]
+    fn arguments_are_checked_against_the_schema() {
+        let spec = ToolSpec::new(
+            "t",
+            "d",
+            json!({"type": "object", "required": ["city"],
+                   "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}}}),
+            ToolSource::local("x"),
+        );
+        let entry = ToolEntry::new(spec, Arc::new(Nop)).unwrap();
+        assert!(entry.check_arguments(&json!({"city": "Lisbon"})).is_empty());
+        let v = entry.check_arguments(&json!({"days": 0}));
+        let rules: Vec<_> = v.iter().map(|v| (v.path.as_str(), v.rule.as_str())).collect();
+        assert!(rules.contains(&("", "required")), "{v:?}");
+        assert!(rules.contains(&("/days", "minimum")), "{v:?}");
+    }
+
+    #[test]
+    fn draft7_schemas_are_understood() {
+        let spec = ToolSpec::new(
+            "t",
+            "d",
+            json!({"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+                   "properties": {"n": {"type": "number", "exclusiveMaximum": 10}},
+                   "dependencies": {"a": ["b"]}}),
+            ToolSource::local("x"),
+        );
+        let entry = ToolEntry::new(spec, Arc::new(Nop)).unwrap();
+        assert!(entry.check_arguments(&json!({"n": 9})).is_empty());
+        assert_eq!(entry.check_arguments(&json!({"n": 10}))[0].rule, "exclusiveMaximum");
+        let missing_b = entry.check_arguments(&json!({"a": 1}));
+        assert_eq!(missing_b.len(), 1, "draft-07 `dependencies` is enforced: {missing_b:?}");
+        assert!(missing_b[0].message.contains("\"b\""), "{missing_b:?}");
+
+    }
+
+    #[test]
+    fn invalid_schema_is_rejected_at_registration() {
+        let spec = ToolSpec::new("t", "d", json!({"type": "objekt"}), ToolSource::local("x"));
+        let err = ToolEntry::new(spec, Arc::new(Nop)).unwrap_err();
+        assert!(matches!(err, RegistryError::InvalidSchema { which: "input", .. }));
+    }
+}

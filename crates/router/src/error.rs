@@ -1,0 +1,126 @@
+use std::collections::HashMap;
+
+use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
+use toolmesh_core::{BackendError, ErrorCode};
+use toolmesh_registry::SchemaViolation;
+
+/// Why a call or listing failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum RouterError {
+    /// No tool of that name (or one the caller may not see).
+    #[error("tool {0} not found")]
+    NotFound(String),
+    /// `arguments_json` is not JSON.
+    #[error("arguments_json is not valid JSON: {0}")]
+    MalformedArguments(String),
+    /// The arguments fail the tool's input schema.
+    #[error("invalid arguments for tool {tool}: {}", join(.violations))]
+    InvalidArguments {
+        /// The tool.
+        tool: String,
+        /// Each failing path and rule.
+        violations: Vec<SchemaViolation>,
+    },
+    /// A request field other than the arguments is wrong.
+    #[error("invalid request: {field}: {reason}")]
+    InvalidRequest {
+        /// The field.
+        field: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The call ran past its deadline.
+    #[error("tool {tool} did not finish within {timeout_ms} ms (call {call_id})")]
+    DeadlineExceeded {
+        /// The tool.
+        tool: String,
+        /// The call.
+        call_id: String,
+        /// The effective timeout.
+        timeout_ms: u128,
+    },
+    /// The caller cancelled.
+    #[error("call {call_id} of tool {tool} was cancelled")]
+    Cancelled {
+        /// The tool.
+        tool: String,
+        /// The call.
+        call_id: String,
+    },
+    /// The backend failed.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+}
+
+fn join(violations: &[SchemaViolation]) -> String {
+    violations.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+}
+
+impl RouterError {
+    /// Returns the error's code.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            RouterError::NotFound(_) => ErrorCode::NotFound,
+            RouterError::MalformedArguments(_)
+            | RouterError::InvalidArguments { .. }
+            | RouterError::InvalidRequest { .. } => ErrorCode::InvalidArgument,
+            RouterError::DeadlineExceeded { .. } => ErrorCode::DeadlineExceeded,
+            RouterError::Cancelled { .. } => ErrorCode::Cancelled,
+            RouterError::Backend(error) => error.code(),
+        }
+    }
+
+    /// Returns a short, stable name of the error, for the `error.type` span attribute.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            RouterError::NotFound(_) => "tool_not_found",
+            RouterError::MalformedArguments(_) => "malformed_arguments",
+            RouterError::InvalidArguments { .. } => "invalid_arguments",
+            RouterError::InvalidRequest { .. } => "invalid_request",
+            RouterError::DeadlineExceeded { .. } => "deadline_exceeded",
+            RouterError::Cancelled { .. } => "cancelled",
+            RouterError::Backend(error) => error.kind(),
+        }
+    }
+
+    /// Returns the gRPC status for this error, with rich details: a `BadRequest` naming
+    /// each failing argument path and rule, or an `ErrorInfo` carrying the call id of a
+    /// crashed tool.
+    pub fn to_status(&self) -> tonic::Status {
+        let code = toolmesh_proto::status_code(self.code());
+        let message = self.to_string();
+        match self {
+            RouterError::InvalidArguments { violations, .. } => {
+                let fields = violations
+                    .iter()
+                    .map(|v| {
+                        let path = if v.path.is_empty() { "/".to_owned() } else { v.path.clone() };
+                        FieldViolation::new(path, format!("{} ({})", v.message, v.rule))
+                    })
+                    .collect::<Vec<_>>();
+                tonic::Status::with_error_details(
+                    code,
+                    message,
+                    ErrorDetails::with_bad_request(fields),
+                )
+            }
+            RouterError::MalformedArguments(reason) => tonic::Status::with_error_details(
+                code,
+                message,
+                ErrorDetails::with_bad_request_violation("arguments_json", reason.clone()),
+            ),
+            RouterError::Backend(BackendError::Crashed { tool, call_id, .. }) => {
+                let metadata = HashMap::from([
+                    ("call_id".to_owned(), call_id.clone()),
+                    ("tool".to_owned(), tool.clone()),
+                ]);
+                tonic::Status::with_error_details(
+                    code,
+                    message,
+                    ErrorDetails::with_error_info("TOOL_CRASHED", "toolmesh", metadata),
+                )
+            }
+            _ => tonic::Status::new(code, message),
+        }
+    }
+}

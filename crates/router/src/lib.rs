@@ -1,0 +1,32 @@
+//! The front door of toolmesh: every call enters here.
+//!
+//! - [`Router`] runs the per-call path in the caller's task (never behind a mailbox):
+//!   resolve the name in the catalog snapshot, validate the arguments against the input
+//!   schema, compute the deadline (the client's, the tool's timeout, the server's cap:
+//!   whichever is sooner), dispatch to the tool's [`Backend`](toolmesh_core::Backend), cancel
+//!   the backend when the caller goes away, and check the output schema.
+//! - [`ToolServiceImpl`] is the gRPC `toolmesh.v1.ToolService` on top of it: paging and
+//!   filters for `ListTools`, `CallTool`, and the `StreamCallTool` stream of progress,
+//!   partial outputs and the result.
+//! - [`RouterActor`] supervises the [`RegistryActor`](toolmesh_registry::RegistryActor); a
+//!   registry that dies is restarted from the last published catalog.
+//!
+//! ```text
+//! RouterActor
+//!  └── RegistryActor (publishes Catalog snapshots)
+//! ```
+//!
+//! [`RouterError`] is mapped to a gRPC status once, in [`RouterError::to_status`].
+
+mod actor;
+mod convert;
+mod deadline;
+mod error;
+mod router;
+mod service;
+
+pub use actor::{RouterActor, RouterMsg, start_registry};
+pub use deadline::parse_grpc_timeout;
+pub use error::RouterError;
+pub use router::{CallRequest, Router, RouterOptions};
+pub use service::ToolServiceImpl;

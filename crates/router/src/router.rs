@@ -1,0 +1,201 @@
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use toolmesh_core::{BackendError, CallContext, ContentPart, EventSink, ToolOutput};
+use toolmesh_registry::RegistryHandle;
+use toolmesh_telemetry::names;
+use tracing::{Instrument, Span, field::Empty, info_span};
+
+use crate::RouterError;
+
+/// Timeouts the router applies.
+#[derive(Debug, Clone, Copy)]
+pub struct RouterOptions {
+    /// Timeout of a call when neither the client nor the tool sets one.
+    pub default_timeout: Duration,
+    /// No call runs longer than this.
+    pub max_timeout: Duration,
+}
+
+impl Default for RouterOptions {
+    fn default() -> Self {
+        RouterOptions {
+            default_timeout: Duration::from_secs(60),
+            max_timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+/// One call as the router receives it.
+#[derive(Debug, Clone, Default)]
+pub struct CallRequest {
+    /// Tool name.
+    pub name: String,
+    /// Arguments as JSON text; empty means `{}`.
+    pub arguments_json: String,
+    /// Caller's call id; generated when empty.
+    pub call_id: String,
+    /// Agent session, if any.
+    pub session_id: String,
+    /// The client's own deadline (from `grpc-timeout`), if any.
+    pub client_timeout: Option<Duration>,
+}
+
+/// Runs calls: resolve, validate, dispatch with deadline and cancellation, shape results.
+/// Cheap to clone; every call runs in the caller's own task.
+#[derive(Debug, Clone)]
+pub struct Router {
+    registry: RegistryHandle,
+    options: RouterOptions,
+}
+
+impl Router {
+    /// Returns a router over `registry`.
+    pub fn new(registry: RegistryHandle, options: RouterOptions) -> Self {
+        Router { registry, options }
+    }
+
+    /// Returns the registry handle.
+    pub fn registry(&self) -> &RegistryHandle {
+        &self.registry
+    }
+
+    /// Returns a fresh call id (UUIDv7: unique and ordered by time).
+    pub fn new_call_id() -> String {
+        uuid::Uuid::now_v7().to_string()
+    }
+
+    /// Runs one call. Progress and partial outputs go to `events`. Cancelling `cancel`, or
+    /// dropping the returned future, stops the tool. Returns the call id with the output.
+    pub async fn call(
+        &self,
+        request: CallRequest,
+        events: EventSink,
+        cancel: CancellationToken,
+    ) -> Result<(String, ToolOutput), RouterError> {
+        let call_id =
+            if request.call_id.is_empty() { Self::new_call_id() } else { request.call_id.clone() };
+        let span = info_span!(
+            "execute_tool",
+            otel.name = %format!("{} {}", names::OP_EXECUTE_TOOL, request.name),
+            otel.status_code = Empty,
+            { names::GEN_AI_OPERATION_NAME } = names::OP_EXECUTE_TOOL,
+            { names::GEN_AI_TOOL_NAME } = %request.name,
+            { names::GEN_AI_TOOL_CALL_ID } = %call_id,
+            { names::GEN_AI_TOOL_TYPE } = "function",
+            { names::TOOLMESH_SESSION_ID } = %request.session_id,
+            { names::TOOLMESH_SOURCE_KIND } = Empty,
+            { names::TOOLMESH_SOURCE_NAME } = Empty,
+            { names::ERROR_TYPE } = Empty,
+        );
+        let result =
+            self.run(request, call_id.clone(), events, cancel).instrument(span.clone()).await;
+        if let Err(error) = &result {
+            span.record(names::ERROR_TYPE, error.kind());
+            span.record("otel.status_code", "ERROR");
+        } else if let Ok(output) = &result
+            && output.is_error
+        {
+            span.record(names::ERROR_TYPE, "tool_error");
+        }
+        result.map(|output| (call_id, output))
+    }
+
+    async fn run(
+        &self,
+        request: CallRequest,
+        call_id: String,
+        events: EventSink,
+        cancel: CancellationToken,
+    ) -> Result<ToolOutput, RouterError> {
+        let entry = info_span!(names::SPAN_RESOLVE)
+            .in_scope(|| self.registry.resolve(&request.name))
+            .ok_or_else(|| RouterError::NotFound(request.name.clone()))?;
+        let span = Span::current();
+        span.record(names::TOOLMESH_SOURCE_KIND, entry.spec.source.kind.as_str());
+        span.record(names::TOOLMESH_SOURCE_NAME, entry.spec.source.name.as_str());
+
+        let arguments = info_span!(names::SPAN_VALIDATE).in_scope(|| {
+            let arguments: Value = if request.arguments_json.trim().is_empty() {
+                Value::Object(Default::default())
+            } else {
+                serde_json::from_str(&request.arguments_json)
+                    .map_err(|error| RouterError::MalformedArguments(error.to_string()))?
+            };
+            let violations = entry.check_arguments(&arguments);
+            if violations.is_empty() {
+                Ok(arguments)
+            } else {
+                Err(RouterError::InvalidArguments { tool: request.name.clone(), violations })
+            }
+        })?;
+
+        // The sooner of the client's deadline and the tool's timeout; the default when
+        // neither is set; never beyond the server's cap.
+        let timeout = request
+            .client_timeout
+            .into_iter()
+            .chain(entry.spec.timeout)
+            .min()
+            .unwrap_or(self.options.default_timeout)
+            .min(self.options.max_timeout);
+        let deadline = Instant::now() + timeout;
+
+        // The tool's token: cancelled by the caller, by the deadline, or when this future is
+        // dropped (a client that went away), whichever comes first.
+        let token = cancel.child_token();
+        let _cancel_on_drop = token.clone().drop_guard();
+        let ctx = CallContext {
+            call_id: call_id.clone(),
+            session_id: Some(request.session_id.clone()).filter(|s| !s.is_empty()),
+            tool: request.name.clone(),
+            cancel: token.clone(),
+            deadline,
+            events,
+        };
+        let dispatch =
+            entry.backend.call(ctx, arguments).instrument(info_span!(names::SPAN_DISPATCH));
+        let outcome = tokio::time::timeout_at(deadline, dispatch).await;
+        let deadline_error = || RouterError::DeadlineExceeded {
+            tool: request.name.clone(),
+            call_id: call_id.clone(),
+            timeout_ms: timeout.as_millis(),
+        };
+        let output = match outcome {
+            Err(_elapsed) => {
+                token.cancel();
+                return Err(deadline_error());
+            }
+            Ok(Err(BackendError::Cancelled)) | Ok(Err(BackendError::DeadlineExceeded(_)))
+                if Instant::now() >= deadline =>
+            {
+                return Err(deadline_error());
+            }
+            Ok(Err(BackendError::Cancelled)) => {
+                return Err(RouterError::Cancelled { tool: request.name, call_id });
+            }
+            Ok(Err(error)) => return Err(error.into()),
+            Ok(Ok(output)) => output,
+        };
+
+        if output.is_error {
+            return Ok(output);
+        }
+        let violations = entry.check_output(output.structured.as_ref());
+        if violations.is_empty() {
+            Ok(output)
+        } else {
+            let list = violations.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");
+            Ok(ToolOutput {
+                content: vec![ContentPart::Text(format!(
+                    "the output of tool {} does not match its output schema: {list}",
+                    request.name
+                ))],
+                structured: None,
+                is_error: true,
+            })
+        }
+    }
+}

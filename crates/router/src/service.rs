@@ -1,0 +1,265 @@
+use std::pin::Pin;
+
+use futures::Stream;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+use toolmesh_core::EventSink;
+use toolmesh_proto::v1::{
+    self, CallToolClientMessage, CallToolRequest, CallToolResponse, CallToolServerMessage,
+    ListToolsRequest, ListToolsResponse, call_tool_client_message, call_tool_server_message,
+    tool_service_server::ToolService,
+};
+use toolmesh_telemetry::{names, set_parent_from_metadata};
+use tracing::{Instrument, Span, debug, info_span};
+
+use crate::{CallRequest, Router, RouterError, convert, parse_grpc_timeout};
+
+/// Default tools per `ListTools` page.
+const DEFAULT_PAGE_SIZE: usize = 100;
+/// Largest `ListTools` page.
+const MAX_PAGE_SIZE: usize = 1000;
+/// Prefix of page tokens: the token names the last tool of the previous page.
+const PAGE_TOKEN_PREFIX: &str = "after:";
+/// Server messages buffered per stream before the tool's events wait for the client.
+const STREAM_BUFFER: usize = 64;
+
+/// The gRPC `toolmesh.v1.ToolService`.
+#[derive(Debug, Clone)]
+pub struct ToolServiceImpl {
+    router: Router,
+}
+
+impl ToolServiceImpl {
+    /// Returns the service over `router`.
+    pub fn new(router: Router) -> Self {
+        ToolServiceImpl { router }
+    }
+}
+
+/// The server span of one RPC, child of the caller's `traceparent` when it sent one.
+fn rpc_span<T>(method: &'static str, request: &Request<T>) -> Span {
+    let span = info_span!(
+        "rpc",
+        otel.name = %format!("{}/{method}", toolmesh_proto::TOOL_SERVICE_NAME),
+        otel.kind = "server",
+        { names::RPC_SYSTEM } = "grpc",
+        { names::RPC_SERVICE } = toolmesh_proto::TOOL_SERVICE_NAME,
+        { names::RPC_METHOD } = method,
+    );
+    set_parent_from_metadata(&span, request.metadata());
+    span
+}
+
+fn client_timeout<T>(request: &Request<T>) -> Option<std::time::Duration> {
+    request
+        .metadata()
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_grpc_timeout)
+}
+
+fn call_request(
+    message: CallToolRequest,
+    client_timeout: Option<std::time::Duration>,
+) -> CallRequest {
+    CallRequest {
+        name: message.name,
+        arguments_json: message.arguments_json,
+        call_id: message.call_id,
+        session_id: message.session_id,
+        client_timeout,
+    }
+}
+
+type ServerStream = Pin<Box<dyn Stream<Item = Result<CallToolServerMessage, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ToolService for ToolServiceImpl {
+    async fn list_tools(
+        &self,
+        request: Request<ListToolsRequest>,
+    ) -> Result<Response<ListToolsResponse>, Status> {
+        let span = rpc_span("ListTools", &request);
+        let _entered = span.enter();
+        let request = request.into_inner();
+        let page_size = match request.page_size as usize {
+            0 => DEFAULT_PAGE_SIZE,
+            n => n.min(MAX_PAGE_SIZE),
+        };
+        let after = match request.page_token.as_str() {
+            "" => None,
+            token => Some(token.strip_prefix(PAGE_TOKEN_PREFIX).ok_or_else(|| {
+                RouterError::InvalidRequest {
+                    field: "page_token",
+                    reason: "not a token from ListTools".into(),
+                }
+                .to_status()
+            })?),
+        };
+        let kind =
+            v1::SourceKind::try_from(request.source_kind).unwrap_or(v1::SourceKind::Unspecified);
+        let catalog = self.router.registry().snapshot();
+        let range = match after {
+            Some(after) => catalog
+                .tools
+                .range::<str, _>((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded)),
+            None => catalog.tools.range::<str, _>(..),
+        };
+        let mut tools = Vec::with_capacity(page_size.min(catalog.tools.len()));
+        let mut next_page_token = String::new();
+        for (name, entry) in range {
+            let spec = &entry.spec;
+            let matches = (request.toolkit.is_empty()
+                || spec.toolkit.as_deref() == Some(request.toolkit.as_str()))
+                && request.tags.iter().all(|tag| spec.tags.contains(tag))
+                && (kind == v1::SourceKind::Unspecified
+                    || convert::source_kind(spec.source.kind) == kind)
+                && (request.source_name.is_empty() || spec.source.name == request.source_name);
+            if !matches {
+                continue;
+            }
+            if tools.len() == page_size {
+                // Another match exists: the page is full and a next page follows.
+                let last: &v1::Tool = tools.last().expect("page_size > 0");
+                next_page_token = format!("{PAGE_TOKEN_PREFIX}{}", last.name);
+                break;
+            }
+            debug_assert_eq!(name, &spec.name);
+            tools.push(convert::tool(spec));
+        }
+        let mut toolkit_names: Vec<&str> =
+            tools.iter().map(|t| t.toolkit.as_str()).filter(|t| !t.is_empty()).collect();
+        toolkit_names.sort_unstable();
+        toolkit_names.dedup();
+        let toolkits = toolkit_names
+            .into_iter()
+            .filter_map(|name| catalog.toolkits.get(name))
+            .map(|toolkit| convert::toolkit(toolkit))
+            .collect();
+        Ok(Response::new(ListToolsResponse { tools, toolkits, next_page_token }))
+    }
+
+    async fn call_tool(
+        &self,
+        request: Request<CallToolRequest>,
+    ) -> Result<Response<CallToolResponse>, Status> {
+        let span = rpc_span("CallTool", &request);
+        let timeout = client_timeout(&request);
+        let call = call_request(request.into_inner(), timeout);
+        let result = self
+            .router
+            .call(call, EventSink::disabled(), CancellationToken::new())
+            .instrument(span)
+            .await;
+        match result {
+            Ok((call_id, output)) => Ok(Response::new(convert::response(call_id, output))),
+            Err(error) => Err(status(&error)),
+        }
+    }
+
+    type StreamCallToolStream = ServerStream;
+
+    async fn stream_call_tool(
+        &self,
+        request: Request<Streaming<CallToolClientMessage>>,
+    ) -> Result<Response<Self::StreamCallToolStream>, Status> {
+        let span = rpc_span("StreamCallTool", &request);
+        let timeout = client_timeout(&request);
+        let mut inbound = request.into_inner();
+        let start = match inbound.message().await? {
+            Some(CallToolClientMessage {
+                message: Some(call_tool_client_message::Message::Start(start)),
+            }) => start,
+            _ => {
+                return Err(RouterError::InvalidRequest {
+                    field: "message",
+                    reason: "the first message of StreamCallTool must be `start`".into(),
+                }
+                .to_status());
+            }
+        };
+        let mut call = call_request(start, timeout);
+        if call.call_id.is_empty() {
+            call.call_id = Router::new_call_id();
+        }
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let router = self.router.clone();
+        tokio::spawn(run_stream(router, call, inbound, tx).instrument(span));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// Drives one streamed call: forwards the tool's events in order, then the result; turns a
+/// `cancel` message, a reset stream or a client that stopped reading into cancellation.
+async fn run_stream(
+    router: Router,
+    call: CallRequest,
+    mut inbound: Streaming<CallToolClientMessage>,
+    tx: mpsc::Sender<Result<CallToolServerMessage, Status>>,
+) {
+    use call_tool_server_message::Message;
+    let call_id = call.call_id.clone();
+    let started =
+        CallToolServerMessage { message: Some(Message::Started(v1::CallStarted { call_id })) };
+    if tx.send(Ok(started)).await.is_err() {
+        return;
+    }
+    let cancel = CancellationToken::new();
+    let (events, mut event_rx) = EventSink::channel();
+    let run = router.call(call, events, cancel.clone());
+    tokio::pin!(run);
+    let mut inbound_open = true;
+    let result = loop {
+        tokio::select! {
+            biased;
+            Some(event) = event_rx.recv() => {
+                if tx.send(Ok(convert::event(event))).await.is_err() {
+                    cancel.cancel();
+                }
+            }
+            result = &mut run => break result,
+            message = inbound.message(), if inbound_open => match message {
+                Ok(Some(CallToolClientMessage { message: Some(call_tool_client_message::Message::Cancel(c)) })) => {
+                    debug!(reason = %c.reason, "client cancelled the call");
+                    cancel.cancel();
+                }
+                // Other messages are reserved for answers to server requests.
+                Ok(Some(_)) => {}
+                // A half-close only says the client has nothing more to send.
+                Ok(None) => inbound_open = false,
+                Err(status) => {
+                    debug!(%status, "client stream failed; cancelling the call");
+                    inbound_open = false;
+                    cancel.cancel();
+                }
+            },
+            () = tx.closed() => cancel.cancel(),
+        }
+    };
+    // Events the tool emitted before returning are queued already; deliver them first.
+    while let Ok(event) = event_rx.try_recv() {
+        if tx.send(Ok(convert::event(event))).await.is_err() {
+            return;
+        }
+    }
+    let last = match result {
+        Ok((call_id, output)) => Ok(CallToolServerMessage {
+            message: Some(Message::Result(convert::response(call_id, output))),
+        }),
+        Err(error) => Err(status(&error)),
+    };
+    let _ = tx.send(last).await;
+}
+
+/// Maps a router error to its status, logging internal faults once, here at the edge.
+fn status(error: &RouterError) -> Status {
+    match error.code() {
+        toolmesh_core::ErrorCode::Internal | toolmesh_core::ErrorCode::Unavailable => {
+            tracing::error!(error = %error, "call failed");
+        }
+        _ => debug!(error = %error, "call rejected"),
+    }
+    error.to_status()
+}

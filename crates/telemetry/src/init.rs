@@ -1,0 +1,136 @@
+use std::time::Duration;
+
+use opentelemetry::{KeyValue, trace::TracerProvider as _};
+use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_sdk::{
+    Resource,
+    propagation::TraceContextPropagator,
+    runtime,
+    trace::{SdkTracerProvider, span_processor_with_async_runtime::BatchSpanProcessor},
+};
+use tracing_subscriber::{EnvFilter, layer::SubscriberExt, util::SubscriberInitExt};
+
+/// What [`init`] needs to know.
+#[derive(Debug, Clone, Default)]
+pub struct TelemetryOptions {
+    /// Log filter in `EnvFilter` syntax; `RUST_LOG` wins when set.
+    pub log_filter: String,
+    /// OTLP/gRPC endpoint; `None` falls back to `OTEL_EXPORTER_OTLP_ENDPOINT`, and without
+    /// that no spans are exported.
+    pub otlp_endpoint: Option<String>,
+    /// `service.name` of the spans; `OTEL_SERVICE_NAME` wins when set.
+    pub service_name: String,
+}
+
+/// Telemetry could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    /// The log filter does not parse.
+    #[error("invalid log filter {filter:?}: {reason}")]
+    Filter {
+        /// The filter.
+        filter: String,
+        /// The parser's complaint.
+        reason: String,
+    },
+    /// The OTLP exporter could not be built.
+    #[error("cannot set up OTLP export to {endpoint}: {reason}")]
+    Exporter {
+        /// The endpoint.
+        endpoint: String,
+        /// What failed.
+        reason: String,
+    },
+    /// A global subscriber is already installed.
+    #[error("a tracing subscriber is already installed")]
+    AlreadyInstalled,
+}
+
+/// Keeps the exporter alive; dropping it flushes the spans still buffered and shuts the
+/// exporter down.
+#[derive(Debug)]
+pub struct TelemetryGuard {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl TelemetryGuard {
+    /// Returns whether spans are exported.
+    pub fn exporting(&self) -> bool {
+        self.provider.is_some()
+    }
+}
+
+impl Drop for TelemetryGuard {
+    fn drop(&mut self) {
+        if let Some(provider) = self.provider.take() {
+            // shutdown() blocks until the exporter task has flushed; that task runs on the
+            // tokio runtime, so block a plain thread, never a runtime worker.
+            let done = std::thread::spawn(move || provider.shutdown());
+            if let Ok(Err(error)) = done.join() {
+                eprintln!("toolmesh: flushing traces at exit failed: {error}");
+            }
+        }
+    }
+}
+
+/// Installs the global tracing subscriber (human-readable logs on stderr, and OTLP export
+/// when an endpoint is configured) and the W3C trace-context propagator. Must be called
+/// inside a tokio runtime when exporting.
+pub fn init(options: &TelemetryOptions) -> Result<TelemetryGuard, TelemetryError> {
+    opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(filter) if !filter.is_empty() => filter,
+        _ => options.log_filter.clone(),
+    };
+    let env_filter = EnvFilter::try_new(&filter)
+        .map_err(|error| TelemetryError::Filter { filter, reason: error.to_string() })?;
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false);
+
+    let endpoint = options
+        .otlp_endpoint
+        .clone()
+        .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").ok())
+        .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok())
+        .filter(|endpoint| !endpoint.trim().is_empty());
+    let provider = endpoint.map(|endpoint| build_provider(&endpoint, options)).transpose()?;
+
+    let otel = provider
+        .as_ref()
+        .map(|provider| tracing_opentelemetry::layer().with_tracer(provider.tracer("toolmesh")));
+    tracing_subscriber::registry()
+        .with(env_filter)
+        .with(fmt)
+        .with(otel)
+        .try_init()
+        .map_err(|_| TelemetryError::AlreadyInstalled)?;
+    Ok(TelemetryGuard { provider })
+}
+
+fn build_provider(
+    endpoint: &str,
+    options: &TelemetryOptions,
+) -> Result<SdkTracerProvider, TelemetryError> {
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .with_endpoint(endpoint)
+        .with_timeout(Duration::from_secs(5))
+        .build()
+        .map_err(|error| TelemetryError::Exporter {
+            endpoint: endpoint.to_owned(),
+            reason: error.to_string(),
+        })?;
+    let service_name = std::env::var("OTEL_SERVICE_NAME")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| options.service_name.clone());
+    let resource = Resource::builder()
+        .with_service_name(service_name)
+        .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+        .build();
+    let processor = BatchSpanProcessor::builder(exporter, runtime::Tokio).build();
+    Ok(SdkTracerProvider::builder().with_span_processor(processor).with_resource(resource).build())
+}

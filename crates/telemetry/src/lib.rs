@@ -1,0 +1,15 @@
+//! toolmesh telemetry: the tracing subscriber, OpenTelemetry trace export over OTLP/gRPC,
+//! W3C trace-context propagation across process boundaries, and the span and attribute
+//! names every crate uses ([`names`]).
+//!
+//! [`init`] installs everything and returns a [`TelemetryGuard`]; dropping the guard
+//! flushes and shuts the exporter down, so the last batch of spans is not lost.
+
+mod init;
+pub mod names;
+mod propagation;
+
+pub use init::{TelemetryError, TelemetryGuard, TelemetryOptions, init};
+pub use propagation::{
+    MetadataExtractor, MetadataInjector, inject_context, set_parent_from_metadata,
+};

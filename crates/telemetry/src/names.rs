@@ -1,0 +1,36 @@
+//! Span names and attribute keys, following the OpenTelemetry semantic conventions for
+//! generative AI (`gen_ai.*`) and RPC (`rpc.*`), plus toolmesh's own (`toolmesh.*`).
+
+/// Operation name of a tool execution (`gen_ai.operation.name`).
+pub const OP_EXECUTE_TOOL: &str = "execute_tool";
+/// `gen_ai.operation.name`.
+pub const GEN_AI_OPERATION_NAME: &str = "gen_ai.operation.name";
+/// `gen_ai.tool.name`.
+pub const GEN_AI_TOOL_NAME: &str = "gen_ai.tool.name";
+/// `gen_ai.tool.call.id`.
+pub const GEN_AI_TOOL_CALL_ID: &str = "gen_ai.tool.call.id";
+/// `gen_ai.tool.type`.
+pub const GEN_AI_TOOL_TYPE: &str = "gen_ai.tool.type";
+/// `error.type`.
+pub const ERROR_TYPE: &str = "error.type";
+/// `rpc.system`.
+pub const RPC_SYSTEM: &str = "rpc.system";
+/// `rpc.service`.
+pub const RPC_SERVICE: &str = "rpc.service";
+/// `rpc.method`.
+pub const RPC_METHOD: &str = "rpc.method";
+/// `toolmesh.source.kind`: where the tool runs (local, remote, mcp, knowledge).
+pub const TOOLMESH_SOURCE_KIND: &str = "toolmesh.source.kind";
+/// `toolmesh.source.name`: the server, pool or collection the tool comes from.
+pub const TOOLMESH_SOURCE_NAME: &str = "toolmesh.source.name";
+/// `toolmesh.session.id`: the agent session of a call.
+pub const TOOLMESH_SESSION_ID: &str = "toolmesh.session.id";
+
+/// Span resolving a tool name against the catalog.
+pub const SPAN_RESOLVE: &str = "toolmesh.resolve";
+/// Span validating arguments against the input schema.
+pub const SPAN_VALIDATE: &str = "toolmesh.validate";
+/// Span handing a call to its backend.
+pub const SPAN_DISPATCH: &str = "toolmesh.dispatch";
+/// Span of a local worker running a tool.
+pub const SPAN_WORKER_EXECUTE: &str = "toolmesh.worker.execute";

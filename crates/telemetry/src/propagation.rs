@@ -1,0 +1,58 @@
+use opentelemetry::propagation::{Extractor, Injector};
+use tonic::metadata::{KeyRef, MetadataKey, MetadataMap, MetadataValue};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+/// Reads W3C trace-context headers (`traceparent`, `tracestate`) from gRPC metadata.
+#[derive(Debug)]
+pub struct MetadataExtractor<'a>(pub &'a MetadataMap);
+
+impl Extractor for MetadataExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|value| value.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0
+            .keys()
+            .filter_map(|key| match key {
+                KeyRef::Ascii(key) => Some(key.as_str()),
+                KeyRef::Binary(_) => None,
+            })
+            .collect()
+    }
+}
+
+/// Writes W3C trace-context headers into gRPC metadata.
+#[derive(Debug)]
+pub struct MetadataInjector<'a>(pub &'a mut MetadataMap);
+
+impl Injector for MetadataInjector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        if let (Ok(key), Ok(value)) =
+            (MetadataKey::from_bytes(key.as_bytes()), MetadataValue::try_from(value.as_str()))
+        {
+            self.0.insert(key, value);
+        }
+    }
+}
+
+/// Makes the remote span named by the `traceparent` in `metadata` the parent of `span`.
+/// Without a valid `traceparent`, `span` keeps its local parent.
+pub fn set_parent_from_metadata(span: &tracing::Span, metadata: &MetadataMap) {
+    let context = opentelemetry::global::get_text_map_propagator(|propagator| {
+        propagator.extract(&MetadataExtractor(metadata))
+    });
+    use opentelemetry::trace::TraceContextExt;
+    if context.span().span_context().is_valid() {
+        // The only failure is a span that is already closed, which cannot happen here.
+        let _ = span.set_parent(context);
+    }
+}
+
+/// Writes the trace context of `span` into `metadata`, for an outgoing gRPC request.
+pub fn inject_context(span: &tracing::Span, metadata: &mut MetadataMap) {
+    let context = span.context();
+    opentelemetry::global::get_text_map_propagator(|propagator| {
+        propagator.inject_context(&context, &mut MetadataInjector(metadata));
+    });
+}

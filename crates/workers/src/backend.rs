@@ -1,0 +1,110 @@
+use std::{num::NonZeroUsize, sync::Arc};
+
+use serde_json::Value;
+use tokio::sync::{Semaphore, oneshot};
+use toolmesh_core::{Backend, BackendError, CallContext, ToolOutput};
+use toolmesh_telemetry::names;
+use tracing::info_span;
+
+use crate::{LocalTool, WorkerMsg, WorkerPool};
+
+/// Per-tool limits on the worker pool.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ToolLimits {
+    /// Calls of this tool that may run at once; `None`: only the pool limits it.
+    pub max_concurrency: Option<NonZeroUsize>,
+    /// Calls of this tool that may wait beyond `max_concurrency`; the rest are refused.
+    pub max_queue: usize,
+}
+
+/// A local tool bound to the pool; what the registry holds as the tool's backend.
+pub(crate) struct LocalBackend {
+    pool: WorkerPool,
+    tool: Arc<dyn LocalTool>,
+    /// (admission: running + queued, running) permits of the tool's own limit.
+    limit: Option<(Arc<Semaphore>, Arc<Semaphore>, usize, usize)>,
+}
+
+impl LocalBackend {
+    pub(crate) fn new(pool: WorkerPool, tool: Arc<dyn LocalTool>, limits: ToolLimits) -> Self {
+        let limit = limits.max_concurrency.map(|running| {
+            let running = running.get();
+            (
+                Arc::new(Semaphore::new(running + limits.max_queue)),
+                Arc::new(Semaphore::new(running)),
+                running,
+                limits.max_queue,
+            )
+        });
+        LocalBackend { pool, tool, limit }
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for LocalBackend {
+    async fn call(&self, ctx: CallContext, arguments: Value) -> Result<ToolOutput, BackendError> {
+        let overloaded =
+            |reason: String| BackendError::Overloaded { tool: ctx.tool.clone(), reason };
+
+        // Admission is all-or-nothing and immediate: a full tool or pool refuses the call
+        // instead of letting waiters pile up.
+        let _tool_slot = match &self.limit {
+            Some((admission, _, running, queued)) => {
+                Some(admission.clone().try_acquire_owned().map_err(|_| {
+                    overloaded(format!(
+                        "{running} calls running and {queued} waiting (the tool's limit)"
+                    ))
+                })?)
+            }
+            None => None,
+        };
+        let pool = &self.pool.inner;
+        let _pool_slot = pool.admission.clone().try_acquire_owned().map_err(|_| {
+            overloaded(format!(
+                "the local worker pool is full: {} running and {} waiting",
+                pool.options.size, pool.options.queue
+            ))
+        })?;
+
+        let wait = async {
+            let _running = match &self.limit {
+                Some((_, running, _, _)) => Some(running.clone().acquire_owned().await),
+                None => None,
+            };
+            let worker = pool.idle.recv().await.map_err(|_| BackendError::Unavailable {
+                backend: "local worker pool".into(),
+                reason: "the pool is stopped".into(),
+            })?;
+            let (reply, outcome) = oneshot::channel();
+            let span = info_span!(
+                names::SPAN_WORKER_EXECUTE,
+                { names::GEN_AI_TOOL_NAME } = %ctx.tool,
+                { names::GEN_AI_TOOL_CALL_ID } = %ctx.call_id,
+            );
+            let message = WorkerMsg::Execute {
+                tool: self.tool.clone(),
+                ctx: ctx.clone(),
+                arguments,
+                span,
+                reply,
+            };
+            worker.cast(message).map_err(|_| BackendError::Unavailable {
+                backend: "local worker pool".into(),
+                reason: "a worker stopped while taking the call".into(),
+            })?;
+            // A dropped reply port means the worker died without answering.
+            outcome.await.unwrap_or_else(|_| {
+                Err(BackendError::Crashed {
+                    tool: ctx.tool.clone(),
+                    call_id: ctx.call_id.clone(),
+                    reason: "its worker stopped during the call".into(),
+                })
+            })
+        };
+        tokio::select! {
+            biased;
+            () = ctx.cancel.cancelled() => Err(BackendError::Cancelled),
+            result = wait => result,
+        }
+    }
+}

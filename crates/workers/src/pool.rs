@@ -1,0 +1,229 @@
+use std::{
+    collections::HashMap,
+    num::NonZeroUsize,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+};
+
+use ractor::{
+    Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
+};
+use tokio::sync::Semaphore;
+use tracing::{error, info, warn};
+
+use crate::{LocalTool, ToolLimits, WorkerActor, WorkerMsg, WorkersError, backend::LocalBackend};
+
+/// Size of a [`WorkerPool`].
+#[derive(Debug, Clone, Copy)]
+pub struct PoolOptions {
+    /// Number of workers: local calls that run at once.
+    pub size: NonZeroUsize,
+    /// Calls that may wait for a free worker.
+    pub queue: usize,
+}
+
+/// A point-in-time view of a pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Configured workers.
+    pub size: usize,
+    /// Workers waiting for work.
+    pub idle: usize,
+    /// Calls admitted and not finished (running or waiting).
+    pub admitted: usize,
+    /// Workers replaced after a crash since the pool started.
+    pub restarts: u64,
+}
+
+/// Messages of the [`WorkerPoolActor`].
+#[derive(Debug)]
+pub enum WorkerPoolMsg {
+    /// Returns the number of live workers.
+    LiveWorkers {
+        /// The count.
+        reply: RpcReplyPort<usize>,
+    },
+}
+
+/// Supervises the workers: starts `size` of them and replaces any that dies.
+#[derive(Debug, Clone)]
+pub struct WorkerPoolActor {
+    size: usize,
+    idle: async_channel::Sender<ActorRef<WorkerMsg>>,
+    restarts: Arc<AtomicU64>,
+}
+
+/// The [`WorkerPoolActor`]'s state: the live workers by id.
+#[derive(Debug, Default)]
+pub struct WorkerPoolState {
+    workers: HashMap<ActorId, ActorRef<WorkerMsg>>,
+}
+
+impl WorkerPoolActor {
+    async fn spawn_worker(
+        &self,
+        myself: &ActorRef<WorkerPoolMsg>,
+        state: &mut WorkerPoolState,
+    ) -> Result<(), ActorProcessingErr> {
+        // Workers are unnamed: a restarted worker must not race its predecessor's name.
+        let (worker, _) = Actor::spawn_linked(
+            None,
+            WorkerActor { idle: self.idle.clone() },
+            (),
+            myself.get_cell(),
+        )
+        .await?;
+        state.workers.insert(worker.get_id(), worker);
+        Ok(())
+    }
+
+    async fn replace(
+        &self,
+        myself: &ActorRef<WorkerPoolMsg>,
+        state: &mut WorkerPoolState,
+        cell: &ActorCell,
+    ) {
+        if state.workers.remove(&cell.get_id()).is_none() {
+            return;
+        }
+        self.restarts.fetch_add(1, Ordering::Relaxed);
+        if let Err(error) = self.spawn_worker(myself, state).await {
+            error!(%error, live = state.workers.len(), "cannot replace a dead worker; the pool shrinks");
+        }
+    }
+}
+
+impl Actor for WorkerPoolActor {
+    type Msg = WorkerPoolMsg;
+    type State = WorkerPoolState;
+    type Arguments = ();
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        _: (),
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let mut state = WorkerPoolState::default();
+        for _ in 0..self.size {
+            self.spawn_worker(&myself, &mut state).await?;
+        }
+        info!(workers = self.size, "worker pool started");
+        Ok(state)
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        for (_, worker) in state.workers.drain() {
+            worker.stop(Some("pool stopped".into()));
+        }
+        self.idle.close();
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        message: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            WorkerPoolMsg::LiveWorkers { reply } => {
+                let _ = reply.send(state.workers.len());
+            }
+        }
+        Ok(())
+    }
+
+    // The default implementation stops the supervisor when a child stops: never wanted here.
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match event {
+            SupervisionEvent::ActorFailed(cell, reason) => {
+                warn!(worker = %cell.get_id(), %reason, "worker failed; starting a replacement");
+                self.replace(&myself, state, &cell).await;
+            }
+            SupervisionEvent::ActorTerminated(cell, _, reason) => {
+                warn!(worker = %cell.get_id(), ?reason, "worker stopped; starting a replacement");
+                self.replace(&myself, state, &cell).await;
+            }
+            SupervisionEvent::ActorStarted(_) | SupervisionEvent::ProcessGroupChanged(_) => {}
+        }
+        Ok(())
+    }
+}
+
+/// Handle to the local worker pool; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct WorkerPool {
+    pub(crate) inner: Arc<PoolInner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct PoolInner {
+    pub(crate) idle: async_channel::Receiver<ActorRef<WorkerMsg>>,
+    pub(crate) admission: Arc<Semaphore>,
+    pub(crate) options: PoolOptions,
+    supervisor: ActorRef<WorkerPoolMsg>,
+    restarts: Arc<AtomicU64>,
+}
+
+impl WorkerPool {
+    /// Starts the supervisor and its workers.
+    pub async fn start(options: PoolOptions) -> Result<Self, WorkersError> {
+        let size = options.size.get();
+        let (idle_tx, idle_rx) = async_channel::bounded(size);
+        let restarts = Arc::new(AtomicU64::new(0));
+        let actor = WorkerPoolActor { size, idle: idle_tx, restarts: restarts.clone() };
+        let (supervisor, _) = Actor::spawn(None, actor, ())
+            .await
+            .map_err(|error| WorkersError::Spawn(error.to_string()))?;
+        Ok(WorkerPool {
+            inner: Arc::new(PoolInner {
+                idle: idle_rx,
+                admission: Arc::new(Semaphore::new(size + options.queue)),
+                options,
+                supervisor,
+                restarts,
+            }),
+        })
+    }
+
+    /// Returns a backend that runs `tool` on this pool within `limits`.
+    pub fn bind(
+        &self,
+        tool: Arc<dyn LocalTool>,
+        limits: ToolLimits,
+    ) -> Arc<dyn toolmesh_core::Backend> {
+        Arc::new(LocalBackend::new(self.clone(), tool, limits))
+    }
+
+    /// Returns the pool's current figures.
+    pub fn stats(&self) -> PoolStats {
+        let capacity = self.inner.options.size.get() + self.inner.options.queue;
+        PoolStats {
+            size: self.inner.options.size.get(),
+            idle: self.inner.idle.len(),
+            admitted: capacity - self.inner.admission.available_permits(),
+            restarts: self.inner.restarts.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Returns the number of live workers, asking the supervisor.
+    pub async fn live_workers(&self) -> Option<usize> {
+        ractor::call!(self.inner.supervisor, |reply| WorkerPoolMsg::LiveWorkers { reply }).ok()
+    }
+
+    /// Stops the supervisor and every worker.
+    pub fn stop(&self) {
+        self.inner.supervisor.stop(Some("shutdown".into()));
+    }
+}

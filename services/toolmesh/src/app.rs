@@ -1,0 +1,131 @@
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use ractor::ActorRef;
+use toolmesh_config::Config;
+use toolmesh_core::{ToolSource, Toolkit};
+use toolmesh_registry::{RegistryHandle, SourceUpdate, ToolEntry};
+use toolmesh_router::{Router, RouterMsg, RouterOptions, start_registry};
+use toolmesh_tools::{BUILTIN_SOURCE, CONFIG_SOURCE, EchoTool, config_tools, reasoning_toolkit};
+use toolmesh_workers::{LocalToolInstall, PoolOptions, ToolLimits, WorkerPool};
+use tracing::info;
+
+/// Extra local tools to register beside the configured ones (used by embedders and
+/// tests), each with its limits, optionally as a toolkit.
+#[derive(Default)]
+pub struct AppOptions {
+    /// Standalone local tools.
+    pub tools: Vec<LocalToolInstall>,
+    /// Toolkits of local tools.
+    pub toolkits: Vec<(Toolkit, Vec<LocalToolInstall>)>,
+}
+
+/// A running toolmesh: the actors, the worker pool and the router over them.
+#[derive(Debug, Clone)]
+pub struct App {
+    router: Router,
+    pool: WorkerPool,
+    router_actor: ActorRef<RouterMsg>,
+}
+
+impl App {
+    /// Starts the actors and registers the built-in tools, the tools of `config` and
+    /// those of `options`.
+    pub async fn start(config: &Config, options: AppOptions) -> anyhow::Result<Self> {
+        let (router_actor, registry) = start_registry()
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot start the registry: {e}"))?;
+        let pool = WorkerPool::start(PoolOptions {
+            size: config.workers.size,
+            queue: config.workers.queue,
+        })
+        .await?;
+        let router = Router::new(
+            registry.clone(),
+            RouterOptions {
+                default_timeout: config.server.default_call_timeout,
+                max_timeout: config.server.max_call_timeout,
+            },
+        );
+        let app = App { router, pool, router_actor };
+
+        let mut builtin = SourceUpdate {
+            source: ToolSource::local(BUILTIN_SOURCE),
+            tools: vec![],
+            toolkits: vec![],
+        };
+        if config.builtin.reasoning {
+            let (toolkit, tools) = reasoning_toolkit();
+            let tools = tools.into_iter().map(|t| (t, ToolLimits::default())).collect();
+            builtin.toolkits.push((toolkit, app.entries(tools)?));
+        }
+        if config.builtin.echo {
+            builtin.tools.extend(app.entries(vec![(Arc::new(EchoTool), ToolLimits::default())])?);
+        }
+        registry.replace_source(builtin).await.context("registering the built-in tools")?;
+
+        let mut extra =
+            SourceUpdate { source: ToolSource::local("embedded"), tools: vec![], toolkits: vec![] };
+        extra.tools = app.entries(options.tools)?;
+        for (toolkit, tools) in options.toolkits {
+            extra.toolkits.push((toolkit, app.entries(tools)?));
+        }
+        if !extra.tools.is_empty() || !extra.toolkits.is_empty() {
+            registry.replace_source(extra).await.context("registering embedded tools")?;
+        }
+        app.reload(config).await?;
+        Ok(app)
+    }
+
+    fn entries(&self, tools: Vec<LocalToolInstall>) -> anyhow::Result<Vec<ToolEntry>> {
+        tools
+            .into_iter()
+            .map(|(tool, limits)| {
+                let spec = tool.spec();
+                let name = spec.name.clone();
+                ToolEntry::new(spec, self.pool.bind(tool, limits))
+                    .with_context(|| format!("tool {name}"))
+            })
+            .collect()
+    }
+
+    /// Replaces the configured tools (`[[tools.http]]`, `[[tools.command]]`) with those of
+    /// `config`, atomically. Calls in flight keep the definition they started with.
+    pub async fn reload(&self, config: &Config) -> anyhow::Result<()> {
+        let tools = config_tools(&config.tools)?;
+        let count = tools.len();
+        let update = SourceUpdate {
+            source: ToolSource::local(CONFIG_SOURCE),
+            tools: self.entries(tools)?,
+            toolkits: vec![],
+        };
+        self.registry().replace_source(update).await.context("registering the configured tools")?;
+        info!(
+            configured = count,
+            total = self.registry().snapshot().tools.len(),
+            "tool definitions loaded"
+        );
+        Ok(())
+    }
+
+    /// Returns the router.
+    pub fn router(&self) -> &Router {
+        &self.router
+    }
+
+    /// Returns the registry handle.
+    pub fn registry(&self) -> &RegistryHandle {
+        self.router.registry()
+    }
+
+    /// Returns the local worker pool.
+    pub fn pool(&self) -> &WorkerPool {
+        &self.pool
+    }
+
+    /// Stops the actors.
+    pub fn stop(&self) {
+        self.pool.stop();
+        self.router_actor.stop(Some("shutdown".into()));
+    }
+}

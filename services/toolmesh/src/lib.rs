@@ -1,0 +1,20 @@
+//! The `toolmesh` binary's library: it wires the components into one process.
+//!
+//! - [`App`] starts the actors (router, registry, worker pool), registers the built-in and
+//!   configured tools, and reloads the configured ones on demand.
+//! - [`serve`] runs the gRPC server (`toolmesh.v1.ToolService`, `grpc.health.v1.Health`,
+//!   server reflection v1 and v1alpha) on a bound listener until a shutdown signal, then
+//!   lets in-flight calls finish within a grace period.
+//! - [`bench`] is the load generator behind `toolmesh bench`.
+//! - [`client`] backs the `toolmesh tools list` and `toolmesh call` commands.
+//!
+//! Reading order for a newcomer: `proto/toolmesh/v1/tools.proto`, then
+//! `crates/router` (the call path), then `crates/workers` (one backend).
+
+mod app;
+pub mod bench;
+pub mod client;
+mod server;
+
+pub use app::{App, AppOptions};
+pub use server::{ServeOptions, serve};

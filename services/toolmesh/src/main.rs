@@ -1,0 +1,347 @@
+//! `toolmesh`: the tool-execution mesh for LLM agents.
+
+use std::{
+    collections::HashMap,
+    io::Write as _,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::ExitCode,
+    time::{Duration, SystemTime},
+};
+
+use anyhow::Context as _;
+use clap::{Args, Parser, Subcommand};
+use tokio::signal::unix::{SignalKind, signal};
+use toolmesh::{App, AppOptions, ServeOptions, bench, client};
+use toolmesh_proto::v1::CallToolRequest;
+use tracing::{error, info, warn};
+
+/// toolmesh gives LLM agents their hands: one gRPC catalog of tools, called the same way
+/// whether they run locally, in worker processes, behind MCP servers or over knowledge
+/// collections.
+#[derive(Parser)]
+#[command(name = "toolmesh", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Runs the server. Without --config it serves the built-in tools (the embedded
+    /// default: no external server needed).
+    Serve(ServeArgs),
+    /// Works with the tools of a running server.
+    Tools {
+        #[command(subcommand)]
+        command: ToolsCommand,
+    },
+    /// Calls a tool on a running server: progress goes to stderr, the result to stdout.
+    /// Exits 1 when the tool reports an error, 2 when the call fails.
+    Call(CallArgs),
+    /// Measures CallTool throughput and latency against a server, and against a bare tonic
+    /// echo server for comparison.
+    Bench(BenchArgs),
+    /// Shows or checks configuration.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// The TOML config file; reloaded on SIGHUP and when it changes.
+    #[arg(long, short, env = "TOOLMESH_CONFIG")]
+    config: Option<PathBuf>,
+    /// Address to listen on (overrides server.listen; default 127.0.0.1:50051). Port 0
+    /// picks a free port; the first stdout line says which.
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+}
+
+#[derive(Subcommand)]
+enum ToolsCommand {
+    /// Lists every tool, with its toolkit and source.
+    List {
+        /// The server's address.
+        #[arg(long, default_value = "127.0.0.1:50051", env = "TOOLMESH_SERVER")]
+        server: String,
+        /// Print the full definitions as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args)]
+struct CallArgs {
+    /// The tool's name.
+    name: String,
+    /// The arguments as a JSON object.
+    #[arg(default_value = "{}")]
+    arguments: String,
+    /// The server's address.
+    #[arg(long, default_value = "127.0.0.1:50051", env = "TOOLMESH_SERVER")]
+    server: String,
+    /// Give up after this many milliseconds (sent as the gRPC deadline).
+    #[arg(long)]
+    timeout_ms: Option<u64>,
+    /// The agent session the call belongs to.
+    #[arg(long, default_value = "")]
+    session: String,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// A running toolmesh to measure; without it the bench starts one with the defaults.
+    #[arg(long)]
+    server: Option<String>,
+    /// Concurrent callers.
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// HTTP/2 connections the callers share.
+    #[arg(long, default_value_t = 4)]
+    connections: usize,
+    /// Seconds per measured phase.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Seconds of unmeasured warm-up before each phase.
+    #[arg(long, default_value_t = 2.0)]
+    warmup: f64,
+    /// The tool to call.
+    #[arg(long, default_value = "echo")]
+    tool: String,
+    /// Its arguments, as JSON.
+    #[arg(long, default_value = r#"{"message":"hello"}"#)]
+    arguments: String,
+    /// Skip the bare tonic echo baseline.
+    #[arg(long)]
+    no_baseline: bool,
+    /// Skip the open-loop phase at half of the maximum.
+    #[arg(long)]
+    no_half_load: bool,
+    /// Serve the bare echo baseline instead (used by the bench itself).
+    #[arg(long, hide = true)]
+    echo_server: bool,
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Prints the compiled-in default configuration, with comments.
+    Defaults,
+    /// Checks a config file (and TOOLMESH__* overrides) and exits non-zero on a problem.
+    Check {
+        /// The file.
+        file: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("toolmesh: cannot start the runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("toolmesh: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Serve(args) => serve(args).await,
+        Command::Tools { command: ToolsCommand::List { server, json } } => {
+            list(&server, json).await
+        }
+        Command::Call(args) => call(args).await,
+        Command::Bench(args) => run_bench(args).await,
+        Command::Config { command: ConfigCommand::Defaults } => {
+            print!("{}", toolmesh_config::DEFAULT_CONFIG);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Config { command: ConfigCommand::Check { file } } => {
+            load_config(Some(&file))?;
+            println!("{}: ok", file.display());
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn load_config(path: Option<&Path>) -> anyhow::Result<toolmesh_config::Config> {
+    let env: HashMap<String, String> = std::env::vars().collect();
+    // The error is one line naming the file, the key and the problem.
+    toolmesh_config::load(path, &env).map_err(|error| anyhow::anyhow!("{error}"))
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let mut config = load_config(args.config.as_deref())?;
+    if let Some(listen) = args.listen {
+        config.server.listen = listen;
+    }
+    let _telemetry = toolmesh_telemetry::init(&toolmesh_telemetry::TelemetryOptions {
+        log_filter: config.telemetry.log.clone(),
+        otlp_endpoint: config.telemetry.otlp_endpoint.clone(),
+        service_name: config.telemetry.service_name.clone(),
+    })?;
+
+    let app = App::start(&config, AppOptions::default()).await?;
+    let listener = tokio::net::TcpListener::bind(config.server.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.server.listen))?;
+    let addr = listener.local_addr()?;
+    // The first stdout line is for scripts and tests: they read the address from it.
+    println!("toolmesh listening on {addr}");
+    std::io::stdout().flush()?;
+    info!(%addr, tools = app.registry().snapshot().tools.len(), "serving");
+
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let shutdown = async move {
+        tokio::select! {
+            _ = terminate.recv() => info!("SIGTERM received"),
+            _ = interrupt.recv() => info!("interrupt received"),
+        }
+    };
+    tokio::spawn(watch_config(app.clone(), args.config.clone(), config.server.reload_poll));
+
+    let drained = toolmesh::serve(
+        listener,
+        app,
+        ServeOptions { grace: config.server.shutdown_grace },
+        shutdown,
+    )
+    .await?;
+    Ok(if drained { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// Reloads tool definitions on SIGHUP and, with a poll interval, when the file changes.
+async fn watch_config(app: App, path: Option<PathBuf>, poll: Option<Duration>) {
+    let Ok(mut hangup) = signal(SignalKind::hangup()) else {
+        warn!("cannot listen for SIGHUP; reload by signal is off");
+        return;
+    };
+    let stamp = |path: &Path| -> Option<(SystemTime, u64)> {
+        let meta = std::fs::metadata(path).ok()?;
+        Some((meta.modified().ok()?, meta.len()))
+    };
+    let mut last = path.as_deref().and_then(stamp);
+    let mut ticker = tokio::time::interval(poll.unwrap_or(Duration::from_secs(3600)));
+    ticker.tick().await;
+    loop {
+        let reason = tokio::select! {
+            _ = hangup.recv() => "SIGHUP",
+            _ = ticker.tick(), if poll.is_some() && path.is_some() => {
+                let now = path.as_deref().and_then(stamp);
+                if now == last { continue; }
+                "file changed"
+            }
+        };
+        last = path.as_deref().and_then(stamp);
+        match load_config(path.as_deref()) {
+            Ok(config) => match app.reload(&config).await {
+                Ok(()) => info!(reason, "configuration reloaded"),
+                Err(error) => {
+                    error!(reason, error = %format!("{error:#}"), "reload failed; keeping the previous tools")
+                }
+            },
+            Err(error) => error!(reason, %error, "reload failed; keeping the previous tools"),
+        }
+    }
+}
+
+async fn list(server: &str, json: bool) -> anyhow::Result<ExitCode> {
+    let mut client = client::connect(server).await?;
+    let (tools, toolkits) = client::list_all(&mut client)
+        .await
+        .map_err(|s| anyhow::anyhow!("ListTools failed: {}", s.message()))?;
+    if json {
+        let tools: Vec<_> = tools
+            .iter()
+            .map(|t| {
+                serde_json::json!({
+                    "name": t.name,
+                    "title": t.title,
+                    "description": t.description,
+                    "input_schema": serde_json::from_str::<serde_json::Value>(&t.input_schema_json).unwrap_or_default(),
+                    "tags": t.tags,
+                    "toolkit": t.toolkit,
+                    "source": t.source.as_ref().map(|s| s.name.clone()),
+                })
+            })
+            .collect();
+        let toolkits: Vec<_> = toolkits
+            .iter()
+            .map(|k| serde_json::json!({"name": k.name, "instructions": k.instructions, "tools": k.tools}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &serde_json::json!({"tools": tools, "toolkits": toolkits})
+            )?
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("{:<28} {:<12} {:<10} DESCRIPTION", "NAME", "TOOLKIT", "SOURCE");
+    for tool in &tools {
+        let source = tool.source.as_ref().map(|s| s.name.as_str()).unwrap_or("");
+        let description: String = tool.description.chars().take(70).collect();
+        println!("{:<28} {:<12} {:<10} {description}", tool.name, tool.toolkit, source);
+    }
+    println!("{} tools, {} toolkits", tools.len(), toolkits.len());
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn call(args: CallArgs) -> anyhow::Result<ExitCode> {
+    let mut client = client::connect(&args.server).await?;
+    let request = CallToolRequest {
+        name: args.name,
+        arguments_json: args.arguments,
+        call_id: String::new(),
+        session_id: args.session,
+    };
+    let timeout = args.timeout_ms.map(Duration::from_millis);
+    match client::call_streaming(&mut client, request, timeout, |line| eprintln!("{line}")).await {
+        Ok(result) => {
+            for part in &result.content {
+                println!("{}", client::render_part(&part.part));
+            }
+            Ok(if result.is_error { ExitCode::from(1) } else { ExitCode::SUCCESS })
+        }
+        Err(status) => {
+            eprintln!("toolmesh: {:?}: {}", status.code(), status.message());
+            Ok(ExitCode::from(2))
+        }
+    }
+}
+
+async fn run_bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    if args.echo_server {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        println!("echo listening on {}", listener.local_addr()?);
+        std::io::stdout().flush()?;
+        bench::serve_echo(listener).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let options = bench::BenchOptions {
+        server: args.server,
+        concurrency: args.concurrency.max(1),
+        connections: args.connections.max(1),
+        duration: Duration::from_secs_f64(args.duration),
+        warmup: Duration::from_secs_f64(args.warmup),
+        tool: args.tool,
+        arguments: args.arguments,
+        baseline: !args.no_baseline,
+        half_load: !args.no_half_load,
+    };
+    let exe = std::env::current_exe()?;
+    let report = bench::run(&options, &exe).await?;
+    print!("{}", bench::render(&options, &report));
+    Ok(ExitCode::SUCCESS)
+}

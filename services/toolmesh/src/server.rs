@@ -1,0 +1,68 @@
+use std::{future::Future, time::Duration};
+
+use tokio::net::TcpListener;
+use toolmesh_proto::v1::tool_service_server::ToolServiceServer;
+use toolmesh_router::ToolServiceImpl;
+use tracing::{info, warn};
+
+use crate::App;
+
+/// How [`serve`] behaves.
+#[derive(Debug, Clone, Copy)]
+pub struct ServeOptions {
+    /// How long in-flight calls may take to finish after `shutdown` resolves.
+    pub grace: Duration,
+}
+
+/// Serves the API on `listener` until `shutdown` resolves; then stops accepting
+/// connections and waits up to `options.grace` for calls in flight. Returns whether every
+/// call finished within the grace period.
+pub async fn serve(
+    listener: TcpListener,
+    app: App,
+    options: ServeOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<bool> {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<ToolServiceServer<ToolServiceImpl>>().await;
+
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(toolmesh_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(toolmesh_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
+
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
+    let health_on_stop = health.clone();
+    let signal = async move {
+        shutdown.await;
+        info!("shutting down: no new calls; waiting for calls in flight");
+        health_on_stop.set_not_serving::<ToolServiceServer<ToolServiceImpl>>().await;
+        let _ = stopping_tx.send(());
+    };
+    let server = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(ToolServiceServer::new(ToolServiceImpl::new(app.router().clone())))
+        .serve_with_incoming_shutdown(incoming, signal);
+    tokio::pin!(server);
+
+    // Until the shutdown signal, the server runs unbounded; after it, for the grace period.
+    let drained = tokio::select! {
+        result = &mut server => { result?; true }
+        _ = stopping_rx => match tokio::time::timeout(options.grace, &mut server).await {
+            Ok(result) => { result?; true }
+            Err(_) => {
+                warn!(grace_ms = options.grace.as_millis() as u64, "calls still in flight after the grace period; exiting anyway");
+                false
+            }
+        },
+    };
+    app.stop();
+    Ok(drained)
+}
