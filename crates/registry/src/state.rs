@@ -53,7 +53,10 @@ impl RegistryState {
                 return Err(RegistryError::Duplicate(name.clone()));
             }
         }
-        for (toolkit, tools) in update.toolkits {
+        for (toolkit, mut tools) in update.toolkits {
+            for tool in &mut tools {
+                tool.spec.source = update.source.clone();
+            }
             insert_toolkit(&mut next, toolkit, tools)?;
         }
         for mut tool in update.tools {
@@ -280,7 +283,6 @@ mod tests {
         let missing_b = entry.check_arguments(&json!({"a": 1}));
         assert_eq!(missing_b.len(), 1, "draft-07 `dependencies` is enforced: {missing_b:?}");
         assert!(missing_b[0].message.contains("\"b\""), "{missing_b:?}");
-
     }
 
     #[test]

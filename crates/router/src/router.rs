@@ -136,6 +136,7 @@ impl Router {
         // neither is set; never beyond the server's cap.
         let timeout = request
             .client_timeout
+            .map(before_client_deadline)
             .into_iter()
             .chain(entry.spec.timeout)
             .min()
@@ -198,4 +199,12 @@ impl Router {
             })
         }
     }
+}
+
+/// The share of a client's deadline that the router keeps back. tonic's server enforces
+/// `grpc-timeout` itself and answers CANCELLED when it passes; finishing a little earlier
+/// lets the client see DEADLINE_EXCEEDED, with the tool named, as the gRPC spec intends.
+fn before_client_deadline(timeout: Duration) -> Duration {
+    let margin = (timeout / 20).clamp(Duration::from_millis(5), Duration::from_millis(100));
+    timeout.saturating_sub(margin)
 }

@@ -1,0 +1,314 @@
+//! Tools defined in configuration, end to end: HTTP tools against an HTTP server the test
+//! starts on 127.0.0.1:0, command tools running real scripts.
+
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
+
+use std::{
+    collections::HashMap,
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use axum::{
+    Json, Router,
+    extract::{Query, State},
+    http::{HeaderMap, StatusCode},
+    routing::{get, post},
+};
+use serde_json::{Value, json};
+use tonic::Code;
+use toolmesh::AppOptions;
+use toolmesh_e2e::{TestServer, eventually, process_alive};
+use toolmesh_proto::v1::{CallToolRequest, CallToolResponse, content_part::Part};
+
+type Seen = Arc<Mutex<Vec<(String, HeaderMap)>>>;
+
+/// An HTTP server on 127.0.0.1:0 that records what it was asked.
+async fn http_server() -> (String, Seen) {
+    let seen: Seen = Arc::default();
+    let app = Router::new()
+        .route(
+            "/weather",
+            get(
+                |State(seen): State<Seen>,
+                 headers: HeaderMap,
+                 Query(q): Query<HashMap<String, String>>| async move {
+                    let city = q.get("city").cloned().unwrap_or_default();
+                    seen.lock().unwrap().push((city.clone(), headers));
+                    Json(json!({"current": {"summary": format!("sunny in {city}"), "temp_c": 22},
+                            "items": [{"id": 7}, {"id": 8}]}))
+                },
+            ),
+        )
+        .route(
+            "/down",
+            get(|| async { (StatusCode::SERVICE_UNAVAILABLE, "upstream is down for maintenance") }),
+        )
+        .route("/big", get(|| async { "x".repeat(64 * 1024) }))
+        .route("/text", get(|| async { "plain words" }))
+        .route(
+            "/tickets",
+            post(|Json(body): Json<Value>| async move {
+                Json(json!({"ticket": {"id": 42, "body": body}}))
+            }),
+        )
+        .route(
+            "/redirect",
+            get(|| async { (StatusCode::FOUND, [("location", "http://127.0.0.1:1/")]) }),
+        )
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (format!("http://{addr}"), seen)
+}
+
+fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+async fn call(
+    server: &TestServer,
+    name: &str,
+    arguments: Value,
+) -> Result<CallToolResponse, tonic::Status> {
+    let request = CallToolRequest {
+        name: name.into(),
+        arguments_json: arguments.to_string(),
+        ..Default::default()
+    };
+    server.client().await.call_tool(request).await.map(tonic::Response::into_inner)
+}
+
+fn text(response: &CallToolResponse) -> String {
+    response
+        .content
+        .iter()
+        .map(|p| match &p.part {
+            Some(Part::Text(t)) => t.clone(),
+            Some(Part::Json(j)) => j.clone(),
+            _ => String::new(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test]
+async fn http_tools_call_a_real_server() {
+    let (base, seen) = http_server().await;
+    let config = format!(
+        r#"
+[[tools.http]]
+name = "weather"
+description = "Weather"
+url = "{base}/weather?city={{{{city}}}}"
+headers = {{ X-Api-Key = "k-123" }}
+extract = "current.summary"
+allow_private_network = true
+[tools.http.parameters]
+type = "object"
+required = ["city"]
+properties.city = {{ type = "string" }}
+
+[[tools.http]]
+name = "weather_raw"
+description = "Weather, whole answer"
+url = "{base}/weather?city={{{{city}}}}"
+allow_private_network = true
+
+[[tools.http]]
+name = "first_item"
+description = "First item id"
+url = "{base}/weather"
+extract = "items.0.id"
+allow_private_network = true
+
+[[tools.http]]
+name = "down"
+description = "Always 503"
+url = "{base}/down"
+allow_private_network = true
+
+[[tools.http]]
+name = "big"
+description = "Too large"
+url = "{base}/big"
+max_response_bytes = 1024
+allow_private_network = true
+
+[[tools.http]]
+name = "text"
+description = "Plain text"
+url = "{base}/text"
+allow_private_network = true
+
+[[tools.http]]
+name = "ticket"
+description = "Create a ticket"
+method = "POST"
+url = "{base}/tickets"
+body = {{ title = "{{{{title}}}}", priority = "{{{{priority}}}}", source = "toolmesh" }}
+extract = "ticket"
+allow_private_network = true
+
+[[tools.http]]
+name = "guarded"
+description = "Loopback without permission"
+url = "{base}/weather"
+
+[[tools.http]]
+name = "guarded_by_name"
+description = "A host name that resolves to loopback, without permission"
+url = "http://localhost:9/weather"
+"#
+    );
+    let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
+
+    let response = call(&server, "weather", json!({"city": "São Paulo & co"})).await.unwrap();
+    assert!(!response.is_error, "{response:?}");
+    assert_eq!(
+        text(&response),
+        "sunny in São Paulo & co",
+        "the argument was URL-encoded and decoded back"
+    );
+    let (city, headers) = seen.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(city, "São Paulo & co");
+    assert_eq!(headers.get("x-api-key").unwrap(), "k-123");
+
+    let raw = call(&server, "weather_raw", json!({"city": "Oslo"})).await.unwrap();
+    let structured: Value = serde_json::from_str(raw.structured_json.as_deref().unwrap()).unwrap();
+    assert_eq!(structured["current"]["temp_c"], 22);
+
+    let first = call(&server, "first_item", json!({})).await.unwrap();
+    assert_eq!(first.structured_json.as_deref(), Some("7"));
+
+    let down = call(&server, "down", json!({})).await.unwrap();
+    assert!(down.is_error);
+    assert!(
+        text(&down).contains("503") && text(&down).contains("upstream is down"),
+        "{}",
+        text(&down)
+    );
+
+    let big = call(&server, "big", json!({})).await.unwrap();
+    assert!(big.is_error && text(&big).contains("max_response_bytes"), "{}", text(&big));
+
+    let plain = call(&server, "text", json!({})).await.unwrap();
+    assert_eq!(text(&plain), "plain words");
+
+    let ticket =
+        call(&server, "ticket", json!({"title": "Disk full", "priority": 2})).await.unwrap();
+    let structured: Value =
+        serde_json::from_str(ticket.structured_json.as_deref().unwrap()).unwrap();
+    assert_eq!(
+        structured,
+        json!({"id": 42, "body": {"title": "Disk full", "priority": 2, "source": "toolmesh"}})
+    );
+
+    for tool in ["guarded", "guarded_by_name"] {
+        let refused = call(&server, tool, json!({})).await.unwrap();
+        assert!(refused.is_error, "{tool}");
+        assert!(text(&refused).contains("refused"), "{tool}: {}", text(&refused));
+    }
+    assert_eq!(seen.lock().unwrap().len(), 3, "the guarded tools never reached the server");
+}
+
+#[tokio::test]
+async fn command_tools_run_scripts_without_a_shell() {
+    let dir = tempfile::tempdir().unwrap();
+    let json_tool = script(
+        dir.path(),
+        "json.sh",
+        r#"input=$(cat); printf '{"got": %s, "arg1": "%s"}' "$input" "$1""#,
+    );
+    let text_tool = script(dir.path(), "text.sh", "cat > /dev/null; echo \"hello from $GREETING\"");
+    let failing = script(dir.path(), "fail.sh", "echo 'disk quota exceeded' >&2; exit 3");
+    let config = format!(
+        r#"
+[[tools.command]]
+name = "json_tool"
+description = "Echoes its input as JSON"
+command = "{}"
+args = ["$(touch /tmp/should-not-exist); {{{{x}}}}"]
+
+[[tools.command]]
+name = "text_tool"
+description = "Says hello"
+command = "{}"
+env = {{ GREETING = "a script" }}
+
+[[tools.command]]
+name = "failing"
+description = "Fails"
+command = "{}"
+"#,
+        json_tool.display(),
+        text_tool.display(),
+        failing.display()
+    );
+    let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
+
+    let response = call(&server, "json_tool", json!({"x": "; rm -rf /"})).await.unwrap();
+    assert!(!response.is_error, "{}", text(&response));
+    let structured: Value =
+        serde_json::from_str(response.structured_json.as_deref().unwrap()).unwrap();
+    assert_eq!(structured["got"], json!({"x": "; rm -rf /"}), "arguments arrive on stdin");
+    assert_eq!(
+        structured["arg1"], "$(touch /tmp/should-not-exist); {{x}}",
+        "args are passed verbatim"
+    );
+
+    let hello = call(&server, "text_tool", json!({})).await.unwrap();
+    assert_eq!(text(&hello), "hello from a script");
+
+    let failed = call(&server, "failing", json!({})).await.unwrap();
+    assert!(failed.is_error);
+    assert!(
+        text(&failed).contains("exited with 3") && text(&failed).contains("disk quota exceeded"),
+        "{}",
+        text(&failed)
+    );
+}
+
+#[tokio::test]
+async fn a_timed_out_command_and_its_descendants_are_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let pids = dir.path().join("pids");
+    let slow = script(
+        dir.path(),
+        "slow.sh",
+        &format!("sleep 300 &\necho \"$$ $!\" > {}\nwait", pids.display()),
+    );
+    let config = format!(
+        r#"
+[[tools.command]]
+name = "slow"
+description = "Never finishes in time"
+command = "{}"
+timeout_ms = 500
+"#,
+        slow.display()
+    );
+    let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
+    let status = call(&server, "slow", json!({})).await.unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    assert!(
+        status.message().contains("slow") && status.message().contains("500 ms"),
+        "{}",
+        status.message()
+    );
+
+    let recorded = std::fs::read_to_string(&pids).expect("the script recorded its pids");
+    let pids: Vec<i32> = recorded.split_whitespace().map(|p| p.parse().unwrap()).collect();
+    assert_eq!(pids.len(), 2);
+    let gone = eventually(Duration::from_secs(5), || async {
+        pids.iter().all(|p| !process_alive(*p)).then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "the script {} and its child {} are gone", pids[0], pids[1]);
+}

@@ -1,0 +1,98 @@
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    process::Stdio,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use anyhow::Context as _;
+use tokio::{
+    io::{AsyncBufReadExt, BufReader},
+    process::{Child, Command},
+};
+
+/// Returns the path of the `toolmesh` binary that `cargo test --workspace` built beside
+/// this test (override with `TOOLMESH_BIN`).
+pub fn toolmesh_bin() -> PathBuf {
+    if let Ok(path) = std::env::var("TOOLMESH_BIN") {
+        return PathBuf::from(path);
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> → target/<profile>/toolmesh
+    let bin = exe.parent().and_then(|deps| deps.parent()).expect("target dir").join("toolmesh");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo test --workspace`, which builds it",
+        bin.display()
+    );
+    bin
+}
+
+/// The real `toolmesh serve` as a child process on `127.0.0.1:0`; killed on drop.
+pub struct BinaryServer {
+    /// The announced address.
+    pub addr: SocketAddr,
+    /// The child process.
+    pub child: Child,
+    /// Everything the server wrote to stderr so far.
+    pub stderr: Arc<Mutex<String>>,
+}
+
+impl BinaryServer {
+    /// Starts `toolmesh serve --listen 127.0.0.1:0 ARGS…` with extra environment `env`,
+    /// and waits for the address line.
+    pub async fn start(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<Self> {
+        let mut command = Command::new(toolmesh_bin());
+        command
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        let mut child = command.spawn().context("starting toolmesh")?;
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let sink = stderr.clone();
+        let mut err_lines = BufReader::new(child.stderr.take().context("stderr")?).lines();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = err_lines.next_line().await {
+                sink.lock().expect("stderr buffer").push_str(&(line + "\n"));
+            }
+        });
+        let mut lines = BufReader::new(child.stdout.take().context("stdout")?).lines();
+        let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await;
+        let line = match first {
+            Ok(Ok(Some(line))) => line,
+            _ => anyhow::bail!(
+                "toolmesh did not announce its address; stderr:\n{}",
+                stderr.lock().expect("buffer")
+            ),
+        };
+        let addr = line.rsplit(' ').next().and_then(|a| a.parse().ok()).context("address line")?;
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(BinaryServer { addr, child, stderr })
+    }
+
+    /// Returns the child's pid.
+    pub fn pid(&self) -> i32 {
+        self.child.id().expect("child is running") as i32
+    }
+
+    /// Sends `signal` to the server.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), signal)
+            .expect("signal the server");
+    }
+
+    /// Returns what the server logged so far.
+    pub fn logs(&self) -> String {
+        self.stderr.lock().expect("stderr buffer").clone()
+    }
+}

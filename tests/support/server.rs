@@ -1,0 +1,63 @@
+use std::{collections::HashMap, net::SocketAddr, time::Duration};
+
+use tokio::{sync::oneshot, task::JoinHandle};
+use tonic::transport::Channel;
+use toolmesh::{App, AppOptions, ServeOptions};
+use toolmesh_config::Config;
+use toolmesh_proto::v1::tool_service_client::ToolServiceClient;
+
+/// A toolmesh served in-process on `127.0.0.1:0`, with extra local tools; stopped on drop.
+pub struct TestServer {
+    /// The bound address.
+    pub addr: SocketAddr,
+    /// The running app.
+    pub app: App,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<anyhow::Result<bool>>>,
+}
+
+impl TestServer {
+    /// Starts a server with the default configuration changed by `toml` and `options`.
+    pub async fn start(toml: &str, options: AppOptions) -> anyhow::Result<Self> {
+        let config = Self::config(toml)?;
+        let app = App::start(&config, options).await?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let (tx, rx) = oneshot::channel::<()>();
+        let shutdown = async move {
+            let _ = rx.await;
+        };
+        let serve_options = ServeOptions { grace: Duration::from_secs(5) };
+        let task = tokio::spawn(toolmesh::serve(listener, app.clone(), serve_options, shutdown));
+        Ok(TestServer { addr, app, shutdown: Some(tx), task: Some(task) })
+    }
+
+    /// Parses a configuration over the defaults, with an empty environment.
+    pub fn config(toml: &str) -> anyhow::Result<Config> {
+        Ok(toolmesh_config::load_str(Some(("test.toml", toml)), &HashMap::new())?)
+    }
+
+    /// Returns a connected client.
+    pub async fn client(&self) -> ToolServiceClient<Channel> {
+        toolmesh::client::connect(&self.addr.to_string()).await.expect("connect to the test server")
+    }
+
+    /// Triggers shutdown and waits for the server; returns whether calls drained in time.
+    pub async fn stop(mut self) -> anyhow::Result<bool> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        match self.task.take() {
+            Some(task) => task.await?,
+            None => Ok(true),
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}

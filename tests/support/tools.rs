@@ -1,0 +1,132 @@
+//! Local tools with scripted behaviour, registered by in-process test servers.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+use toolmesh_core::{BackendError, CallContext, ContentPart, ToolOutput, ToolSource, ToolSpec};
+use toolmesh_workers::LocalTool;
+
+fn spec(name: &str, schema: Value) -> ToolSpec {
+    ToolSpec::new(name, format!("test tool {name}"), schema, ToolSource::local("test"))
+}
+
+/// `panic`: panics when `panic` is true, otherwise answers `ok`.
+pub struct PanicTool;
+
+#[async_trait::async_trait]
+impl LocalTool for PanicTool {
+    fn spec(&self) -> ToolSpec {
+        spec("panic", json!({"type": "object", "properties": {"panic": {"type": "boolean"}}}))
+    }
+
+    async fn call(&self, _: &CallContext, arguments: Value) -> Result<ToolOutput, BackendError> {
+        if arguments["panic"] == json!(true) {
+            panic!("scripted panic");
+        }
+        Ok(ToolOutput::text("ok"))
+    }
+}
+
+/// Counters a [`BlockingTool`] keeps.
+pub struct BlockingProbe {
+    /// Calls that started running.
+    pub started: AtomicUsize,
+    /// Calls whose future was dropped before finishing (cancelled or timed out).
+    pub dropped: AtomicUsize,
+    /// Calls that finished.
+    pub finished: AtomicUsize,
+    /// Each permit lets one call finish.
+    pub gate: Semaphore,
+}
+
+impl Default for BlockingProbe {
+    fn default() -> Self {
+        BlockingProbe {
+            started: AtomicUsize::new(0),
+            dropped: AtomicUsize::new(0),
+            finished: AtomicUsize::new(0),
+            gate: Semaphore::new(0),
+        }
+    }
+}
+
+/// `block`: runs until the probe's gate lets it finish.
+pub struct BlockingTool(pub Arc<BlockingProbe>);
+
+struct DropCounter(Arc<BlockingProbe>, bool);
+
+impl Drop for DropCounter {
+    fn drop(&mut self) {
+        if !self.1 {
+            self.0.dropped.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl LocalTool for BlockingTool {
+    fn spec(&self) -> ToolSpec {
+        spec("block", json!({"type": "object"}))
+    }
+
+    async fn call(&self, _: &CallContext, _: Value) -> Result<ToolOutput, BackendError> {
+        let probe = &self.0;
+        probe.started.fetch_add(1, Ordering::SeqCst);
+        let mut guard = DropCounter(probe.clone(), false);
+        probe.gate.acquire().await.expect("gate open").forget();
+        guard.1 = true;
+        probe.finished.fetch_add(1, Ordering::SeqCst);
+        Ok(ToolOutput::text("released"))
+    }
+}
+
+/// `progress`: reports `steps` progress events, each followed by a partial output, then
+/// returns the number of steps.
+pub struct ProgressTool;
+
+#[async_trait::async_trait]
+impl LocalTool for ProgressTool {
+    fn spec(&self) -> ToolSpec {
+        spec(
+            "progress",
+            json!({"type": "object", "required": ["steps"],
+                   "properties": {"steps": {"type": "integer", "minimum": 1, "maximum": 100}}}),
+        )
+    }
+
+    async fn call(&self, ctx: &CallContext, arguments: Value) -> Result<ToolOutput, BackendError> {
+        let steps = arguments["steps"].as_u64().unwrap_or(1);
+        for step in 1..=steps {
+            ctx.events.progress(step as f64, Some(steps as f64), format!("step {step}"));
+            ctx.events.partial(ContentPart::Text(format!("part {step}")));
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        Ok(ToolOutput::json(json!({"steps": steps})))
+    }
+}
+
+/// `bad_output`: declares an output schema requiring `n`, then returns `{"m": 1}`.
+pub struct BadOutputTool;
+
+#[async_trait::async_trait]
+impl LocalTool for BadOutputTool {
+    fn spec(&self) -> ToolSpec {
+        let mut spec = spec("bad_output", json!({"type": "object"}));
+        spec.output_schema = Some(Arc::new(
+            json!({"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}}),
+        ));
+        spec.validate_output = true;
+        spec
+    }
+
+    async fn call(&self, _: &CallContext, _: Value) -> Result<ToolOutput, BackendError> {
+        Ok(ToolOutput::json(json!({"m": 1})))
+    }
+}
