@@ -1,0 +1,442 @@
+//! The real `toolmesh` binary end to end: the CLI, signals, reloads, traces over OTLP,
+//! reflection and health through grpcurl, and a Python grpcio client.
+
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Output,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use nix::sys::signal::Signal;
+use opentelemetry_proto::tonic::{
+    collector::trace::v1::{
+        ExportTraceServiceRequest, ExportTraceServiceResponse,
+        trace_service_server::{TraceService, TraceServiceServer},
+    },
+    common::v1::any_value,
+    trace::v1::Span,
+};
+use serde_json::json;
+use tonic::Code;
+use toolmesh_e2e::{BinaryServer, eventually, toolmesh_bin};
+use toolmesh_proto::v1::{CallToolRequest, ListToolsRequest};
+
+async fn run(args: &[&str]) -> Output {
+    tokio::process::Command::new(toolmesh_bin())
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .await
+        .expect("run toolmesh")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn write_script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+async fn tool_names(addr: &str) -> Vec<String> {
+    let mut client = toolmesh::client::connect(addr).await.unwrap();
+    let (tools, _) = toolmesh::client::list_all(&mut client).await.unwrap();
+    tools.into_iter().map(|t| t.name).collect()
+}
+
+#[tokio::test]
+async fn cli_lists_and_calls_the_embedded_default() {
+    let server = BinaryServer::start(&[], &[]).await.unwrap();
+    let addr = server.addr.to_string();
+
+    let list = run(&["tools", "list", "--server", &addr]).await;
+    assert!(list.status.success(), "{}", stderr(&list));
+    let out = stdout(&list);
+    for expected in ["think", "analyze", "echo", "reasoning", "3 tools, 1 toolkits"] {
+        assert!(out.contains(expected), "{expected} missing from:\n{out}");
+    }
+
+    let echo = run(&["call", "echo", r#"{"x": 1}"#, "--server", &addr]).await;
+    assert!(echo.status.success(), "{}", stderr(&echo));
+    let value: serde_json::Value = serde_json::from_str(&stdout(&echo)).unwrap();
+    assert_eq!(value, json!({"x": 1}));
+
+    let invalid = run(&["call", "think", "{}", "--server", &addr]).await;
+    assert_eq!(invalid.status.code(), Some(2));
+    assert!(
+        stderr(&invalid).contains("InvalidArgument") && stderr(&invalid).contains("thought"),
+        "{}",
+        stderr(&invalid)
+    );
+
+    let missing = run(&["call", "nope", "--server", &addr]).await;
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(stderr(&missing).contains("NotFound"), "{}", stderr(&missing));
+
+    for args in [
+        &["--help"][..],
+        &["serve", "--help"],
+        &["call", "--help"],
+        &["bench", "--help"],
+        &["tools", "list", "--help"],
+    ] {
+        let help = run(args).await;
+        assert!(help.status.success() && stdout(&help).contains("Usage"), "{args:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_bad_config_exits_with_one_line_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[workers]\nsize = 0\n").unwrap();
+    let output = run(&["serve", "--config", bad.to_str().unwrap()]).await;
+    assert!(!output.status.success());
+    let err = stderr(&output);
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(err.contains("bad.toml") && err.contains("workers.size"), "{err}");
+
+    std::fs::write(&bad, "[[tools.command]]\nname = \"x\"\ndescription = \"d\"\ncommand = \"/bin/true\"\ntimeout = 5\n").unwrap();
+    let output = run(&["config", "check", bad.to_str().unwrap()]).await;
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains("tools.command[0]") && stderr(&output).contains("timeout"),
+        "{}",
+        stderr(&output)
+    );
+
+    let defaults = run(&["config", "defaults"]).await;
+    assert!(stdout(&defaults).contains("[server]"));
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/toolmesh.toml");
+    let output = tokio::process::Command::new(toolmesh_bin())
+        .args(["config", "check", example.to_str().unwrap()])
+        .env("WEATHER_API_TOKEN", "token")
+        .output()
+        .await
+        .unwrap();
+    assert!(output.status.success(), "the example config is valid: {}", stderr(&output));
+}
+
+#[tokio::test]
+async fn sigterm_lets_calls_in_flight_finish() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("started");
+    let slow = write_script(
+        dir.path(),
+        "slow.sh",
+        &format!("touch {}\nsleep 1\necho finished", marker.display()),
+    );
+    let config = dir.path().join("toolmesh.toml");
+    std::fs::write(
+        &config,
+        format!("[[tools.command]]\nname = \"slow\"\ndescription = \"takes a second\"\ncommand = \"{}\"\n", slow.display()),
+    )
+    .unwrap();
+    let mut server =
+        BinaryServer::start(&["--config", config.to_str().unwrap()], &[]).await.unwrap();
+    let addr = server.addr.to_string();
+
+    let call = tokio::spawn({
+        let addr = addr.clone();
+        async move {
+            let mut client = toolmesh::client::connect(&addr).await.unwrap();
+            client.call_tool(CallToolRequest { name: "slow".into(), ..Default::default() }).await
+        }
+    });
+    eventually(Duration::from_secs(10), || async { marker.exists().then_some(()) })
+        .await
+        .expect("the call started");
+    server.signal(Signal::SIGTERM);
+
+    let response = call.await.unwrap().expect("the call in flight completes").into_inner();
+    assert!(!response.is_error);
+    assert_eq!(toolmesh::client::render_part(&response.content[0].part), "finished");
+    let status =
+        tokio::time::timeout(Duration::from_secs(10), server.child.wait()).await.unwrap().unwrap();
+    assert!(status.success(), "exit status {status:?}; logs:\n{}", server.logs());
+    assert!(server.logs().contains("SIGTERM received"));
+    assert!(toolmesh::client::connect(&addr).await.is_err(), "no longer accepting connections");
+}
+
+#[tokio::test]
+async fn sighup_and_file_changes_reload_tool_definitions() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("toolmesh.toml");
+    let hello = write_script(dir.path(), "hello.sh", "echo hello");
+    let base = "[server]\nreload_poll_ms = 100\n";
+    std::fs::write(&config, base).unwrap();
+    let server = BinaryServer::start(&["--config", config.to_str().unwrap()], &[]).await.unwrap();
+    let addr = server.addr.to_string();
+    assert!(!tool_names(&addr).await.contains(&"hello".to_owned()));
+
+    let with_tool = format!(
+        "{base}[[tools.command]]\nname = \"hello\"\ndescription = \"greets\"\ncommand = \"{}\"\n",
+        hello.display()
+    );
+    std::fs::write(&config, &with_tool).unwrap();
+    server.signal(Signal::SIGHUP);
+    eventually(Duration::from_secs(10), || async {
+        tool_names(&addr).await.contains(&"hello".to_owned()).then_some(())
+    })
+    .await
+    .expect("the tool appears after the reload");
+    let hello = run(&["call", "hello", "--server", &addr]).await;
+    assert_eq!(stdout(&hello).trim(), "hello");
+
+    // Without a signal: the file is watched.
+    std::fs::write(&config, format!("{base}# the tool is gone\n")).unwrap();
+    eventually(Duration::from_secs(10), || async {
+        (!tool_names(&addr).await.contains(&"hello".to_owned())).then_some(())
+    })
+    .await
+    .expect("the tool disappears after the file changed");
+
+    // A broken file keeps the previous tools and says why.
+    std::fs::write(&config, &with_tool).unwrap();
+    eventually(Duration::from_secs(10), || async {
+        tool_names(&addr).await.contains(&"hello".to_owned()).then_some(())
+    })
+    .await
+    .expect("reloaded again");
+    std::fs::write(&config, "[server\nbroken").unwrap();
+    server.signal(Signal::SIGHUP);
+    eventually(Duration::from_secs(10), || async {
+        server.logs().contains("reload failed").then_some(())
+    })
+    .await
+    .expect("the failed reload is logged");
+    assert!(tool_names(&addr).await.contains(&"hello".to_owned()));
+    assert!(tool_names(&addr).await.contains(&"echo".to_owned()));
+}
+
+/// An OTLP/gRPC trace receiver that keeps every span it is sent.
+#[derive(Clone, Default)]
+struct Receiver {
+    spans: Arc<Mutex<Vec<(String, Span)>>>,
+}
+
+#[tonic::async_trait]
+impl TraceService for Receiver {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let mut spans = self.spans.lock().unwrap();
+        for resource in request.into_inner().resource_spans {
+            let service = resource
+                .resource
+                .iter()
+                .flat_map(|r| &r.attributes)
+                .find(|a| a.key == "service.name")
+                .and_then(|a| a.value.as_ref())
+                .map(|v| format!("{:?}", v.value))
+                .unwrap_or_default();
+            for scope in resource.scope_spans {
+                spans.extend(scope.spans.into_iter().map(|s| (service.clone(), s)));
+            }
+        }
+        Ok(tonic::Response::new(ExportTraceServiceResponse { partial_success: None }))
+    }
+}
+
+fn attr(span: &Span, key: &str) -> Option<String> {
+    span.attributes.iter().find(|a| a.key == key).and_then(|a| {
+        match a.value.as_ref()?.value.as_ref()? {
+            any_value::Value::StringValue(s) => Some(s.clone()),
+            other => Some(format!("{other:?}")),
+        }
+    })
+}
+
+#[tokio::test]
+async fn traces_reach_an_otlp_receiver_as_one_tree_under_the_callers_span() {
+    let receiver = Receiver::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let otlp = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(TraceServiceServer::new(receiver.clone()))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let mut server = BinaryServer::start(
+        &[],
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()), ("OTEL_SERVICE_NAME", "toolmesh-e2e")],
+    )
+    .await
+    .unwrap();
+
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let parent_id = "00f067aa0ba902b7";
+    let mut client = toolmesh::client::connect(&server.addr.to_string()).await.unwrap();
+    let mut request = tonic::Request::new(CallToolRequest {
+        name: "echo".into(),
+        arguments_json: "{}".into(),
+        call_id: "traced-1".into(),
+        ..Default::default()
+    });
+    request
+        .metadata_mut()
+        .insert("traceparent", format!("00-{trace_id}-{parent_id}-01").parse().unwrap());
+    client.call_tool(request).await.unwrap();
+    let mut bad = tonic::Request::new(CallToolRequest {
+        name: "think".into(),
+        arguments_json: "{}".into(),
+        ..Default::default()
+    });
+    bad.metadata_mut()
+        .insert("traceparent", format!("00-{trace_id}-{parent_id}-01").parse().unwrap());
+    assert_eq!(client.call_tool(bad).await.unwrap_err().code(), Code::InvalidArgument);
+    client.list_tools(ListToolsRequest::default()).await.unwrap();
+
+    // Shutdown flushes the exporter.
+    server.signal(Signal::SIGTERM);
+    tokio::time::timeout(Duration::from_secs(15), server.child.wait()).await.unwrap().unwrap();
+    let spans = eventually(Duration::from_secs(10), || async {
+        let spans = receiver.spans.lock().unwrap().clone();
+        spans.iter().any(|(_, s)| s.name == "toolmesh.worker.execute").then_some(spans)
+    })
+    .await
+    .expect("spans arrive at the receiver");
+
+    let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let find = |name: &str, call_id: Option<&str>| {
+        spans
+            .iter()
+            .map(|(_, s)| s)
+            .find(|s| {
+                s.name == name
+                    && call_id
+                        .is_none_or(|id| attr(s, "gen_ai.tool.call.id").as_deref() == Some(id))
+            })
+            .unwrap_or_else(|| {
+                panic!(
+                    "no span {name}; got {:?}",
+                    spans.iter().map(|(_, s)| &s.name).collect::<Vec<_>>()
+                )
+            })
+    };
+    assert!(spans.iter().all(|(service, _)| service.contains("toolmesh-e2e")));
+
+    let rpc = spans
+        .iter()
+        .map(|(_, s)| s)
+        .find(|s| {
+            s.name == "toolmesh.v1.ToolService/CallTool" && hex(&s.parent_span_id) == parent_id
+        })
+        .expect("the gRPC server span is a child of the caller's span");
+    assert_eq!(hex(&rpc.trace_id), trace_id, "one trace from the caller into toolmesh");
+    assert_eq!(attr(rpc, "rpc.system").as_deref(), Some("grpc"));
+    assert_eq!(attr(rpc, "rpc.method").as_deref(), Some("CallTool"));
+
+    let execute = find("execute_tool echo", Some("traced-1"));
+    assert_eq!(execute.parent_span_id, rpc.span_id);
+    assert_eq!(attr(execute, "gen_ai.operation.name").as_deref(), Some("execute_tool"));
+    assert_eq!(attr(execute, "gen_ai.tool.name").as_deref(), Some("echo"));
+    assert_eq!(attr(execute, "toolmesh.source.kind").as_deref(), Some("local"));
+    assert_eq!(hex(&execute.trace_id), trace_id);
+
+    let children: Vec<&Span> =
+        spans.iter().map(|(_, s)| s).filter(|s| s.parent_span_id == execute.span_id).collect();
+    let names: Vec<&str> = children.iter().map(|s| s.name.as_str()).collect();
+    for expected in ["toolmesh.resolve", "toolmesh.validate", "toolmesh.dispatch"] {
+        assert!(names.contains(&expected), "{expected} under execute_tool: {names:?}");
+    }
+    let dispatch = children.iter().find(|s| s.name == "toolmesh.dispatch").unwrap();
+    let worker = find("toolmesh.worker.execute", Some("traced-1"));
+    assert_eq!(worker.parent_span_id, dispatch.span_id, "the worker's span is under dispatch");
+
+    let failed = find("execute_tool think", None);
+    assert_eq!(attr(failed, "error.type").as_deref(), Some("invalid_arguments"));
+    assert_eq!(hex(&failed.trace_id), trace_id);
+}
+
+fn grpcurl() -> String {
+    std::env::var("TOOLMESH_TEST_GRPCURL").unwrap_or_else(|_| "grpcurl".into())
+}
+
+#[tokio::test]
+async fn grpcurl_finds_the_api_by_reflection_and_checks_health() {
+    let server = BinaryServer::start(&[], &[]).await.unwrap();
+    let addr = server.addr.to_string();
+    let grpcurl = |args: Vec<String>| async move {
+        tokio::process::Command::new(grpcurl())
+            .args(&args)
+            .output()
+            .await
+            .expect("grpcurl is installed (tests/setup installs it from PyPI)")
+    };
+
+    let list = grpcurl(vec!["-plaintext".into(), addr.clone(), "list".into()]).await;
+    assert!(list.status.success(), "{}", stderr(&list));
+    for service in ["toolmesh.v1.ToolService", "grpc.health.v1.Health"] {
+        assert!(stdout(&list).contains(service), "{service} in:\n{}", stdout(&list));
+    }
+
+    let describe = grpcurl(vec![
+        "-plaintext".into(),
+        addr.clone(),
+        "describe".into(),
+        "toolmesh.v1.CallToolRequest".into(),
+    ])
+    .await;
+    assert!(stdout(&describe).contains("arguments_json"), "{}", stdout(&describe));
+
+    let call = grpcurl(vec![
+        "-plaintext".into(),
+        "-d".into(),
+        r#"{"name": "echo", "arguments_json": "{\"via\": \"grpcurl\"}"}"#.into(),
+        addr.clone(),
+        "toolmesh.v1.ToolService/CallTool".into(),
+    ])
+    .await;
+    assert!(call.status.success(), "{}", stderr(&call));
+    assert!(stdout(&call).contains("grpcurl"), "{}", stdout(&call));
+
+    for service in ["", "toolmesh.v1.ToolService"] {
+        let health = grpcurl(vec![
+            "-plaintext".into(),
+            "-d".into(),
+            format!(r#"{{"service": "{service}"}}"#),
+            addr.clone(),
+            "grpc.health.v1.Health/Check".into(),
+        ])
+        .await;
+        assert!(
+            stdout(&health).contains("SERVING"),
+            "{service:?}: {} {}",
+            stdout(&health),
+            stderr(&health)
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_python_grpcio_client_lists_and_calls_tools() {
+    let server = BinaryServer::start(&[], &[]).await.unwrap();
+    let python = std::env::var("TOOLMESH_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/client_test.py");
+    let output = tokio::process::Command::new(&python)
+        .arg(&script)
+        .arg(server.addr.to_string())
+        .output()
+        .await
+        .expect("python3 runs");
+    assert!(
+        output.status.success(),
+        "the Python client failed (tests/setup installs grpcio and grpcio-tools):\n{}\n{}",
+        stdout(&output),
+        stderr(&output)
+    );
+    assert!(stdout(&output).contains("calls and errors as expected"));
+}

@@ -1,0 +1,88 @@
+"""Calls a running toolmesh from Python with grpcio, the way an agent service would.
+
+Usage: python3 tests/python/client_test.py HOST:PORT
+
+Generates the stubs from proto/ into a temporary directory (grpcio-tools), then lists the
+tools, calls one, checks the error mapping and gRPC health. Exits non-zero on any failure.
+"""
+
+import json
+import pathlib
+import sys
+import tempfile
+
+import grpc
+from grpc_tools import protoc
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def generate_stubs(out: pathlib.Path) -> None:
+    proto_dir = ROOT / "proto"
+    include = pathlib.Path(protoc.__file__).parent / "_proto"
+    code = protoc.main([
+        "grpc_tools.protoc",
+        f"-I{proto_dir}",
+        f"-I{include}",
+        f"--python_out={out}",
+        f"--grpc_python_out={out}",
+        str(proto_dir / "toolmesh" / "v1" / "tools.proto"),
+    ])
+    if code != 0:
+        raise SystemExit(f"protoc failed with {code}")
+    for package in (out / "toolmesh", out / "toolmesh" / "v1"):
+        (package / "__init__.py").touch()
+
+
+def main(addr: str) -> None:
+    out = pathlib.Path(tempfile.mkdtemp(prefix="toolmesh-py-"))
+    generate_stubs(out)
+    sys.path.insert(0, str(out))
+    from toolmesh.v1 import tools_pb2, tools_pb2_grpc  # noqa: E402
+
+    with grpc.insecure_channel(addr) as channel:
+        stub = tools_pb2_grpc.ToolServiceStub(channel)
+
+        listing = stub.ListTools(tools_pb2.ListToolsRequest(), timeout=10)
+        names = sorted(tool.name for tool in listing.tools)
+        assert {"think", "analyze", "echo"} <= set(names), names
+        think = next(t for t in listing.tools if t.name == "think")
+        assert json.loads(think.input_schema_json)["required"] == ["title", "thought"]
+        assert think.toolkit == "reasoning"
+
+        reply = stub.CallTool(
+            tools_pb2.CallToolRequest(
+                name="echo", arguments_json=json.dumps({"from": "python", "n": 3}), call_id="py-1"
+            ),
+            timeout=10,
+        )
+        assert not reply.is_error
+        assert reply.call_id == "py-1"
+        assert json.loads(reply.structured_json) == {"from": "python", "n": 3}
+
+        try:
+            stub.CallTool(tools_pb2.CallToolRequest(name="think", arguments_json="{}"), timeout=10)
+            raise AssertionError("invalid arguments were accepted")
+        except grpc.RpcError as error:
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.code()
+            assert "thought" in error.details(), error.details()
+
+        try:
+            stub.CallTool(tools_pb2.CallToolRequest(name="missing"), timeout=10)
+            raise AssertionError("an unknown tool was found")
+        except grpc.RpcError as error:
+            assert error.code() == grpc.StatusCode.NOT_FOUND, error.code()
+
+        start = tools_pb2.CallToolClientMessage(
+            start=tools_pb2.CallToolRequest(name="echo", arguments_json='{"streamed": true}')
+        )
+        messages = list(stub.StreamCallTool(iter([start]), timeout=10))
+        assert messages[0].WhichOneof("message") == "started"
+        assert messages[-1].WhichOneof("message") == "result"
+        assert json.loads(messages[-1].result.structured_json) == {"streamed": True}
+
+    print(f"python client: {len(names)} tools listed, calls and errors as expected")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
