@@ -440,3 +440,41 @@ async fn a_python_grpcio_client_lists_and_calls_tools() {
     );
     assert!(stdout(&output).contains("calls and errors as expected"));
 }
+
+#[tokio::test]
+async fn bench_measures_toolmesh_and_the_bare_echo_baseline() {
+    // This checks that the load generator works and reports; it asserts no speed.
+    let output = run(&[
+        "bench",
+        "--concurrency",
+        "4",
+        "--connections",
+        "2",
+        "--duration",
+        "0.4",
+        "--warmup",
+        "0.1",
+        "--rounds",
+        "3",
+    ])
+    .await;
+    assert!(output.status.success(), "{}", stderr(&output));
+    let report = stdout(&output);
+    let rows: Vec<&str> = report
+        .lines()
+        .filter(|l| {
+            l.starts_with("bare tonic echo ")
+                || (l.starts_with("toolmesh ") && !l.starts_with("toolmesh bench"))
+        })
+        .collect();
+    assert_eq!(rows.len(), 4, "closed and open loop rows for both servers:\n{report}");
+    for row in rows {
+        let columns: Vec<&str> = row.split_whitespace().collect();
+        let errors: u64 = columns.last().unwrap().parse().unwrap();
+        let throughput: f64 = columns[columns.len() - 5].parse().unwrap();
+        assert_eq!(errors, 0, "{row}");
+        assert!(throughput > 0.0, "{row}");
+    }
+    assert!(report.contains("throughput ratio") && report.contains("p99 added"), "{report}");
+    assert!(report.contains("3 alternating rounds"), "{report}");
+}

@@ -67,8 +67,9 @@ impl Router {
         uuid::Uuid::now_v7().to_string()
     }
 
-    /// Runs one call. Progress and partial outputs go to `events`. Cancelling `cancel`, or
-    /// dropping the returned future, stops the tool. Returns the call id with the output.
+    /// Runs one call. Progress and partial outputs go to `events`. `cancel` belongs to this
+    /// call: cancelling it, or dropping the returned future (which also cancels it), stops
+    /// the tool. Returns the call id with the output.
     pub async fn call(
         &self,
         request: CallRequest,
@@ -144,9 +145,9 @@ impl Router {
             .min(self.options.max_timeout);
         let deadline = Instant::now() + timeout;
 
-        // The tool's token: cancelled by the caller, by the deadline, or when this future is
+        // The call's token: cancelled by the caller, by the deadline, or when this future is
         // dropped (a client that went away), whichever comes first.
-        let token = cancel.child_token();
+        let token = cancel;
         let _cancel_on_drop = token.clone().drop_guard();
         let ctx = CallContext {
             call_id: call_id.clone(),

@@ -8,7 +8,13 @@ use opentelemetry_sdk::{
     runtime,
     trace::{SdkTracerProvider, span_processor_with_async_runtime::BatchSpanProcessor},
 };
-use tracing_subscriber::{EnvFilter, layer::SubscriberExt, util::SubscriberInitExt};
+use tracing::Level;
+use tracing_subscriber::{
+    EnvFilter, Layer as _,
+    filter::{FilterExt as _, Targets, filter_fn},
+    layer::SubscriberExt,
+    util::SubscriberInitExt,
+};
 
 /// What [`init`] needs to know.
 #[derive(Debug, Clone, Default)]
@@ -85,10 +91,14 @@ pub fn init(options: &TelemetryOptions) -> Result<TelemetryGuard, TelemetryError
     };
     let env_filter = EnvFilter::try_new(&filter)
         .map_err(|error| TelemetryError::Filter { filter, reason: error.to_string() })?;
+    // Logs are events; spans are for traces. Keeping spans away from the log layer means
+    // it never formats the fields of the per-call spans, and with no exporter no layer
+    // wants those spans at all, so creating them costs next to nothing.
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false);
+        .with_target(false)
+        .with_filter(env_filter.and(filter_fn(|metadata| metadata.is_event())));
 
     let endpoint = options
         .otlp_endpoint
@@ -98,15 +108,18 @@ pub fn init(options: &TelemetryOptions) -> Result<TelemetryGuard, TelemetryError
         .filter(|endpoint| !endpoint.trim().is_empty());
     let provider = endpoint.map(|endpoint| build_provider(&endpoint, options)).transpose()?;
 
-    let otel = provider
-        .as_ref()
-        .map(|provider| tracing_opentelemetry::layer().with_tracer(provider.tracer("toolmesh")));
-    tracing_subscriber::registry()
-        .with(env_filter)
-        .with(fmt)
-        .with(otel)
-        .try_init()
-        .map_err(|_| TelemetryError::AlreadyInstalled)?;
+    // Two stacks rather than an `Option` layer: a `None` layer still registers interest in
+    // every callsite, which would make every span cost as if it were recorded.
+    let installed = match &provider {
+        Some(provider) => {
+            let otel = tracing_opentelemetry::layer()
+                .with_tracer(provider.tracer("toolmesh"))
+                .with_filter(Targets::new().with_default(Level::INFO));
+            tracing_subscriber::registry().with(fmt).with(otel).try_init()
+        }
+        None => tracing_subscriber::registry().with(fmt).try_init(),
+    };
+    installed.map_err(|_| TelemetryError::AlreadyInstalled)?;
     Ok(TelemetryGuard { provider })
 }
 

@@ -4,13 +4,15 @@
 //! tonic server that answers `CallTool` by echoing the arguments (no router, no registry,
 //! no worker pool): same machine, same client, same concurrency, so the router's cost
 //! shows as a ratio. Both servers run as child processes of the bench, like a real
-//! deployment. Two phases per server:
+//! deployment, side by side; each phase alternates rounds between them and reports the
+//! median round, so that a noisy machine affects both alike. Two phases:
 //!
 //! 1. closed loop: `concurrency` callers, each calling again as soon as an answer arrives,
 //!    for `duration`: the reached maximum throughput and its latencies;
 //! 2. open loop at half of toolmesh's reached maximum: calls are started on a fixed
-//!    schedule whatever the latency, and latency counts from the scheduled start (no
-//!    coordinated omission): the latency a moderately loaded server gives.
+//!    schedule (kept by a thread that wakes every ~50 µs) whatever the latency, so a slow answer never
+//!    delays the next call; each call's latency counts from when it was sent. This is
+//!    the latency a moderately loaded server gives.
 
 use std::{
     net::SocketAddr,
@@ -58,6 +60,8 @@ pub struct BenchOptions {
     pub baseline: bool,
     /// Also measure latency in an open loop at half of the reached maximum.
     pub half_load: bool,
+    /// Rounds per phase, alternating between the servers; the report gives the median.
+    pub rounds: usize,
 }
 
 /// Figures of one phase against one server.
@@ -73,10 +77,17 @@ pub struct Sample {
     pub p99_ms: f64,
     /// Calls that failed.
     pub errors: u64,
+    /// The first failure, to say what went wrong.
+    pub first_error: Option<String>,
 }
 
 impl Sample {
-    fn from(histogram: &Histogram<u64>, errors: u64, elapsed: Duration) -> Self {
+    fn from(
+        histogram: &Histogram<u64>,
+        errors: u64,
+        first_error: Option<String>,
+        elapsed: Duration,
+    ) -> Self {
         let ms = |q: f64| histogram.value_at_quantile(q) as f64 / 1e6;
         Sample {
             throughput: histogram.len() as f64 / elapsed.as_secs_f64(),
@@ -84,6 +95,7 @@ impl Sample {
             p90_ms: ms(0.90),
             p99_ms: ms(0.99),
             errors,
+            first_error,
         }
     }
 }
@@ -119,7 +131,6 @@ impl Drop for ChildServer {
 async fn start_child(exe: &Path, args: &[&str]) -> anyhow::Result<ChildServer> {
     let mut child = Command::new(exe)
         .args(args)
-        .env("TOOLMESH__TELEMETRY__LOG", "warn")
         .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -157,6 +168,15 @@ fn new_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1_000, 120_000_000_000, 3).expect("valid histogram bounds")
 }
 
+/// Returns `Ok` for a successful call, else what went wrong.
+fn outcome(result: Result<tonic::Response<CallToolResponse>, Status>) -> Result<(), String> {
+    match result {
+        Ok(response) if !response.get_ref().is_error => Ok(()),
+        Ok(response) => Err(format!("error result: {:?}", response.get_ref().content)),
+        Err(status) => Err(format!("{:?}: {}", status.code(), status.message())),
+    }
+}
+
 /// Closed loop: `concurrency` callers for `duration`.
 async fn closed_loop(
     clients: &[ToolServiceClient<Channel>],
@@ -173,91 +193,140 @@ async fn closed_loop(
         tasks.push(tokio::spawn(async move {
             let mut histogram = new_histogram();
             let mut errors = 0u64;
+            let mut first_error = None;
             while Instant::now() < end {
                 let sent = Instant::now();
-                match client.call_tool(request.clone()).await {
-                    Ok(response) if !response.get_ref().is_error => {
-                        histogram.saturating_record(sent.elapsed().as_nanos() as u64);
+                match outcome(client.call_tool(request.clone()).await) {
+                    Ok(()) => histogram.saturating_record(sent.elapsed().as_nanos() as u64),
+                    Err(error) => {
+                        errors += 1;
+                        first_error.get_or_insert(error);
                     }
-                    _ => errors += 1,
                 }
             }
-            (histogram, errors)
+            (histogram, errors, first_error)
         }));
     }
     let mut histogram = new_histogram();
     let mut errors = 0;
+    let mut first_error = None;
     for task in tasks {
-        if let Ok((h, e)) = task.await {
+        if let Ok((h, e, first)) = task.await {
             histogram.add(h).expect("same bounds");
             errors += e;
+            first_error = first_error.or(first);
         }
     }
-    Sample::from(&histogram, errors, start.elapsed())
+    Sample::from(&histogram, errors, first_error, start.elapsed())
 }
 
 /// Open loop: calls started on a fixed schedule of `rate` per second for `duration`.
+///
+/// A dedicated thread keeps the schedule: it wakes every ~50 µs (tokio's timer has 1 ms
+/// steps, which would send the calls in bursts) and releases the calls that are due.
 async fn open_loop(
     clients: &[ToolServiceClient<Channel>],
     rate: f64,
     duration: Duration,
     request: &CallToolRequest,
 ) -> Sample {
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Option<u64>>();
-    let start = Instant::now();
     let total = (rate * duration.as_secs_f64()) as u64;
-    let interval = Duration::from_secs_f64(1.0 / rate);
-    let mut tick = tokio::time::interval(Duration::from_millis(1));
-    let mut issued = 0u64;
-    while issued < total {
-        tick.tick().await;
-        // Start every call whose scheduled time has come; the timer ticks each millisecond.
-        let due = ((start.elapsed().as_secs_f64() * rate) as u64 + 1).min(total);
-        while issued < due {
-            let scheduled = start + interval * issued as u32;
-            let mut client = clients[issued as usize % clients.len()].clone();
+    let (due_tx, mut due_rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
+    let pacer = std::thread::spawn(move || {
+        let start = Instant::now();
+        let mut released = 0u64;
+        while released < total {
+            std::thread::sleep(Duration::from_micros(50));
+            let due = ((start.elapsed().as_secs_f64() * rate) as u64).min(total);
+            if due > released {
+                if due_tx.send(due - released).is_err() {
+                    return;
+                }
+                released = due;
+            }
+        }
+    });
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Result<u64, String>>();
+    let mut issued = 0usize;
+    while let Some(count) = due_rx.recv().await {
+        for _ in 0..count {
+            let mut client = clients[issued % clients.len()].clone();
             let request = request.clone();
             let tx = tx.clone();
             tokio::spawn(async move {
-                let ok = matches!(client.call_tool(request).await, Ok(r) if !r.get_ref().is_error);
-                let _ = tx.send(ok.then(|| scheduled.elapsed().as_nanos() as u64));
+                let sent = Instant::now();
+                let result = outcome(client.call_tool(request).await);
+                let _ = tx.send(result.map(|()| sent.elapsed().as_nanos() as u64));
             });
             issued += 1;
         }
     }
+    let _ = pacer.join();
     drop(tx);
     let mut histogram = new_histogram();
     let mut errors = 0;
-    while let Some(outcome) = rx.recv().await {
-        match outcome {
-            Some(nanos) => histogram.saturating_record(nanos),
-            None => errors += 1,
+    let mut first_error = None;
+    while let Some(result) = rx.recv().await {
+        match result {
+            Ok(nanos) => histogram.saturating_record(nanos),
+            Err(error) => {
+                errors += 1;
+                first_error.get_or_insert(error);
+            }
         }
     }
-    Sample::from(&histogram, errors, duration)
+    Sample::from(&histogram, errors, first_error, duration)
 }
 
-async fn measure(
-    addr: &str,
-    options: &BenchOptions,
-    request: &CallToolRequest,
-    rate: Option<f64>,
-) -> anyhow::Result<(Sample, Option<Sample>)> {
-    let clients = clients(addr, options.connections).await?;
-    // Fail early, with the server's own words, if the call does not work at all.
-    let probe = clients[0].clone().call_tool(request.clone()).await.context("probe call")?;
-    anyhow::ensure!(
-        !probe.get_ref().is_error,
-        "probe call returned an error result: {:?}",
-        probe.get_ref()
-    );
-    closed_loop(&clients, options.concurrency, options.warmup, request).await;
-    let max = closed_loop(&clients, options.concurrency, options.duration, request).await;
-    let half = match rate {
-        Some(rate) => Some(open_loop(&clients, rate, options.duration, request).await),
-        None => None,
-    };
-    Ok((max, half))
+/// Returns the sample whose p99 is the median of `samples` (throughput likewise: the
+/// median of the rounds).
+fn median(mut samples: Vec<Sample>) -> Sample {
+    let mid = samples.len() / 2;
+    let mut throughputs: Vec<f64> = samples.iter().map(|s| s.throughput).collect();
+    throughputs.sort_by(f64::total_cmp);
+    samples.sort_by(|a, b| a.p99_ms.total_cmp(&b.p99_ms));
+    let errors = samples.iter().map(|s| s.errors).sum();
+    let first_error = samples.iter().find_map(|s| s.first_error.clone());
+    Sample { throughput: throughputs[mid], errors, first_error, ..samples[mid].clone() }
+}
+
+/// One server under test, with its clients.
+struct Target {
+    clients: Vec<ToolServiceClient<Channel>>,
+}
+
+impl Target {
+    async fn connect(
+        addr: &str,
+        options: &BenchOptions,
+        request: &CallToolRequest,
+    ) -> anyhow::Result<Self> {
+        let clients = clients(addr, options.connections).await?;
+        // Fail early, with the server's own words, if the call does not work at all.
+        let probe = clients[0].clone().call_tool(request.clone()).await.context("probe call")?;
+        anyhow::ensure!(
+            !probe.get_ref().is_error,
+            "probe call returned an error result: {:?}",
+            probe.get_ref()
+        );
+        closed_loop(&clients, options.concurrency, options.warmup, request).await;
+        Ok(Target { clients })
+    }
+}
+
+/// Runs `phase` on every target in turn, `rounds` times, and returns each target's median.
+async fn alternate<'a, F, Fut>(targets: &'a [Target], rounds: usize, mut phase: F) -> Vec<Sample>
+where
+    F: FnMut(&'a Target) -> Fut,
+    Fut: std::future::Future<Output = Sample>,
+{
+    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); targets.len()];
+    for _ in 0..rounds {
+        for (target, samples) in targets.iter().zip(&mut samples) {
+            samples.push(phase(target).await);
+        }
+    }
+    samples.into_iter().map(median).collect()
 }
 
 /// Runs the benchmark. `exe` is the toolmesh binary, used to start the servers.
@@ -267,39 +336,54 @@ pub async fn run(options: &BenchOptions, exe: &Path) -> anyhow::Result<BenchRepo
         arguments_json: options.arguments.clone(),
         ..Default::default()
     };
+    // Both servers run side by side for the whole run, so that alternating rounds see the
+    // same machine conditions.
     let own = match &options.server {
         Some(_) => None,
         None => Some(start_child(exe, &["serve", "--listen", "127.0.0.1:0"]).await?),
     };
-    let target = match (&options.server, &own) {
+    let addr = match (&options.server, &own) {
         (Some(server), _) => server.clone(),
         (None, Some(child)) => child.addr.to_string(),
         (None, None) => unreachable!("a server is started when none is given"),
     };
-    let (toolmesh, _) = measure(&target, options, &request, None).await?;
-    let half_rate = options.half_load.then_some(toolmesh.throughput / 2.0);
-    let (_, toolmesh_half) = match half_rate {
-        Some(rate) => measure(&target, options, &request, Some(rate)).await?,
-        None => (toolmesh.clone(), None),
+    let echo = match options.baseline {
+        true => Some(start_child(exe, &["bench", "--echo-server"]).await?),
+        false => None,
     };
-    drop(own);
+    let mut targets = vec![Target::connect(&addr, options, &request).await?];
+    if let Some(echo) = &echo {
+        targets.push(Target::connect(&echo.addr.to_string(), options, &request).await?);
+    }
 
-    let (echo, echo_half) = if options.baseline {
-        let echo_server = start_child(exe, &["bench", "--echo-server"]).await?;
-        let (max, half) =
-            measure(&echo_server.addr.to_string(), options, &request, half_rate).await?;
-        (Some(max), half)
-    } else {
-        (None, None)
+    let rounds = options.rounds.max(1);
+    let slice = options.duration / rounds as u32;
+    let max = alternate(&targets, rounds, |t| {
+        closed_loop(&t.clients, options.concurrency, slice, &request)
+    })
+    .await;
+    let half_rate = options.half_load.then_some(max[0].throughput / 2.0);
+    let half = match half_rate {
+        Some(rate) => Some(
+            alternate(&targets, rounds, |t| open_loop(&t.clients, rate, slice, &request)).await,
+        ),
+        None => None,
     };
-    Ok(BenchReport { toolmesh, echo, half_rate, toolmesh_half, echo_half })
+    Ok(BenchReport {
+        toolmesh: max[0].clone(),
+        echo: max.get(1).cloned(),
+        half_rate,
+        toolmesh_half: half.as_ref().map(|h| h[0].clone()),
+        echo_half: half.as_ref().and_then(|h| h.get(1).cloned()),
+    })
 }
 
 /// Formats the report as the table `toolmesh bench` prints.
 pub fn render(options: &BenchOptions, report: &BenchReport) -> String {
     let mut out = format!(
-        "toolmesh bench: CallTool {} · concurrency {} · {} connections · {:?} per phase\n\n",
-        options.tool, options.concurrency, options.connections, options.duration
+        "toolmesh bench: CallTool {} · concurrency {} · {} connections · {:?} per phase and server \
+         in {} alternating rounds (medians)\n\n",
+        options.tool, options.concurrency, options.connections, options.duration, options.rounds
     );
     out.push_str("closed loop (maximum)   calls/s    p50 ms   p90 ms   p99 ms   errors\n");
     let row = |name: &str, s: &Sample| {
@@ -326,6 +410,17 @@ pub fn render(options: &BenchOptions, report: &BenchReport) -> String {
         out.push_str(&row("toolmesh", t));
         if let Some(echo) = &report.echo_half {
             out.push_str(&format!("p99 added             {:>+9.3} ms\n", t.p99_ms - echo.p99_ms));
+        }
+    }
+    let samples = [
+        ("toolmesh", Some(&report.toolmesh)),
+        ("bare tonic echo", report.echo.as_ref()),
+        ("toolmesh (open loop)", report.toolmesh_half.as_ref()),
+        ("bare tonic echo (open loop)", report.echo_half.as_ref()),
+    ];
+    for (name, sample) in samples {
+        if let Some(error) = sample.and_then(|s| s.first_error.as_ref()) {
+            out.push_str(&format!("first error, {name}: {error}\n"));
         }
     }
     out

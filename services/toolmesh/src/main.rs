@@ -102,7 +102,7 @@ struct BenchArgs {
     /// HTTP/2 connections the callers share.
     #[arg(long, default_value_t = 4)]
     connections: usize,
-    /// Seconds per measured phase.
+    /// Seconds per measured phase and server (split into the rounds).
     #[arg(long, default_value_t = 10.0)]
     duration: f64,
     /// Seconds of unmeasured warm-up before each phase.
@@ -120,6 +120,9 @@ struct BenchArgs {
     /// Skip the open-loop phase at half of the maximum.
     #[arg(long)]
     no_half_load: bool,
+    /// Rounds per phase, alternating between the servers; medians are reported.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
     /// Serve the bare echo baseline instead (used by the bench itself).
     #[arg(long, hide = true)]
     echo_server: bool,
@@ -339,6 +342,7 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         arguments: args.arguments,
         baseline: !args.no_baseline,
         half_load: !args.no_half_load,
+        rounds: args.rounds.max(1),
     };
     let exe = std::env::current_exe()?;
     let report = bench::run(&options, &exe).await?;
