@@ -218,6 +218,15 @@ async fn sighup_and_file_changes_reload_tool_definitions() {
     .expect("the failed reload is logged");
     assert!(tool_names(&addr).await.contains(&"hello".to_owned()));
     assert!(tool_names(&addr).await.contains(&"echo".to_owned()));
+
+    // Settings other than tool definitions need a restart, and the log says so.
+    std::fs::write(&config, format!("{with_tool}[workers]\nsize = 3\n")).unwrap();
+    server.signal(Signal::SIGHUP);
+    eventually(Duration::from_secs(10), || async {
+        server.logs().contains("take effect on restart").then_some(())
+    })
+    .await
+    .expect("the pending restart is logged");
 }
 
 /// An OTLP/gRPC trace receiver that keeps every span it is sent.

@@ -12,8 +12,8 @@ use tokio::{
     process::{Child, Command},
 };
 
-/// Returns the path of the `toolmesh` binary that `cargo test --workspace` built beside
-/// this test (override with `TOOLMESH_BIN`).
+/// Returns the path of the `toolmesh` binary beside this test's target directory, which
+/// `tests/run` builds before the tests (override with `TOOLMESH_BIN`).
 pub fn toolmesh_bin() -> PathBuf {
     if let Ok(path) = std::env::var("TOOLMESH_BIN") {
         return PathBuf::from(path);

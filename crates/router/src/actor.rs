@@ -30,15 +30,18 @@ pub struct RouterState {
     registry: ActorRef<RegistryMsg>,
 }
 
-/// Starts the router actor and its registry; returns the router actor and a handle to the
-/// registry.
-pub async fn start_registry() -> Result<(ActorRef<RouterMsg>, RegistryHandle), ActorProcessingErr> {
-    let published = Arc::new(ArcSwap::from_pointee(Catalog::default()));
-    let (registry, _) = Actor::spawn(None, RegistryActor, published.clone()).await?;
-    let registry_cell = Arc::new(ArcSwap::from_pointee(registry.clone()));
-    let actor = RouterActor { published: published.clone(), registry_cell: registry_cell.clone() };
-    let (router, _) = Actor::spawn(None, actor, registry).await?;
-    Ok((router, RegistryHandle::new(registry_cell, published)))
+impl RouterActor {
+    /// Starts the router actor and the registry it supervises; returns the router actor and
+    /// a handle to the registry.
+    pub async fn start() -> Result<(ActorRef<RouterMsg>, RegistryHandle), ActorProcessingErr> {
+        let published = Arc::new(ArcSwap::from_pointee(Catalog::default()));
+        let (registry, _) = Actor::spawn(None, RegistryActor, published.clone()).await?;
+        let registry_cell = Arc::new(ArcSwap::from_pointee(registry.clone()));
+        let actor =
+            RouterActor { published: published.clone(), registry_cell: registry_cell.clone() };
+        let (router, _) = Actor::spawn(None, actor, registry).await?;
+        Ok((router, RegistryHandle::new(registry_cell, published)))
+    }
 }
 
 impl Actor for RouterActor {
@@ -108,5 +111,55 @@ impl Actor for RouterActor {
         self.registry_cell.store(Arc::new(registry.clone()));
         state.registry = registry;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::{Value, json};
+    use toolmesh_core::{Backend, BackendError, CallContext, ToolOutput, ToolSource, ToolSpec};
+    use toolmesh_registry::ToolEntry;
+
+    use super::*;
+
+    struct Nop;
+
+    #[async_trait::async_trait]
+    impl Backend for Nop {
+        async fn call(&self, _: CallContext, _: Value) -> Result<ToolOutput, BackendError> {
+            Ok(ToolOutput::default())
+        }
+    }
+
+    fn tool(name: &str) -> ToolEntry {
+        let spec = ToolSpec::new(name, "d", json!({"type": "object"}), ToolSource::local("t"));
+        ToolEntry::new(spec, Arc::new(Nop)).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_dead_registry_is_restarted_with_the_published_catalog() {
+        let (router, handle) = RouterActor::start().await.unwrap();
+        handle.register(tool("kept")).await.unwrap();
+        let first = ractor::call!(router, |reply| RouterMsg::Registry { reply }).unwrap();
+
+        first.stop(Some("test kills the registry".into()));
+        let mut replaced = None;
+        for _ in 0..200 {
+            let current = ractor::call!(router, |reply| RouterMsg::Registry { reply }).unwrap();
+            if current.get_id() != first.get_id() {
+                replaced = Some(current);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(replaced.is_some(), "the router started a new registry");
+
+        // The same handle reaches the new registry, which kept what was committed.
+        handle.register(tool("added")).await.unwrap();
+        let names: Vec<_> = handle.snapshot().tools.keys().cloned().collect();
+        assert_eq!(names, ["added", "kept"]);
+        router.stop(None);
     }
 }

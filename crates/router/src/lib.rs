@@ -25,7 +25,7 @@ mod error;
 mod router;
 mod service;
 
-pub use actor::{RouterActor, RouterMsg, start_registry};
+pub use actor::{RouterActor, RouterMsg};
 pub use deadline::parse_grpc_timeout;
 pub use error::RouterError;
 pub use router::{CallRequest, Router, RouterOptions};

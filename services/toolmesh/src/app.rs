@@ -5,7 +5,7 @@ use ractor::ActorRef;
 use toolmesh_config::Config;
 use toolmesh_core::{ToolSource, Toolkit};
 use toolmesh_registry::{RegistryHandle, SourceUpdate, ToolEntry};
-use toolmesh_router::{Router, RouterMsg, RouterOptions, start_registry};
+use toolmesh_router::{Router, RouterActor, RouterMsg, RouterOptions};
 use toolmesh_tools::{BUILTIN_SOURCE, CONFIG_SOURCE, EchoTool, config_tools, reasoning_toolkit};
 use toolmesh_workers::{LocalToolInstall, PoolOptions, ToolLimits, WorkerPool};
 use tracing::info;
@@ -32,7 +32,7 @@ impl App {
     /// Starts the actors and registers the built-in tools, the tools of `config` and
     /// those of `options`.
     pub async fn start(config: &Config, options: AppOptions) -> anyhow::Result<Self> {
-        let (router_actor, registry) = start_registry()
+        let (router_actor, registry) = RouterActor::start()
             .await
             .map_err(|e| anyhow::anyhow!("cannot start the registry: {e}"))?;
         let pool = WorkerPool::start(PoolOptions {

@@ -212,7 +212,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             _ = interrupt.recv() => info!("interrupt received"),
         }
     };
-    tokio::spawn(watch_config(app.clone(), args.config.clone(), config.server.reload_poll));
+    tokio::spawn(watch_config(app.clone(), args.config.clone(), config.clone(), args.listen));
 
     let drained = toolmesh::serve(
         listener,
@@ -225,7 +225,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Reloads tool definitions on SIGHUP and, with a poll interval, when the file changes.
-async fn watch_config(app: App, path: Option<PathBuf>, poll: Option<Duration>) {
+/// Other settings take effect on restart; a reload that changes them says so.
+async fn watch_config(
+    app: App,
+    path: Option<PathBuf>,
+    running: toolmesh_config::Config,
+    listen: Option<SocketAddr>,
+) {
+    let poll = running.server.reload_poll;
     let Ok(mut hangup) = signal(SignalKind::hangup()) else {
         warn!("cannot listen for SIGHUP; reload by signal is off");
         return;
@@ -248,8 +255,23 @@ async fn watch_config(app: App, path: Option<PathBuf>, poll: Option<Duration>) {
         };
         last = path.as_deref().and_then(stamp);
         match load_config(path.as_deref()) {
-            Ok(config) => match app.reload(&config).await {
-                Ok(()) => info!(reason, "configuration reloaded"),
+            Ok(mut config) => match app.reload(&config).await {
+                Ok(()) => {
+                    info!(reason, "tool definitions reloaded");
+                    config.server.listen = listen.unwrap_or(config.server.listen);
+                    let pending: Vec<&str> = [
+                        ("server", config.server != running.server),
+                        ("workers", config.workers != running.workers),
+                        ("telemetry", config.telemetry != running.telemetry),
+                        ("builtin", config.builtin != running.builtin),
+                    ]
+                    .into_iter()
+                    .filter_map(|(section, changed)| changed.then_some(section))
+                    .collect();
+                    if !pending.is_empty() {
+                        warn!(sections = ?pending, "these settings changed and take effect on restart");
+                    }
+                }
                 Err(error) => {
                     error!(reason, error = %format!("{error:#}"), "reload failed; keeping the previous tools")
                 }
