@@ -9,6 +9,7 @@ use std::{
     time::Duration,
 };
 
+use prost::Message as _;
 use serde_json::{Value, json};
 use tonic::{Code, transport::Channel};
 use tonic_types::StatusExt;
@@ -472,4 +473,48 @@ async fn stream_must_start_with_start() {
     let status = client.stream_call_tool(outbound).await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
     assert!(status.message().contains("start"));
+}
+
+#[tokio::test]
+async fn reflection_v1_lists_the_services_and_serves_their_descriptors() {
+    use tonic_reflection::pb::v1::{
+        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+    };
+    let probe = Arc::new(BlockingProbe::default());
+    let server = server("", &probe).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = ServerReflectionClient::new(channel);
+    let requests = [
+        MessageRequest::ListServices(String::new()),
+        MessageRequest::FileContainingSymbol("toolmesh.v1.ToolService".into()),
+    ]
+    .map(|m| ServerReflectionRequest { host: String::new(), message_request: Some(m) });
+    let mut responses =
+        client.server_reflection_info(futures::stream::iter(requests)).await.unwrap().into_inner();
+
+    let Some(MessageResponse::ListServicesResponse(list)) =
+        responses.message().await.unwrap().unwrap().message_response
+    else {
+        panic!("a service list")
+    };
+    let names: Vec<_> = list.service.iter().map(|s| s.name.as_str()).collect();
+    for expected in
+        ["toolmesh.v1.ToolService", "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection"]
+    {
+        assert!(names.contains(&expected), "{expected} in {names:?}");
+    }
+    let Some(MessageResponse::FileDescriptorResponse(files)) =
+        responses.message().await.unwrap().unwrap().message_response
+    else {
+        panic!("a file descriptor")
+    };
+    let file =
+        prost_types::FileDescriptorProto::decode(&files.file_descriptor_proto[0][..]).unwrap();
+    assert_eq!(file.package(), "toolmesh.v1");
+    assert!(file.service.iter().any(|s| s.name() == "ToolService"));
 }
