@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
 
 use std::{
-    path::{Path, PathBuf},
+    path::Path,
     process::Output,
     sync::{Arc, Mutex},
     time::Duration,
@@ -21,7 +21,7 @@ use opentelemetry_proto::tonic::{
 };
 use serde_json::json;
 use tonic::Code;
-use toolmesh_e2e::{BinaryServer, eventually, toolmesh_bin};
+use toolmesh_e2e::{BinaryServer, eventually, toolmesh_bin, write_script};
 use toolmesh_proto::v1::{CallToolRequest, ListToolsRequest};
 
 async fn run(args: &[&str]) -> Output {
@@ -39,14 +39,6 @@ fn stdout(output: &Output) -> String {
 
 fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-fn write_script(dir: &Path, name: &str, body: &str) -> PathBuf {
-    use std::os::unix::fs::PermissionsExt;
-    let path = dir.join(name);
-    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    path
 }
 
 async fn tool_names(addr: &str) -> Vec<String> {

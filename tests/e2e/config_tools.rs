@@ -5,8 +5,6 @@
 
 use std::{
     collections::HashMap,
-    os::unix::fs::PermissionsExt,
-    path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -20,8 +18,8 @@ use axum::{
 use serde_json::{Value, json};
 use tonic::Code;
 use toolmesh::AppOptions;
-use toolmesh_e2e::{TestServer, eventually, process_alive};
-use toolmesh_proto::v1::{CallToolRequest, CallToolResponse, content_part::Part};
+use toolmesh_e2e::{TestServer, eventually, process_alive, text, write_script};
+use toolmesh_proto::v1::{CallToolRequest, CallToolResponse};
 
 type Seen = Arc<Mutex<Vec<(String, HeaderMap)>>>;
 
@@ -65,13 +63,6 @@ async fn http_server() -> (String, Seen) {
     (format!("http://{addr}"), seen)
 }
 
-fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
-    let path = dir.join(name);
-    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    path
-}
-
 async fn call(
     server: &TestServer,
     name: &str,
@@ -83,19 +74,6 @@ async fn call(
         ..Default::default()
     };
     server.client().await.call_tool(request).await.map(tonic::Response::into_inner)
-}
-
-fn text(response: &CallToolResponse) -> String {
-    response
-        .content
-        .iter()
-        .map(|p| match &p.part {
-            Some(Part::Text(t)) => t.clone(),
-            Some(Part::Json(j)) => j.clone(),
-            _ => String::new(),
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 #[tokio::test]
@@ -221,13 +199,14 @@ url = "http://localhost:9/weather"
 #[tokio::test]
 async fn command_tools_run_scripts_without_a_shell() {
     let dir = tempfile::tempdir().unwrap();
-    let json_tool = script(
+    let json_tool = write_script(
         dir.path(),
         "json.sh",
         r#"input=$(cat); printf '{"got": %s, "arg1": "%s"}' "$input" "$1""#,
     );
-    let text_tool = script(dir.path(), "text.sh", "cat > /dev/null; echo \"hello from $GREETING\"");
-    let failing = script(dir.path(), "fail.sh", "echo 'disk quota exceeded' >&2; exit 3");
+    let text_tool =
+        write_script(dir.path(), "text.sh", "cat > /dev/null; echo \"hello from $GREETING\"");
+    let failing = write_script(dir.path(), "fail.sh", "echo 'disk quota exceeded' >&2; exit 3");
     let config = format!(
         r#"
 [[tools.command]]
@@ -279,7 +258,7 @@ command = "{}"
 async fn a_timed_out_command_and_its_descendants_are_killed() {
     let dir = tempfile::tempdir().unwrap();
     let pids = dir.path().join("pids");
-    let slow = script(
+    let slow = write_script(
         dir.path(),
         "slow.sh",
         &format!("sleep 300 &\necho \"$$ $!\" > {}\nwait", pids.display()),

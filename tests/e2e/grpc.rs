@@ -15,7 +15,7 @@ use tonic::{Code, transport::Channel};
 use tonic_types::StatusExt;
 use toolmesh::AppOptions;
 use toolmesh_e2e::{
-    TestServer, eventually,
+    TestServer, eventually, text,
     tools::{BadOutputTool, BlockingProbe, BlockingTool, PanicTool, ProgressTool},
 };
 use toolmesh_proto::v1::{
@@ -60,16 +60,24 @@ fn structured(response: &CallToolResponse) -> Value {
     serde_json::from_str(response.structured_json.as_deref().expect("structured result")).unwrap()
 }
 
-fn text(response: &CallToolResponse) -> String {
-    response
-        .content
-        .iter()
-        .filter_map(|p| match &p.part {
-            Some(Part::Text(t)) => Some(t.clone()),
-            _ => None,
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
+/// Starts a `StreamCallTool` call whose client side stays open; returns the sender for
+/// further client messages and the server's stream.
+async fn open_stream(
+    client: &mut ToolServiceClient<Channel>,
+    start: CallToolRequest,
+) -> (
+    tokio::sync::mpsc::Sender<CallToolClientMessage>,
+    tonic::Streaming<toolmesh_proto::v1::CallToolServerMessage>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let start = call_tool_client_message::Message::Start(start);
+    tx.send(CallToolClientMessage { message: Some(start) }).await.unwrap();
+    let stream = client
+        .stream_call_tool(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    (tx, stream)
 }
 
 #[tokio::test]
@@ -314,14 +322,7 @@ async fn cancel_message_and_dropped_stream_stop_the_tool() {
     let server = server("", &probe).await;
     let mut client = server.client().await;
 
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    let start = call_tool_client_message::Message::Start(request("block", json!({})));
-    tx.send(CallToolClientMessage { message: Some(start) }).await.unwrap();
-    let mut stream = client
-        .stream_call_tool(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
+    let (tx, mut stream) = open_stream(&mut client, request("block", json!({}))).await;
     let first = stream.message().await.unwrap().unwrap();
     assert!(matches!(first.message, Some(Message::Started(_))));
     eventually(Duration::from_secs(5), || async {
@@ -341,14 +342,7 @@ async fn cancel_message_and_dropped_stream_stop_the_tool() {
     .expect("cancel stopped the tool");
 
     // A client that drops the whole call cancels it too.
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    let start = call_tool_client_message::Message::Start(request("block", json!({})));
-    tx.send(CallToolClientMessage { message: Some(start) }).await.unwrap();
-    let mut stream = client
-        .stream_call_tool(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
+    let (tx, mut stream) = open_stream(&mut client, request("block", json!({}))).await;
     stream.message().await.unwrap().unwrap();
     eventually(Duration::from_secs(5), || async {
         (probe.started.load(Ordering::SeqCst) == 2).then_some(())

@@ -39,3 +39,28 @@ pub fn process_alive(pid: i32) -> bool {
         Err(_) => false,
     }
 }
+
+/// Writes an executable shell script `name` with `body` into `dir`.
+pub fn write_script(dir: &std::path::Path, name: &str, body: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).expect("write the script");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+        .expect("make it executable");
+    path
+}
+
+/// Returns the text and JSON parts of a response, one per line.
+pub fn text(response: &toolmesh_proto::v1::CallToolResponse) -> String {
+    use toolmesh_proto::v1::content_part::Part;
+    response
+        .content
+        .iter()
+        .filter_map(|p| match &p.part {
+            Some(Part::Text(t)) => Some(t.clone()),
+            Some(Part::Json(j)) => Some(j.clone()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
