@@ -109,7 +109,7 @@ impl ToolService for ToolServiceImpl {
         };
         let mut tools = Vec::with_capacity(page_size.min(catalog.tools.len()));
         let mut next_page_token = String::new();
-        for (name, entry) in range {
+        for (_, entry) in range {
             let spec = &entry.spec;
             let matches = (request.toolkit.is_empty()
                 || spec.toolkit.as_deref() == Some(request.toolkit.as_str()))
@@ -126,7 +126,6 @@ impl ToolService for ToolServiceImpl {
                 next_page_token = format!("{PAGE_TOKEN_PREFIX}{}", last.name);
                 break;
             }
-            debug_assert_eq!(name, &spec.name);
             tools.push(convert::tool(spec));
         }
         let mut toolkit_names: Vec<&str> =

@@ -17,26 +17,32 @@ pub struct ToolLimits {
     pub max_queue: usize,
 }
 
+/// The permits of one tool's own limit.
+struct ToolSlots {
+    /// Running plus waiting calls; taken without waiting, so a full tool refuses at once.
+    admission: Arc<Semaphore>,
+    /// Running calls.
+    running: Arc<Semaphore>,
+    max_running: usize,
+    max_queued: usize,
+}
+
 /// A local tool bound to the pool; what the registry holds as the tool's backend.
 pub(crate) struct LocalBackend {
     pool: WorkerPool,
     tool: Arc<dyn LocalTool>,
-    /// (admission: running + queued, running) permits of the tool's own limit.
-    limit: Option<(Arc<Semaphore>, Arc<Semaphore>, usize, usize)>,
+    slots: Option<ToolSlots>,
 }
 
 impl LocalBackend {
     pub(crate) fn new(pool: WorkerPool, tool: Arc<dyn LocalTool>, limits: ToolLimits) -> Self {
-        let limit = limits.max_concurrency.map(|running| {
-            let running = running.get();
-            (
-                Arc::new(Semaphore::new(running + limits.max_queue)),
-                Arc::new(Semaphore::new(running)),
-                running,
-                limits.max_queue,
-            )
+        let slots = limits.max_concurrency.map(|running| ToolSlots {
+            admission: Arc::new(Semaphore::new(running.get() + limits.max_queue)),
+            running: Arc::new(Semaphore::new(running.get())),
+            max_running: running.get(),
+            max_queued: limits.max_queue,
         });
-        LocalBackend { pool, tool, limit }
+        LocalBackend { pool, tool, slots }
     }
 }
 
@@ -48,14 +54,13 @@ impl Backend for LocalBackend {
 
         // Admission is all-or-nothing and immediate: a full tool or pool refuses the call
         // instead of letting waiters pile up.
-        let _tool_slot = match &self.limit {
-            Some((admission, _, running, queued)) => {
-                Some(admission.clone().try_acquire_owned().map_err(|_| {
-                    overloaded(format!(
-                        "{running} calls running and {queued} waiting (the tool's limit)"
-                    ))
-                })?)
-            }
+        let _tool_slot = match &self.slots {
+            Some(slots) => Some(slots.admission.clone().try_acquire_owned().map_err(|_| {
+                overloaded(format!(
+                    "{} calls running and {} waiting (the tool's limit)",
+                    slots.max_running, slots.max_queued
+                ))
+            })?),
             None => None,
         };
         let pool = &self.pool.inner;
@@ -67,8 +72,8 @@ impl Backend for LocalBackend {
         })?;
 
         let wait = async {
-            let _running = match &self.limit {
-                Some((_, running, _, _)) => Some(running.clone().acquire_owned().await),
+            let _running = match &self.slots {
+                Some(slots) => Some(slots.running.clone().acquire_owned().await),
                 None => None,
             };
             let worker = pool.idle.recv().await.map_err(|_| BackendError::Unavailable {

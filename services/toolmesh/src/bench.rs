@@ -342,10 +342,9 @@ pub async fn run(options: &BenchOptions, exe: &Path) -> anyhow::Result<BenchRepo
         Some(_) => None,
         None => Some(start_child(exe, &["serve", "--listen", "127.0.0.1:0"]).await?),
     };
-    let addr = match (&options.server, &own) {
-        (Some(server), _) => server.clone(),
-        (None, Some(child)) => child.addr.to_string(),
-        (None, None) => unreachable!("a server is started when none is given"),
+    let addr = match (&own, &options.server) {
+        (Some(child), _) => child.addr.to_string(),
+        (None, server) => server.clone().context("a server to measure")?,
     };
     let echo = match options.baseline {
         true => Some(start_child(exe, &["bench", "--echo-server"]).await?),
