@@ -9,8 +9,9 @@ mod model;
 
 pub use error::ConfigError;
 pub use model::{
-    BuiltinConfig, CommandToolConfig, Config, HttpMethod, HttpToolConfig, ServerConfig,
-    TelemetryConfig, ToolCommon, ToolsConfig, WorkersConfig,
+    BuiltinConfig, CommandToolConfig, Config, ConnectMode, HttpMethod, HttpToolConfig, McpConfig,
+    McpServerConfig, McpTransport, PrefixMode, ServerConfig, TelemetryConfig, ToolCommon,
+    ToolsConfig, WorkersConfig,
 };
 
 use std::{collections::HashMap, path::Path};

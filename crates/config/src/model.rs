@@ -28,6 +28,82 @@ pub struct Config {
     pub builtin: BuiltinConfig,
     /// Tools defined in the file.
     pub tools: ToolsConfig,
+    /// MCP servers whose tools join the catalog.
+    pub mcp: McpConfig,
+}
+
+/// `[mcp]`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct McpConfig {
+    /// `[[mcp.servers]]`.
+    pub servers: Vec<McpServerConfig>,
+}
+
+/// How toolmesh reaches an MCP server.
+#[derive(Debug, Clone, PartialEq)]
+pub enum McpTransport {
+    /// A child process speaking JSON-RPC on stdin/stdout.
+    Stdio {
+        /// The executable.
+        command: PathBuf,
+        /// Its arguments.
+        args: Vec<String>,
+        /// Extra environment variables, `${VAR}` references resolved.
+        env: BTreeMap<String, String>,
+        /// Working directory.
+        cwd: Option<PathBuf>,
+    },
+    /// Streamable HTTP.
+    StreamableHttp {
+        /// The MCP endpoint.
+        url: String,
+        /// Headers sent with every request, `${VAR}` references resolved.
+        headers: BTreeMap<String, String>,
+        /// Fall back to legacy HTTP+SSE when the server does not speak streamable HTTP.
+        sse_fallback: bool,
+    },
+    /// Legacy HTTP+SSE.
+    Sse {
+        /// The SSE endpoint.
+        url: String,
+        /// Headers sent with every request.
+        headers: BTreeMap<String, String>,
+    },
+}
+
+/// How the names of a server's tools are published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PrefixMode {
+    /// `<server>_<tool>`, unique across servers.
+    Always,
+    /// The tool's own name; a collision with another source is an error naming both.
+    None,
+}
+
+/// When toolmesh connects to a server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ConnectMode {
+    /// At start (and reload).
+    Eager,
+    /// On the first call or listing that needs it.
+    Lazy,
+}
+
+/// `[[mcp.servers]]`: one MCP server.
+#[derive(Debug, Clone, PartialEq)]
+pub struct McpServerConfig {
+    /// Unique server name, used in tool names, health and logs.
+    pub name: String,
+    /// How to reach it.
+    pub transport: McpTransport,
+    /// Longest a call to this server may run.
+    pub timeout: Duration,
+    /// How tool names are published.
+    pub prefix: PrefixMode,
+    /// When to connect.
+    pub connect: ConnectMode,
 }
 
 /// `[server]`.
@@ -162,6 +238,58 @@ struct RawConfig {
     telemetry: RawTelemetry,
     builtin: RawBuiltin,
     tools: RawTools,
+    #[serde(default)]
+    mcp: RawMcp,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawMcp {
+    #[serde(default)]
+    servers: Vec<RawMcpServer>,
+}
+
+#[derive(Deserialize, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+enum RawMcpTransport {
+    Stdio,
+    Http,
+    StreamableHttp,
+    Sse,
+}
+
+fn default_mcp_timeout_ms() -> u64 {
+    60_000
+}
+
+fn default_prefix() -> PrefixMode {
+    PrefixMode::Always
+}
+
+fn default_connect() -> ConnectMode {
+    ConnectMode::Eager
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMcpServer {
+    name: String,
+    transport: RawMcpTransport,
+    command: Option<PathBuf>,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    cwd: Option<PathBuf>,
+    url: Option<String>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    #[serde(default = "default_mcp_timeout_ms")]
+    timeout_ms: u64,
+    #[serde(default = "default_prefix")]
+    prefix: PrefixMode,
+    #[serde(default = "default_connect")]
+    connect: ConnectMode,
 }
 
 #[derive(Deserialize)]
@@ -389,7 +517,77 @@ impl Config {
             });
         }
 
+        let mut mcp = McpConfig::default();
+        let mut server_names = HashMap::new();
+        for (index, raw) in raw.mcp.servers.into_iter().enumerate() {
+            let key = format!("mcp.servers[{index}]");
+            let valid = (1..=32).contains(&raw.name.len())
+                && raw.name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+            if !valid {
+                return Err(key_error(
+                    format!("{key}.name"),
+                    format!("{:?} must match ^[a-zA-Z0-9_-]{{1,32}}$", raw.name),
+                ));
+            }
+            if let Some(previous) = server_names.insert(raw.name.clone(), key.clone()) {
+                return Err(key_error(
+                    format!("{key}.name"),
+                    format!("server name {:?} is already used by {previous}", raw.name),
+                ));
+            }
+            let resolve = |map: BTreeMap<String, String>, field: &str| {
+                map.into_iter()
+                    .map(|(k, v)| {
+                        resolve_env_refs(&v, env)
+                            .map(|v| (k.clone(), v))
+                            .map_err(|reason| key_error(format!("{key}.{field}.{k}"), reason))
+                    })
+                    .collect::<Result<BTreeMap<_, _>, _>>()
+            };
+            let url = |raw_url: Option<String>| -> Result<String, ConfigError> {
+                let url = raw_url.ok_or_else(|| {
+                    key_error(format!("{key}.url"), "is required for this transport".into())
+                })?;
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    return Err(key_error(
+                        format!("{key}.url"),
+                        "must start with http:// or https://".into(),
+                    ));
+                }
+                Ok(url)
+            };
+            let transport = match raw.transport {
+                RawMcpTransport::Stdio => McpTransport::Stdio {
+                    command: raw.command.filter(|c| !c.as_os_str().is_empty()).ok_or_else(
+                        || key_error(format!("{key}.command"), "is required for stdio".into()),
+                    )?,
+                    args: raw.args,
+                    env: resolve(raw.env, "env")?,
+                    cwd: raw.cwd,
+                },
+                RawMcpTransport::Http | RawMcpTransport::StreamableHttp => {
+                    McpTransport::StreamableHttp {
+                        url: url(raw.url)?,
+                        headers: resolve(raw.headers, "headers")?,
+                        sse_fallback: raw.transport == RawMcpTransport::Http,
+                    }
+                }
+                RawMcpTransport::Sse => McpTransport::Sse {
+                    url: url(raw.url)?,
+                    headers: resolve(raw.headers, "headers")?,
+                },
+            };
+            mcp.servers.push(McpServerConfig {
+                name: raw.name,
+                transport,
+                timeout: positive_ms(raw.timeout_ms, &format!("{key}.timeout_ms"), &key_error)?,
+                prefix: raw.prefix,
+                connect: raw.connect,
+            });
+        }
+
         Ok(Config {
+            mcp,
             server,
             workers: WorkersConfig { size: raw.workers.size, queue: raw.workers.queue },
             telemetry,

@@ -114,3 +114,39 @@ fn syntax_error_names_the_line() {
     let err = load_str(Some(("f.toml", "[server]\nlisten = \n")), &env(&[])).unwrap_err();
     assert!(matches!(err, ConfigError::Syntax { line: 2, .. }), "{err:?}");
 }
+
+#[test]
+fn mcp_servers_parse_and_validate() {
+    let file = r#"
+[[mcp.servers]]
+name = "everything"
+transport = "stdio"
+command = "mcp-server-everything"
+args = ["stdio"]
+env = { TOKEN = "${T}" }
+
+[[mcp.servers]]
+name = "remote"
+transport = "http"
+url = "http://127.0.0.1:3001/mcp"
+headers = { Authorization = "Bearer ${T}" }
+prefix = "none"
+connect = "lazy"
+timeout_ms = 5000
+"#;
+    let config = load_str(Some(("f.toml", file)), &env(&[("T", "x")])).unwrap();
+    let [stdio, http] = &config.mcp.servers[..] else { panic!("two servers") };
+    assert!(matches!(&stdio.transport, McpTransport::Stdio { env, .. } if env["TOKEN"] == "x"));
+    assert!(
+        matches!(&http.transport, McpTransport::StreamableHttp { sse_fallback: true, headers, .. }
+        if headers["Authorization"] == "Bearer x")
+    );
+    assert_eq!((http.prefix, http.connect), (PrefixMode::None, ConnectMode::Lazy));
+
+    let missing = "[[mcp.servers]]\nname = \"a\"\ntransport = \"stdio\"\n";
+    let err = load_str(Some(("f.toml", missing)), &env(&[])).unwrap_err();
+    assert!(err.to_string().contains("mcp.servers[0].command"), "{err}");
+    let bad = "[[mcp.servers]]\nname = \"a\"\ntransport = \"pigeon\"\n";
+    let err = load_str(Some(("f.toml", bad)), &env(&[])).unwrap_err();
+    assert!(err.to_string().contains("mcp.servers[0].transport"), "{err}");
+}

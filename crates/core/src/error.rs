@@ -60,6 +60,15 @@ pub enum BackendError {
     /// The backend rejected the arguments after schema validation passed.
     #[error("invalid arguments: {0}")]
     InvalidArguments(String),
+    /// The remote side rejected the call with an error of a known kind (for example a
+    /// JSON-RPC error from an MCP server).
+    #[error("{message}")]
+    Remote {
+        /// The kind of error.
+        code: ErrorCode,
+        /// What the remote side said.
+        message: String,
+    },
     /// Anything else that went wrong inside the backend.
     #[error("backend failure: {0}")]
     Internal(String),
@@ -75,6 +84,7 @@ impl BackendError {
             BackendError::DeadlineExceeded(_) => ErrorCode::DeadlineExceeded,
             BackendError::Crashed { .. } => ErrorCode::Internal,
             BackendError::InvalidArguments(_) => ErrorCode::InvalidArgument,
+            BackendError::Remote { code, .. } => *code,
             BackendError::Internal(_) => ErrorCode::Internal,
         }
     }
@@ -88,6 +98,7 @@ impl BackendError {
             BackendError::DeadlineExceeded(_) => "deadline_exceeded",
             BackendError::Crashed { .. } => "crashed",
             BackendError::InvalidArguments(_) => "invalid_arguments",
+            BackendError::Remote { .. } => "remote_error",
             BackendError::Internal(_) => "internal",
         }
     }

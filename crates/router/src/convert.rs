@@ -12,7 +12,7 @@ pub(crate) fn source_kind(kind: SourceKind) -> v1::SourceKind {
     }
 }
 
-pub(crate) fn tool(spec: &ToolSpec) -> v1::Tool {
+pub(crate) fn tool(spec: &ToolSpec, status: Result<(), String>) -> v1::Tool {
     v1::Tool {
         name: spec.name.clone(),
         title: spec.title.clone(),
@@ -24,6 +24,8 @@ pub(crate) fn tool(spec: &ToolSpec) -> v1::Tool {
         source: Some(v1::ToolSource {
             kind: source_kind(spec.source.kind).into(),
             name: spec.source.name.clone(),
+            available: status.is_ok(),
+            status: status.err().unwrap_or_default(),
         }),
         annotations: Some(v1::ToolAnnotations {
             read_only: spec.annotations.read_only,

@@ -126,7 +126,7 @@ impl ToolService for ToolServiceImpl {
                 next_page_token = format!("{PAGE_TOKEN_PREFIX}{}", last.name);
                 break;
             }
-            tools.push(convert::tool(spec));
+            tools.push(convert::tool(spec, entry.backend.status()));
         }
         let mut toolkit_names: Vec<&str> =
             tools.iter().map(|t| t.toolkit.as_str()).filter(|t| !t.is_empty()).collect();

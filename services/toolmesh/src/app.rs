@@ -4,6 +4,7 @@ use anyhow::Context as _;
 use ractor::ActorRef;
 use toolmesh_config::Config;
 use toolmesh_core::{ToolSource, Toolkit};
+use toolmesh_mcp::McpManager;
 use toolmesh_registry::{RegistryHandle, SourceUpdate, ToolEntry};
 use toolmesh_router::{Router, RouterActor, RouterMsg, RouterOptions};
 use toolmesh_tools::{BUILTIN_SOURCE, CONFIG_SOURCE, EchoTool, config_tools, reasoning_toolkit};
@@ -25,6 +26,7 @@ pub struct AppOptions {
 pub struct App {
     router: Router,
     pool: WorkerPool,
+    mcp: McpManager,
     router_actor: ActorRef<RouterMsg>,
 }
 
@@ -47,7 +49,10 @@ impl App {
                 max_timeout: config.server.max_call_timeout,
             },
         );
-        let app = App { router, pool, router_actor };
+        let mcp = McpManager::start(registry.clone())
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot start the mcp supervisor: {e}"))?;
+        let app = App { router, pool, mcp, router_actor };
 
         let mut builtin = SourceUpdate {
             source: ToolSource::local(BUILTIN_SOURCE),
@@ -90,7 +95,9 @@ impl App {
     }
 
     /// Replaces the configured tools (`[[tools.http]]`, `[[tools.command]]`) with those of
-    /// `config`, atomically. Calls in flight keep the definition they started with.
+    /// `config`, atomically, and makes the MCP servers match `[[mcp.servers]]` (only added,
+    /// removed or changed servers are touched). Calls in flight keep the definition they
+    /// started with.
     pub async fn reload(&self, config: &Config) -> anyhow::Result<()> {
         let tools = config_tools(&config.tools)?;
         let count = tools.len();
@@ -100,6 +107,7 @@ impl App {
             toolkits: vec![],
         };
         self.registry().replace_source(update).await.context("registering the configured tools")?;
+        self.mcp.reload(config.mcp.servers.clone()).await.map_err(|e| anyhow::anyhow!(e))?;
         info!(
             configured = count,
             total = self.registry().snapshot().tools.len(),
@@ -123,8 +131,15 @@ impl App {
         &self.pool
     }
 
-    /// Stops the actors.
-    pub fn stop(&self) {
+    /// Returns the MCP backend.
+    pub fn mcp(&self) -> &McpManager {
+        &self.mcp
+    }
+
+    /// Stops the actors: MCP connections (their child processes with them), the worker
+    /// pool, the registry.
+    pub async fn shutdown(&self) {
+        self.mcp.stop().await;
         self.pool.stop();
         self.router_actor.stop(Some("shutdown".into()));
     }

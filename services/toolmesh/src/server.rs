@@ -63,6 +63,6 @@ pub async fn serve(
             }
         },
     };
-    app.stop();
+    app.shutdown().await;
     Ok(drained)
 }

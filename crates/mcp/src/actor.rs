@@ -1,0 +1,306 @@
+use std::{process::Stdio, sync::Arc, time::Duration};
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use rmcp::{
+    RoleClient, ServiceExt,
+    model::Tool,
+    service::{QuitReason, RunningService},
+    transport::{
+        StreamableHttpClientTransport, TokioChildProcess,
+        streamable_http_client::StreamableHttpClientTransportConfig,
+    },
+};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use toolmesh_config::McpTransport;
+use toolmesh_core::{SourceKind, ToolSource};
+use toolmesh_registry::{RegistryHandle, SourceUpdate, ToolEntry};
+use tracing::{debug, error, info, warn};
+
+use crate::{
+    ServerHealth, backend::McpBackend, convert, handler::McpClientHandler, naming::publish_name,
+    shared::ServerShared,
+};
+
+/// First reconnect delay; doubled after every failed attempt up to [`BACKOFF_CAP`].
+const BACKOFF_BASE: Duration = Duration::from_millis(250);
+/// Longest delay between reconnect attempts.
+const BACKOFF_CAP: Duration = Duration::from_secs(30);
+
+type Connection = RunningService<RoleClient, McpClientHandler>;
+
+/// Messages of an [`McpClientActor`].
+pub enum McpMsg {
+    /// Connects now, unless connected or connecting.
+    Connect,
+    /// A connection attempt succeeded.
+    Connected {
+        /// The running connection.
+        connection: Box<Connection>,
+        /// The server's tools.
+        tools: Vec<Tool>,
+    },
+    /// A connection attempt failed.
+    ConnectFailed {
+        /// Why.
+        reason: String,
+    },
+    /// The server said its tool list changed.
+    ToolsChanged,
+    /// A fresh tool list of connection `generation`.
+    ToolsListed {
+        /// The connection it came from.
+        generation: u64,
+        /// The tools.
+        tools: Vec<Tool>,
+    },
+    /// Connection `generation` ended.
+    Disconnected {
+        /// The connection that ended.
+        generation: u64,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Holds the one connection to one MCP server: connects, initializes, lists the tools
+/// (every page) and publishes them; follows `tools/list_changed`; notices a dead connection,
+/// marks the server unhealthy (its calls then fail fast with UNAVAILABLE) and reconnects
+/// with capped exponential backoff. Stopping the actor closes the connection, which kills
+/// a stdio server's process group.
+pub struct McpClientActor {
+    pub(crate) shared: Arc<ServerShared>,
+    pub(crate) registry: RegistryHandle,
+}
+
+/// The [`McpClientActor`]'s state.
+#[derive(Default)]
+pub struct McpClientState {
+    generation: u64,
+    connecting: bool,
+    failures: u32,
+    close: Option<rmcp::service::RunningServiceCancellationToken>,
+}
+
+impl McpClientActor {
+    fn source(&self) -> ToolSource {
+        ToolSource { kind: SourceKind::Mcp, name: self.shared.name().to_owned() }
+    }
+
+    fn schedule_reconnect(&self, myself: &ActorRef<McpMsg>, state: &mut McpClientState) {
+        let delay = BACKOFF_BASE.saturating_mul(1 << state.failures.min(16)).min(BACKOFF_CAP);
+        state.failures += 1;
+        debug!(server = self.shared.name(), ?delay, "reconnect scheduled");
+        myself.send_after(delay, || McpMsg::Connect);
+    }
+
+    /// Publishes `tools` as this server's whole set, in one registry update.
+    async fn publish(&self, tools: Vec<Tool>) {
+        let server = self.shared.name();
+        let config = &self.shared.config;
+        let source = self.source();
+        let catalog = self.registry.snapshot();
+        let mut entries: Vec<ToolEntry> = Vec::with_capacity(tools.len());
+        for tool in &tools {
+            let name = publish_name(config.prefix, server, &tool.name);
+            if let Some(existing) = catalog.get(&name).filter(|e| e.spec.source != source) {
+                error!(
+                    tool = %name, server, other = %existing.spec.source,
+                    "tool name collides with a tool of another source; not published (set prefix = \"always\")"
+                );
+                continue;
+            }
+            if let Some(previous) = entries.iter().find(|e| e.spec.name == name) {
+                error!(tool = %name, server, first = %previous.spec.name, "two tools of the server map to one name; the second is not published");
+                continue;
+            }
+            let spec = convert::spec(server, name.clone(), tool, config.timeout);
+            let backend =
+                Arc::new(McpBackend { shared: self.shared.clone(), tool: tool.name.to_string() });
+            match ToolEntry::new(spec, backend) {
+                Ok(entry) => entries.push(entry),
+                Err(error) => warn!(tool = %name, server, %error, "tool not published"),
+            }
+        }
+        let count = entries.len();
+        let update = SourceUpdate { source, tools: entries, toolkits: vec![] };
+        match self.registry.replace_source(update).await {
+            Ok(()) => info!(server, tools = count, "mcp tools published"),
+            Err(error) => error!(server, %error, "publishing the mcp tools failed"),
+        }
+    }
+}
+
+/// Opens the connection: transport, `initialize`, then every page of `tools/list`.
+async fn connect(
+    shared: Arc<ServerShared>,
+    actor: ActorRef<McpMsg>,
+) -> Result<(Connection, Vec<Tool>), String> {
+    let handler = McpClientHandler { shared: shared.clone(), actor };
+    let config = &shared.config;
+    let connection = match &config.transport {
+        McpTransport::Stdio { command, args, env, cwd } => {
+            let mut cmd = tokio::process::Command::new(command);
+            cmd.args(args).envs(env);
+            if let Some(cwd) = cwd {
+                cmd.current_dir(cwd);
+            }
+            let mut wrapped = process_wrap::tokio::CommandWrap::from(cmd);
+            wrapped
+                .wrap(process_wrap::tokio::ProcessGroup::leader())
+                .wrap(process_wrap::tokio::KillOnDrop);
+            let (transport, stderr) = TokioChildProcess::builder(wrapped)
+                .stderr(Stdio::piped())
+                .spawn()
+                .map_err(|e| format!("cannot start {}: {e}", command.display()))?;
+            if let Some(stderr) = stderr {
+                let server = config.name.clone();
+                tokio::spawn(async move {
+                    let mut lines = BufReader::new(stderr).lines();
+                    while let Ok(Some(line)) = lines.next_line().await {
+                        debug!(server = %server, "stderr: {line}");
+                    }
+                });
+            }
+            handler.serve(transport).await.map_err(|e| format!("initialize failed: {e}"))?
+        }
+        McpTransport::StreamableHttp { url, headers, .. } => {
+            let mut http = StreamableHttpClientTransportConfig::with_uri(url.clone());
+            for (name, value) in headers {
+                let name = name.parse().map_err(|e| format!("header {name}: {e}"))?;
+                let value = value.parse().map_err(|e| format!("header value: {e}"))?;
+                http.custom_headers.insert(name, value);
+            }
+            http.max_concurrent_requests = 256;
+            let transport = StreamableHttpClientTransport::from_config(http);
+            handler.serve(transport).await.map_err(|e| format!("initialize failed: {e}"))?
+        }
+        McpTransport::Sse { .. } => {
+            return Err("the legacy HTTP+SSE transport is not supported yet".into());
+        }
+    };
+    let tools = connection.list_all_tools().await.map_err(|e| format!("tools/list failed: {e}"))?;
+    Ok((connection, tools))
+}
+
+fn describe(reason: Result<QuitReason, tokio::task::JoinError>) -> String {
+    match reason {
+        Ok(QuitReason::Cancelled) => "closed by toolmesh".into(),
+        Ok(QuitReason::Closed) => "the server closed the connection".into(),
+        Ok(other) => format!("{other:?}"),
+        Err(error) => format!("connection task failed: {error}"),
+    }
+}
+
+impl Actor for McpClientActor {
+    type Msg = McpMsg;
+    type State = McpClientState;
+    type Arguments = ();
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<McpMsg>,
+        _: (),
+    ) -> Result<Self::State, ActorProcessingErr> {
+        myself.cast(McpMsg::Connect)?;
+        Ok(McpClientState::default())
+    }
+
+    async fn post_stop(
+        &self,
+        _: ActorRef<McpMsg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        self.shared.peer.store(None);
+        if let Some(close) = state.close.take() {
+            close.cancel();
+        }
+        let update = SourceUpdate { source: self.source(), tools: vec![], toolkits: vec![] };
+        let _ = self.registry.replace_source(update).await;
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<McpMsg>,
+        message: McpMsg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let server = self.shared.name();
+        match message {
+            McpMsg::Connect => {
+                if state.connecting || self.shared.peer.load().is_some() {
+                    return Ok(());
+                }
+                state.connecting = true;
+                let (shared, actor) = (self.shared.clone(), myself.clone());
+                // Bounded by the server's timeout, so a server that never answers cannot
+                // keep the actor waiting.
+                let limit = self.shared.config.timeout;
+                tokio::spawn(async move {
+                    let message =
+                        match tokio::time::timeout(limit, connect(shared, actor.clone())).await {
+                            Ok(Ok((connection, tools))) => {
+                                McpMsg::Connected { connection: Box::new(connection), tools }
+                            }
+                            Ok(Err(reason)) => McpMsg::ConnectFailed { reason },
+                            Err(_) => McpMsg::ConnectFailed {
+                                reason: format!("no answer within {limit:?}"),
+                            },
+                        };
+                    let _ = actor.cast(message);
+                });
+            }
+            McpMsg::Connected { connection, tools } => {
+                state.connecting = false;
+                state.failures = 0;
+                state.generation += 1;
+                let generation = state.generation;
+                let protocol = connection.peer_info().map(|i| format!("{:?}", i.protocol_version));
+                info!(server, tools = tools.len(), protocol = ?protocol, "mcp server connected");
+                self.shared.peer.store(Some(Arc::new(connection.peer().clone())));
+                state.close = Some(connection.cancellation_token());
+                let actor = myself.clone();
+                tokio::spawn(async move {
+                    let reason = describe(connection.waiting().await);
+                    let _ = actor.cast(McpMsg::Disconnected { generation, reason });
+                });
+                self.publish(tools).await;
+                self.shared.set_health(ServerHealth::Healthy);
+            }
+            McpMsg::ConnectFailed { reason } => {
+                state.connecting = false;
+                warn!(server, %reason, attempt = state.failures + 1, "mcp server connection failed");
+                self.shared.set_health(ServerHealth::Unhealthy { reason });
+                self.schedule_reconnect(&myself, state);
+            }
+            McpMsg::ToolsChanged => {
+                let Some(peer) = self.shared.peer.load_full() else { return Ok(()) };
+                let (actor, generation) = (myself.clone(), state.generation);
+                tokio::spawn(async move {
+                    match peer.list_all_tools().await {
+                        Ok(tools) => {
+                            let _ = actor.cast(McpMsg::ToolsListed { generation, tools });
+                        }
+                        Err(error) => warn!(%error, "re-listing tools after list_changed failed"),
+                    }
+                });
+            }
+            McpMsg::ToolsListed { generation, tools } => {
+                if generation == state.generation {
+                    self.publish(tools).await;
+                }
+            }
+            McpMsg::Disconnected { generation, reason } => {
+                if generation != state.generation {
+                    return Ok(());
+                }
+                self.shared.peer.store(None);
+                state.close = None;
+                warn!(server, %reason, "mcp server disconnected; its calls fail with UNAVAILABLE until it is back");
+                self.shared.set_health(ServerHealth::Unhealthy { reason });
+                self.schedule_reconnect(&myself, state);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,166 @@
+use std::sync::Arc;
+
+use rmcp::{
+    RoleClient, ServiceError,
+    model::{
+        CallToolRequest, CallToolRequestParams, CancelledNotificationParam, ClientRequest,
+        ErrorCode as McpErrorCode, RequestId, ServerResult,
+    },
+    service::{Peer, PeerRequestOptions},
+};
+use serde_json::Value;
+use toolmesh_core::{Backend, BackendError, CallContext, ErrorCode, ToolOutput};
+use tracing::{Instrument, info_span};
+
+use crate::{convert, shared::ServerShared};
+
+/// Runs the calls of one MCP tool over its server's connection.
+pub(crate) struct McpBackend {
+    pub(crate) shared: Arc<ServerShared>,
+    /// The tool's name on the server (the catalog name may carry a prefix).
+    pub(crate) tool: String,
+}
+
+impl McpBackend {
+    fn unavailable(&self, reason: String) -> BackendError {
+        BackendError::Unavailable { backend: format!("mcp server {}", self.shared.name()), reason }
+    }
+
+    fn map_error(&self, error: ServiceError) -> BackendError {
+        match error {
+            ServiceError::McpError(error) => {
+                let code = match error.code {
+                    McpErrorCode::INVALID_PARAMS => ErrorCode::InvalidArgument,
+                    McpErrorCode::METHOD_NOT_FOUND | McpErrorCode::RESOURCE_NOT_FOUND => {
+                        ErrorCode::NotFound
+                    }
+                    McpErrorCode::INVALID_REQUEST => ErrorCode::FailedPrecondition,
+                    _ => ErrorCode::Internal,
+                };
+                BackendError::Remote {
+                    code,
+                    message: format!(
+                        "mcp server {} answered {}: {}",
+                        self.shared.name(),
+                        error.code.0,
+                        error.message
+                    ),
+                }
+            }
+            ServiceError::Timeout { timeout } => BackendError::DeadlineExceeded(timeout),
+            ServiceError::TransportClosed | ServiceError::TransportSend(_) => {
+                self.unavailable("the connection closed during the call".into())
+            }
+            ServiceError::Cancelled { .. } => BackendError::Cancelled,
+            other => BackendError::Internal(format!("mcp server {}: {other}", self.shared.name())),
+        }
+    }
+}
+
+/// Sends `notifications/cancelled` for a request unless disarmed: a call that is dropped
+/// (the caller went away, the deadline passed) still tells the server to stop.
+struct CancelOnDrop {
+    peer: Peer<RoleClient>,
+    id: Option<RequestId>,
+    reason: &'static str,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            let peer = self.peer.clone();
+            let reason = self.reason;
+            tokio::spawn(async move {
+                let params = CancelledNotificationParam::new(Some(id), Some(reason.to_owned()));
+                let _ = peer.notify_cancelled(params).await;
+            });
+        }
+    }
+}
+
+/// Removes a call's progress route when the call ends, however it ends.
+struct ProgressRoute<'a> {
+    shared: &'a ServerShared,
+    token: rmcp::model::ProgressToken,
+}
+
+impl Drop for ProgressRoute<'_> {
+    fn drop(&mut self) {
+        self.shared.progress_sinks().remove(&self.token);
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for McpBackend {
+    fn status(&self) -> Result<(), String> {
+        match &**self.shared.health.load() {
+            crate::ServerHealth::Healthy => Ok(()),
+            crate::ServerHealth::Connecting => {
+                Err(format!("mcp server {} is connecting", self.shared.name()))
+            }
+            crate::ServerHealth::Unhealthy { reason } => {
+                Err(format!("mcp server {} is unavailable: {reason}", self.shared.name()))
+            }
+        }
+    }
+
+    async fn call(&self, ctx: CallContext, arguments: Value) -> Result<ToolOutput, BackendError> {
+        let Some(peer) = self.shared.peer.load_full() else {
+            let reason = match &**self.shared.health.load() {
+                crate::ServerHealth::Unhealthy { reason } => reason.clone(),
+                _ => "not connected yet".into(),
+            };
+            return Err(self.unavailable(reason));
+        };
+        let span = info_span!(
+            "mcp.call",
+            otel.name = %format!("tools/call {}", self.tool),
+            otel.kind = "client",
+            mcp.method.name = "tools/call",
+            gen_ai.tool.name = %self.tool,
+            mcp.server = %self.shared.name(),
+            jsonrpc.request.id = tracing::field::Empty,
+        );
+        let call = async {
+            let mut params = CallToolRequestParams::new(self.tool.clone());
+            params.arguments = match arguments {
+                Value::Object(map) => Some(map),
+                Value::Null => None,
+                other => {
+                    return Err(BackendError::InvalidArguments(format!(
+                        "MCP arguments must be an object, got {other}"
+                    )));
+                }
+            };
+            let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+            let handle = peer
+                .send_request_with_option(request, PeerRequestOptions::default())
+                .await
+                .map_err(|e| self.map_error(e))?;
+            tracing::Span::current()
+                .record("jsonrpc.request.id", tracing::field::display(&handle.id));
+            self.shared.progress_sinks().insert(handle.progress_token.clone(), ctx.events.clone());
+            let _route =
+                ProgressRoute { shared: &self.shared, token: handle.progress_token.clone() };
+            let mut cancel = CancelOnDrop {
+                peer: Peer::clone(&peer),
+                id: Some(handle.id.clone()),
+                reason: "the caller cancelled",
+            };
+            let response = tokio::select! {
+                biased;
+                () = ctx.cancel.cancelled() => return Err(BackendError::Cancelled),
+                response = handle.await_response() => response,
+            };
+            cancel.id = None;
+            match response.map_err(|e| self.map_error(e))? {
+                ServerResult::CallToolResult(result) => Ok(convert::output(result)),
+                other => Err(BackendError::Internal(format!(
+                    "mcp server {} answered tools/call with an unexpected result: {other:?}",
+                    self.shared.name()
+                ))),
+            }
+        };
+        call.instrument(span).await
+    }
+}

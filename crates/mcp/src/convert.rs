@@ -1,0 +1,90 @@
+//! MCP ↔ toolmesh conversions.
+
+use std::sync::Arc;
+
+use base64::Engine as _;
+use rmcp::model::{CallToolResult, ContentBlock, ResourceContents, Tool};
+use serde_json::Value;
+use toolmesh_core::{ContentPart, SourceKind, ToolAnnotations, ToolOutput, ToolSource, ToolSpec};
+
+/// Returns the catalog definition of an MCP tool published as `name`.
+pub(crate) fn spec(
+    server: &str,
+    name: String,
+    tool: &Tool,
+    timeout: std::time::Duration,
+) -> ToolSpec {
+    let mut spec = ToolSpec::new(
+        name,
+        tool.description.as_deref().unwrap_or_default(),
+        Value::Object((*tool.input_schema).clone()),
+        ToolSource { kind: SourceKind::Mcp, name: server.to_owned() },
+    );
+    spec.title = tool
+        .title
+        .clone()
+        .or_else(|| tool.annotations.as_ref().and_then(|a| a.title.clone()))
+        .unwrap_or_default();
+    spec.output_schema =
+        tool.output_schema.as_ref().map(|s| Arc::new(Value::Object((**s).clone())));
+    if let Some(a) = &tool.annotations {
+        spec.annotations = ToolAnnotations {
+            read_only: a.read_only_hint,
+            destructive: a.destructive_hint,
+            idempotent: a.idempotent_hint,
+            open_world: a.open_world_hint,
+        };
+    }
+    spec.timeout = Some(timeout);
+    spec
+}
+
+fn decode(data: &str) -> bytes::Bytes {
+    // A server that sends invalid base64 still gets its bytes through, undecoded.
+    base64::engine::general_purpose::STANDARD
+        .decode(data.as_bytes())
+        .map(bytes::Bytes::from)
+        .unwrap_or_else(|_| bytes::Bytes::copy_from_slice(data.as_bytes()))
+}
+
+/// Returns the toolmesh form of one MCP content block.
+pub(crate) fn content(block: ContentBlock) -> ContentPart {
+    match block {
+        ContentBlock::Text(text) => ContentPart::Text(text.text),
+        ContentBlock::Image(image) => {
+            ContentPart::Media { mime_type: image.mime_type, data: decode(&image.data) }
+        }
+        ContentBlock::Audio(audio) => {
+            ContentPart::Media { mime_type: audio.mime_type, data: decode(&audio.data) }
+        }
+        ContentBlock::Resource(embedded) => match embedded.resource {
+            ResourceContents::TextResourceContents { uri, mime_type, text, .. } => {
+                ContentPart::Json(
+                    serde_json::json!({"type": "resource", "uri": uri, "mimeType": mime_type, "text": text}),
+                )
+            }
+            ResourceContents::BlobResourceContents { mime_type, blob, .. } => ContentPart::Media {
+                mime_type: mime_type.unwrap_or_else(|| "application/octet-stream".into()),
+                data: decode(&blob),
+            },
+            other => ContentPart::Json(serde_json::to_value(&other).unwrap_or_default()),
+        },
+        ContentBlock::ResourceLink(link) => ContentPart::ResourceLink {
+            uri: link.uri,
+            name: link.name,
+            description: link.description.unwrap_or_default(),
+            mime_type: link.mime_type.unwrap_or_default(),
+        },
+        // Content kinds newer than this code travel as their JSON form.
+        other => ContentPart::Json(serde_json::to_value(&other).unwrap_or_default()),
+    }
+}
+
+/// Returns the toolmesh form of an MCP tool result.
+pub(crate) fn output(result: CallToolResult) -> ToolOutput {
+    ToolOutput {
+        content: result.content.into_iter().map(content).collect(),
+        structured: result.structured_content,
+        is_error: result.is_error.unwrap_or(false),
+    }
+}

@@ -1,0 +1,32 @@
+//! The MCP backend: every tool of every configured MCP server becomes a catalog tool.
+//!
+//! ```text
+//! McpSupervisorActor (restarts a failed server actor; reload starts/stops servers)
+//!  ├── McpClientActor "everything" ── one connection (stdio child / streamable HTTP)
+//!  └── McpClientActor "search"     ── one connection
+//! ```
+//!
+//! Each [`McpClientActor`] owns one rmcp client connection: it initializes, lists every
+//! page of tools, publishes them (as `<server>_<tool>` unless `prefix = "none"`), follows
+//! `tools/list_changed`, and reconnects with capped exponential backoff when the connection
+//! dies. Calls do not pass through the actor: each tool's backend reads the current
+//! connection from state shared with the actor, sends `tools/call` with a progress token
+//! routed back to the caller's event stream, and sends `notifications/cancelled` when the
+//! call is cancelled or dropped. While a server is down its tools stay listed and calls
+//! fail at once with UNAVAILABLE naming the server.
+//!
+//! [`McpManager`] is the handle the binary uses.
+
+mod actor;
+mod backend;
+mod convert;
+mod handler;
+mod manager;
+mod naming;
+mod shared;
+
+pub use actor::{McpClientActor, McpClientState, McpMsg};
+pub use handler::McpClientHandler;
+pub use manager::{McpManager, McpSupervisorActor, McpSupervisorMsg, McpSupervisorState};
+pub use naming::publish_name;
+pub use shared::ServerHealth;

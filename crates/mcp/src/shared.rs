@@ -1,0 +1,65 @@
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Instant,
+};
+
+use arc_swap::{ArcSwap, ArcSwapOption};
+use rmcp::{RoleClient, model::ProgressToken, service::Peer};
+use toolmesh_config::McpServerConfig;
+use toolmesh_core::EventSink;
+
+/// The health of one server's connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServerHealth {
+    /// Connecting for the first time.
+    Connecting,
+    /// Connected, initialized, tools listed.
+    Healthy,
+    /// Not connected; calls fail with UNAVAILABLE until a reconnect succeeds.
+    Unhealthy {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// What the actor, its client handler and the backend of every tool of one server share.
+/// Calls read the connection from here without going through the actor's mailbox.
+pub(crate) struct ServerShared {
+    pub(crate) config: McpServerConfig,
+    pub(crate) peer: ArcSwapOption<Peer<RoleClient>>,
+    pub(crate) health: ArcSwap<ServerHealth>,
+    pub(crate) since: ArcSwap<Instant>,
+    /// Where each running call's progress goes, by the progress token of its request.
+    pub(crate) progress: Mutex<HashMap<ProgressToken, EventSink>>,
+}
+
+impl ServerShared {
+    pub(crate) fn new(config: McpServerConfig) -> Arc<Self> {
+        Arc::new(ServerShared {
+            config,
+            peer: ArcSwapOption::empty(),
+            health: ArcSwap::from_pointee(ServerHealth::Connecting),
+            since: ArcSwap::from_pointee(Instant::now()),
+            progress: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    pub(crate) fn set_health(&self, health: ServerHealth) {
+        if **self.health.load() != health {
+            self.since.store(Arc::new(Instant::now()));
+        }
+        self.health.store(Arc::new(health));
+    }
+
+    pub(crate) fn progress_sinks(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<ProgressToken, EventSink>> {
+        // A poisoned map only means a panic elsewhere while holding it; the data is intact.
+        self.progress.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
