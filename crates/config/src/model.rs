@@ -104,6 +104,9 @@ pub struct McpServerConfig {
     pub prefix: PrefixMode,
     /// When to connect.
     pub connect: ConnectMode,
+    /// How often a connected server is pinged; a failed ping marks the connection lost,
+    /// fails its calls in flight with UNAVAILABLE and starts a reconnect. `None`: no pings.
+    pub ping_interval: Option<Duration>,
 }
 
 /// `[server]`.
@@ -290,6 +293,12 @@ struct RawMcpServer {
     prefix: PrefixMode,
     #[serde(default = "default_connect")]
     connect: ConnectMode,
+    #[serde(default = "default_ping_interval_ms")]
+    ping_interval_ms: u64,
+}
+
+fn default_ping_interval_ms() -> u64 {
+    5_000
 }
 
 #[derive(Deserialize)]
@@ -583,6 +592,8 @@ impl Config {
                 timeout: positive_ms(raw.timeout_ms, &format!("{key}.timeout_ms"), &key_error)?,
                 prefix: raw.prefix,
                 connect: raw.connect,
+                ping_interval: (raw.ping_interval_ms > 0)
+                    .then(|| Duration::from_millis(raw.ping_interval_ms)),
             });
         }
 

@@ -3,7 +3,7 @@ use std::{process::Stdio, sync::Arc, time::Duration};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use rmcp::{
     RoleClient, ServiceExt,
-    model::Tool,
+    model::{ClientRequest, PingRequest, Tool},
     service::{QuitReason, RunningService},
     transport::{
         StreamableHttpClientTransport, TokioChildProcess,
@@ -11,6 +11,7 @@ use rmcp::{
     },
 };
 use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio_util::sync::CancellationToken;
 use toolmesh_config::McpTransport;
 use toolmesh_core::{SourceKind, ToolSource};
 use toolmesh_registry::{RegistryHandle, SourceUpdate, ToolEntry};
@@ -182,6 +183,31 @@ async fn connect(
     Ok((connection, tools))
 }
 
+/// Pings the server every `interval` while connection `generation` lives; a ping that
+/// fails or takes longer than `interval` declares the connection lost.
+async fn probe(
+    peer: rmcp::service::Peer<RoleClient>,
+    interval: Duration,
+    lost: CancellationToken,
+    actor: ActorRef<McpMsg>,
+    generation: u64,
+) {
+    loop {
+        tokio::select! {
+            () = lost.cancelled() => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+        let ping = ClientRequest::PingRequest(PingRequest::default());
+        let reason = match tokio::time::timeout(interval, peer.send_request(ping)).await {
+            Ok(Ok(_)) => continue,
+            Ok(Err(error)) => format!("ping failed: {error}"),
+            Err(_) => format!("no answer to ping within {interval:?}"),
+        };
+        let _ = actor.cast(McpMsg::Disconnected { generation, reason });
+        return;
+    }
+}
+
 fn describe(reason: Result<QuitReason, tokio::task::JoinError>) -> String {
     match reason {
         Ok(QuitReason::Cancelled) => "closed by toolmesh".into(),
@@ -257,8 +283,19 @@ impl Actor for McpClientActor {
                 let generation = state.generation;
                 let protocol = connection.peer_info().map(|i| format!("{:?}", i.protocol_version));
                 info!(server, tools = tools.len(), protocol = ?protocol, "mcp server connected");
-                self.shared.peer.store(Some(Arc::new(connection.peer().clone())));
+                let peer = connection.peer().clone();
+                self.shared.peer.store(Some(Arc::new(peer.clone())));
+                self.shared.lost.store(Arc::new(CancellationToken::new()));
                 state.close = Some(connection.cancellation_token());
+                if let Some(interval) = self.shared.config.ping_interval {
+                    tokio::spawn(probe(
+                        peer,
+                        interval,
+                        CancellationToken::clone(&self.shared.lost.load()),
+                        myself.clone(),
+                        generation,
+                    ));
+                }
                 let actor = myself.clone();
                 tokio::spawn(async move {
                     let reason = describe(connection.waiting().await);
@@ -295,7 +332,10 @@ impl Actor for McpClientActor {
                     return Ok(());
                 }
                 self.shared.peer.store(None);
-                state.close = None;
+                self.shared.lost.load().cancel();
+                if let Some(close) = state.close.take() {
+                    close.cancel();
+                }
                 warn!(server, %reason, "mcp server disconnected; its calls fail with UNAVAILABLE until it is back");
                 self.shared.set_health(ServerHealth::Unhealthy { reason });
                 self.schedule_reconnect(&myself, state);

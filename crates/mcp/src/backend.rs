@@ -105,6 +105,7 @@ impl Backend for McpBackend {
     }
 
     async fn call(&self, ctx: CallContext, arguments: Value) -> Result<ToolOutput, BackendError> {
+        let lost = self.shared.lost.load_full();
         let Some(peer) = self.shared.peer.load_full() else {
             let reason = match &**self.shared.health.load() {
                 crate::ServerHealth::Unhealthy { reason } => reason.clone(),
@@ -150,6 +151,10 @@ impl Backend for McpBackend {
             let response = tokio::select! {
                 biased;
                 () = ctx.cancel.cancelled() => return Err(BackendError::Cancelled),
+                () = lost.cancelled() => {
+                    cancel.id = None;
+                    return Err(self.unavailable("the connection was lost during the call".into()));
+                }
                 response = handle.await_response() => response,
             };
             cancel.id = None;

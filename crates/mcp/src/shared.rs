@@ -6,6 +6,7 @@ use std::{
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 use rmcp::{RoleClient, model::ProgressToken, service::Peer};
+use tokio_util::sync::CancellationToken;
 use toolmesh_config::McpServerConfig;
 use toolmesh_core::EventSink;
 
@@ -28,6 +29,9 @@ pub enum ServerHealth {
 pub(crate) struct ServerShared {
     pub(crate) config: McpServerConfig,
     pub(crate) peer: ArcSwapOption<Peer<RoleClient>>,
+    /// Cancelled when the current connection is declared lost; calls in flight watch it,
+    /// since a transport may never answer a request whose server died.
+    pub(crate) lost: ArcSwap<CancellationToken>,
     pub(crate) health: ArcSwap<ServerHealth>,
     pub(crate) since: ArcSwap<Instant>,
     /// Where each running call's progress goes, by the progress token of its request.
@@ -39,6 +43,7 @@ impl ServerShared {
         Arc::new(ServerShared {
             config,
             peer: ArcSwapOption::empty(),
+            lost: ArcSwap::from_pointee(CancellationToken::new()),
             health: ArcSwap::from_pointee(ServerHealth::Connecting),
             since: ArcSwap::from_pointee(Instant::now()),
             progress: Mutex::new(HashMap::new()),

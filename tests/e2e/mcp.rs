@@ -1,0 +1,400 @@
+//! MCP servers behind toolmesh, end to end, against real third-party servers:
+//! `@modelcontextprotocol/server-everything` (npm) over stdio and streamable HTTP, and a
+//! server written with the Python `mcp` SDK (`tests/mcp/py_server.py`) over stdio.
+
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
+
+use std::{path::Path, process::Stdio, time::Duration};
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tonic::Code;
+use toolmesh::AppOptions;
+use toolmesh_e2e::{TestServer, eventually, process_alive, text};
+use toolmesh_proto::v1::{
+    CallToolClientMessage, CallToolRequest, CallToolResponse, CancelCall, ListToolsRequest,
+    SourceKind, Tool, call_tool_client_message, call_tool_server_message::Message,
+    content_part::Part,
+};
+
+const EVERYTHING: &str = "mcp-server-everything";
+
+fn python() -> String {
+    std::env::var("TOOLMESH_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+fn py_server() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/py_server.py").display().to_string()
+}
+
+async fn tools(server: &TestServer) -> Vec<Tool> {
+    server.client().await.list_tools(ListToolsRequest::default()).await.unwrap().into_inner().tools
+}
+
+/// Waits until the catalog lists `name`.
+async fn wait_for_tool(server: &TestServer, name: &str) -> Tool {
+    eventually(Duration::from_secs(30), || async {
+        tools(server).await.into_iter().find(|t| t.name == name)
+    })
+    .await
+    .unwrap_or_else(|| panic!("{name} was never published"))
+}
+
+async fn call(
+    server: &TestServer,
+    name: &str,
+    arguments: Value,
+) -> Result<CallToolResponse, tonic::Status> {
+    let request = CallToolRequest {
+        name: name.into(),
+        arguments_json: arguments.to_string(),
+        ..Default::default()
+    };
+    server.client().await.call_tool(request).await.map(tonic::Response::into_inner)
+}
+
+/// Calls over StreamCallTool and returns every server message.
+async fn stream(
+    server: &TestServer,
+    name: &str,
+    arguments: Value,
+) -> Result<Vec<Message>, tonic::Status> {
+    let start = call_tool_client_message::Message::Start(CallToolRequest {
+        name: name.into(),
+        arguments_json: arguments.to_string(),
+        ..Default::default()
+    });
+    let outbound = futures::stream::iter([CallToolClientMessage { message: Some(start) }]);
+    let mut stream = server.client().await.stream_call_tool(outbound).await?.into_inner();
+    let mut messages = Vec::new();
+    while let Some(message) = stream.message().await? {
+        messages.push(message.message.unwrap());
+    }
+    Ok(messages)
+}
+
+fn progress_of(messages: &[Message]) -> Vec<(f64, Option<f64>)> {
+    messages
+        .iter()
+        .filter_map(|m| match m {
+            Message::Progress(p) => Some((p.progress, p.total)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Checks the everything server's tools through `prefix`.
+async fn exercise_everything(server: &TestServer, prefix: &str) {
+    let echo = wait_for_tool(server, &format!("{prefix}_echo")).await;
+    let source = echo.source.unwrap();
+    assert_eq!(source.kind(), SourceKind::Mcp);
+    assert!(source.available, "{}", source.status);
+    let schema: Value = serde_json::from_str(&echo.input_schema_json).unwrap();
+    assert_eq!(schema["properties"]["message"]["type"], "string");
+    let long = wait_for_tool(server, &format!("{prefix}_trigger-long-running-operation")).await;
+    assert_eq!(long.annotations.unwrap().read_only, Some(true));
+    assert!(!long.title.is_empty());
+
+    let echoed = call(server, &format!("{prefix}_echo"), json!({"message": "hi"})).await.unwrap();
+    assert_eq!(text(&echoed), "Echo: hi");
+    let sum = call(server, &format!("{prefix}_get-sum"), json!({"a": 2, "b": 40})).await.unwrap();
+    assert!(text(&sum).contains("42"), "{}", text(&sum));
+
+    // Arguments are checked against the server's inputSchema before anything is sent.
+    let invalid =
+        call(server, &format!("{prefix}_get-sum"), json!({"a": "two"})).await.unwrap_err();
+    assert_eq!(invalid.code(), Code::InvalidArgument);
+    assert!(invalid.message().contains("/a"), "{}", invalid.message());
+
+    let structured =
+        call(server, &format!("{prefix}_get-structured-content"), json!({"location": "Chicago"}))
+            .await
+            .unwrap();
+    let value: Value =
+        serde_json::from_str(structured.structured_json.as_deref().unwrap()).unwrap();
+    assert!(value["temperature"].is_number(), "{value}");
+
+    let image = call(server, &format!("{prefix}_get-tiny-image"), json!({})).await.unwrap();
+    let media = image
+        .content
+        .iter()
+        .find_map(|p| match &p.part {
+            Some(Part::Media(m)) => Some(m.clone()),
+            _ => None,
+        })
+        .expect("an image part");
+    assert_eq!(media.mime_type, "image/png");
+    assert_eq!(&media.data[1..4], b"PNG", "base64 was decoded to the PNG bytes");
+
+    let messages = stream(
+        server,
+        &format!("{prefix}_trigger-long-running-operation"),
+        json!({"duration": 0.4, "steps": 4}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        progress_of(&messages),
+        [(1.0, Some(4.0)), (2.0, Some(4.0)), (3.0, Some(4.0)), (4.0, Some(4.0))]
+    );
+    assert!(matches!(messages.last(), Some(Message::Result(r)) if text(r).contains("completed")));
+}
+
+#[tokio::test]
+async fn everything_server_over_stdio() {
+    let config = format!(
+        "[[mcp.servers]]\nname = \"everything\"\ntransport = \"stdio\"\ncommand = \"{EVERYTHING}\"\nargs = [\"stdio\"]\n"
+    );
+    let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
+    exercise_everything(&server, "everything").await;
+}
+
+/// `mcp-server-everything streamableHttp` on a free port; killed on drop.
+struct HttpEverything {
+    child: tokio::process::Child,
+    port: u16,
+}
+
+impl HttpEverything {
+    async fn start(port: u16) -> Self {
+        let mut child = tokio::process::Command::new(EVERYTHING)
+            .arg("streamableHttp")
+            .env("PORT", port.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("mcp-server-everything is installed (tests/setup installs it from npm)");
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let ready = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if line.contains("listening on port") {
+                    return true;
+                }
+            }
+            false
+        })
+        .await;
+        assert_eq!(ready, Ok(true), "the streamable HTTP server started");
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        HttpEverything { child, port }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[tokio::test]
+async fn everything_server_over_streamable_http_survives_a_restart() {
+    let port = free_port();
+    let mut upstream = HttpEverything::start(port).await;
+    let config = format!(
+        "[[mcp.servers]]\nname = \"web\"\ntransport = \"streamable-http\"\nurl = \"http://127.0.0.1:{}/mcp\"\ntimeout_ms = 10000\nping_interval_ms = 300\n",
+        upstream.port
+    );
+    let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
+    exercise_everything(&server, "web").await;
+
+    // Killed mid-call: the call fails fast with UNAVAILABLE naming the server.
+    let pending = tokio::spawn({
+        let client = server.client().await;
+        async move {
+            let mut client = client;
+            let request = CallToolRequest {
+                name: "web_trigger-long-running-operation".into(),
+                arguments_json: json!({"duration": 30, "steps": 30}).to_string(),
+                ..Default::default()
+            };
+            let started = std::time::Instant::now();
+            (client.call_tool(request).await, started)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    upstream.child.kill().await.unwrap();
+    let (result, started) = pending.await.unwrap();
+    let status = result.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("web"), "{}", status.message());
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let down = call(&server, "web_echo", json!({"message": "x"})).await.unwrap_err();
+    assert_eq!(down.code(), Code::Unavailable, "{down:?}");
+
+    // Restarted: calls work again.
+    let _upstream = HttpEverything::start(port).await;
+    let back = eventually(Duration::from_secs(30), || async {
+        call(&server, "web_echo", json!({"message": "back"})).await.ok()
+    })
+    .await
+    .expect("calls work again after the server restarted");
+    assert_eq!(text(&back), "Echo: back");
+}
+
+#[tokio::test]
+async fn python_sdk_server_results_progress_cancellation_and_list_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("marker");
+    let config = format!(
+        r#"
+[[mcp.servers]]
+name = "py"
+transport = "stdio"
+command = "{}"
+args = ["{}"]
+env = {{ TOOLMESH_TEST_MARKER = "{}" }}
+"#,
+        python(),
+        py_server(),
+        marker.display()
+    );
+    let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
+    wait_for_tool(&server, "py_add").await;
+
+    let sum = call(&server, "py_add", json!({"a": 20, "b": 22})).await.unwrap();
+    assert!(!sum.is_error);
+    assert_eq!(text(&sum), "42");
+
+    let failed = call(&server, "py_fail", json!({})).await.unwrap();
+    assert!(failed.is_error, "a tool-level error is an is_error result");
+    assert!(text(&failed).contains("fail"), "{}", text(&failed));
+
+    let messages = stream(&server, "py_slow", json!({"steps": 5})).await.unwrap();
+    let progress: Vec<f64> = progress_of(&messages).into_iter().map(|(p, _)| p).collect();
+    assert_eq!(progress, [1.0, 2.0, 3.0, 4.0, 5.0]);
+    assert!(matches!(messages.last(), Some(Message::Result(r)) if text(r) == "done after 5 steps"));
+
+    // Cancelling the gRPC call reaches the server as notifications/cancelled.
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let start = call_tool_client_message::Message::Start(CallToolRequest {
+        name: "py_slow".into(),
+        arguments_json: json!({"steps": 400}).to_string(),
+        ..Default::default()
+    });
+    tx.send(CallToolClientMessage { message: Some(start) }).await.unwrap();
+    let mut calls = server.client().await;
+    let mut responses = calls
+        .stream_call_tool(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    loop {
+        if let Some(Message::Progress(_)) = responses.message().await.unwrap().unwrap().message {
+            break;
+        }
+    }
+    let cancel = call_tool_client_message::Message::Cancel(CancelCall { reason: "test".into() });
+    tx.send(CallToolClientMessage { message: Some(cancel) }).await.unwrap();
+    assert_eq!(responses.message().await.unwrap_err().code(), Code::Cancelled);
+    eventually(Duration::from_secs(10), || async {
+        std::fs::read_to_string(&marker).ok().filter(|m| m.contains("cancelled")).map(|_| ())
+    })
+    .await
+    .expect("the server saw the cancellation");
+
+    // tools/list_changed: the new tool is published without a restart.
+    assert!(!tools(&server).await.iter().any(|t| t.name == "py_extra"));
+    call(&server, "py_grow", json!({})).await.unwrap();
+    wait_for_tool(&server, "py_extra").await;
+    assert_eq!(text(&call(&server, "py_extra", json!({})).await.unwrap()), "extra");
+}
+
+/// Returns the pids of live processes whose environment holds `marker`.
+fn processes_with(marker: &str) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else { continue };
+        if environ.split(|b| *b == 0).any(|kv| kv == marker.as_bytes()) && process_alive(pid) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+#[tokio::test]
+async fn a_killed_stdio_server_is_unavailable_then_reconnected() {
+    let tag = format!("TOOLMESH_TEST_TAG=kill-{}", std::process::id());
+    let (key, value) = tag.split_once('=').unwrap();
+    let config = format!(
+        "[[mcp.servers]]\nname = \"py\"\ntransport = \"stdio\"\ncommand = \"{}\"\nargs = [\"{}\"]\nenv = {{ {key} = \"{value}\" }}\n",
+        python(),
+        py_server()
+    );
+    let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
+    wait_for_tool(&server, "py_add").await;
+    let first = processes_with(&tag);
+    assert_eq!(first.len(), 1, "one child per server");
+
+    let pending = tokio::spawn({
+        let mut client = server.client().await;
+        async move {
+            let request = CallToolRequest {
+                name: "py_slow".into(),
+                arguments_json: json!({"steps": 400}).to_string(),
+                ..Default::default()
+            };
+            client.call_tool(request).await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(first[0]), nix::sys::signal::Signal::SIGKILL)
+        .unwrap();
+    let status = pending.await.unwrap().unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("py"), "{}", status.message());
+
+    let back = eventually(Duration::from_secs(20), || async {
+        call(&server, "py_add", json!({"a": 1, "b": 2})).await.ok()
+    })
+    .await
+    .expect("the server was restarted and calls work again");
+    assert_eq!(text(&back), "3");
+    let now = processes_with(&tag);
+    assert_eq!(now.len(), 1, "exactly one live child: {now:?}");
+    assert_ne!(now[0], first[0]);
+
+    server.stop().await.unwrap();
+    let gone = eventually(Duration::from_secs(10), || async {
+        processes_with(&tag).is_empty().then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "stopping toolmesh leaves no server process behind");
+}
+
+#[tokio::test]
+async fn a_hanging_server_never_delays_the_others() {
+    let config = format!(
+        r#"
+[[mcp.servers]]
+name = "hang"
+transport = "stdio"
+command = "sleep"
+args = ["600"]
+timeout_ms = 1000
+
+[[mcp.servers]]
+name = "py"
+transport = "stdio"
+command = "{}"
+args = ["{}"]
+"#,
+        python(),
+        py_server()
+    );
+    let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
+    wait_for_tool(&server, "py_add").await;
+    for _ in 0..5 {
+        let started = std::time::Instant::now();
+        let listed = tools(&server).await;
+        assert!(listed.iter().any(|t| t.name == "echo"));
+        assert_eq!(text(&call(&server, "py_add", json!({"a": 2, "b": 2})).await.unwrap()), "4");
+        assert!(started.elapsed() < Duration::from_millis(900), "took {:?}", started.elapsed());
+    }
+    let health = eventually(Duration::from_secs(10), || async {
+        server.app.mcp().health().into_iter().find(|(name, h)| {
+            name == "hang" && matches!(h, toolmesh_mcp::ServerHealth::Unhealthy { .. })
+        })
+    })
+    .await;
+    assert!(health.is_some(), "the hanging server is reported unhealthy");
+}

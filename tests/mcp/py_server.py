@@ -1,0 +1,64 @@
+"""A scripted MCP server written with the Python `mcp` SDK (2.x, `MCPServer`), over stdio.
+
+Tools:
+- add(a, b): the sum, also as structured content;
+- slow(steps): reports progress `steps` times, 50 ms apart; appends "cancelled" to the
+  file named by $TOOLMESH_TEST_MARKER when the call is cancelled;
+- grow(): registers a tool `extra` and tells the client that the tool list changed;
+- fail(): a tool-level error (isError).
+"""
+
+import asyncio
+import os
+
+from mcp.server.mcpserver import Context, MCPServer
+
+server = MCPServer("toolmesh-test-python")
+
+
+@server.tool()
+def add(a: int, b: int) -> int:
+    """Adds two integers."""
+    return a + b
+
+
+@server.tool()
+async def slow(steps: int, ctx: Context) -> str:
+    """Reports progress `steps` times, then answers."""
+    try:
+        for step in range(1, steps + 1):
+            await ctx.report_progress(step, steps, f"step {step}")
+            await asyncio.sleep(0.05)
+    except asyncio.CancelledError:
+        marker = os.environ.get("TOOLMESH_TEST_MARKER")
+        if marker:
+            with open(marker, "a") as f:
+                f.write("cancelled\n")
+        raise
+    return f"done after {steps} steps"
+
+
+def extra() -> str:
+    """A tool added at run time."""
+    return "extra"
+
+
+@server.tool()
+async def grow(ctx: Context) -> str:
+    """Adds the tool `extra` and announces the change."""
+    server.add_tool(extra)
+    # notify_tools_changed() reaches only `subscriptions/listen` (protocol 2026-07-28); a
+    # 2025-era session gets the classic notifications/tools/list_changed.
+    await ctx.session.send_tool_list_changed()
+    await ctx.notify_tools_changed()
+    return "grown"
+
+
+@server.tool()
+def fail() -> str:
+    """Always fails."""
+    raise ValueError("this tool always fails")
+
+
+if __name__ == "__main__":
+    server.run("stdio")
