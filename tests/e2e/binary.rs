@@ -251,6 +251,25 @@ impl TraceService for Receiver {
     }
 }
 
+impl Receiver {
+    /// Starts a receiver on 127.0.0.1:0; returns it and its endpoint URL.
+    async fn start() -> (Self, String) {
+        let receiver = Receiver::default();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(TraceServiceServer::new(receiver.clone()))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        (receiver, endpoint)
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 fn attr(span: &Span, key: &str) -> Option<String> {
     span.attributes.iter().find(|a| a.key == key).and_then(|a| {
         match a.value.as_ref()?.value.as_ref()? {
@@ -262,14 +281,7 @@ fn attr(span: &Span, key: &str) -> Option<String> {
 
 #[tokio::test]
 async fn traces_reach_an_otlp_receiver_as_one_tree_under_the_callers_span() {
-    let receiver = Receiver::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let otlp = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(TraceServiceServer::new(receiver.clone()))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
+    let (receiver, otlp) = Receiver::start().await;
     let mut server = BinaryServer::start(
         &[],
         &[("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()), ("OTEL_SERVICE_NAME", "toolmesh-e2e")],
@@ -310,7 +322,6 @@ async fn traces_reach_an_otlp_receiver_as_one_tree_under_the_callers_span() {
     .await
     .expect("spans arrive at the receiver");
 
-    let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
     let find = |name: &str, call_id: Option<&str>| {
         spans
             .iter()
@@ -478,4 +489,71 @@ async fn bench_measures_toolmesh_and_the_bare_echo_baseline() {
     }
     assert!(report.contains("throughput ratio") && report.contains("p99 added"), "{report}");
     assert!(report.contains("3 alternating rounds"), "{report}");
+}
+
+#[tokio::test]
+async fn mcp_calls_carry_the_trace_into_the_server() {
+    let (receiver, otlp) = Receiver::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("toolmesh.toml");
+    let python = std::env::var("TOOLMESH_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let server_script = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/py_server.py");
+    std::fs::write(
+        &config,
+        format!(
+            "[[mcp.servers]]\nname = \"py\"\ntransport = \"stdio\"\ncommand = \"{python}\"\nargs = [\"{}\"]\n",
+            server_script.display()
+        ),
+    )
+    .unwrap();
+    let mut server = BinaryServer::start(
+        &["--config", config.to_str().unwrap()],
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str())],
+    )
+    .await
+    .unwrap();
+    let addr = server.addr.to_string();
+    eventually(Duration::from_secs(30), || async {
+        tool_names(&addr).await.contains(&"py_trace".to_owned()).then_some(())
+    })
+    .await
+    .expect("the MCP server's tools are published");
+
+    let trace_id = "0af7651916cd43dd8448eb211c80319c";
+    let mut client = toolmesh::client::connect(&addr).await.unwrap();
+    let mut request =
+        tonic::Request::new(CallToolRequest { name: "py_trace".into(), ..Default::default() });
+    request
+        .metadata_mut()
+        .insert("traceparent", format!("00-{trace_id}-b7ad6b7169203331-01").parse().unwrap());
+    let response = client.call_tool(request).await.unwrap().into_inner();
+    let received = toolmesh::client::render_part(&response.content[0].part);
+    let parts: Vec<&str> = received.split('-').collect();
+    assert_eq!(parts.len(), 4, "a traceparent reached the server: {received:?}");
+    assert_eq!(parts[1], trace_id, "the MCP request belongs to the caller's trace");
+
+    server.signal(Signal::SIGTERM);
+    tokio::time::timeout(Duration::from_secs(15), server.child.wait()).await.unwrap().unwrap();
+    let spans = eventually(Duration::from_secs(10), || async {
+        let spans = receiver.spans.lock().unwrap().clone();
+        spans.iter().any(|(_, s)| s.name == "tools/call trace").then_some(spans)
+    })
+    .await
+    .expect("the MCP client span is exported");
+    let client_span = spans.iter().map(|(_, s)| s).find(|s| s.name == "tools/call trace").unwrap();
+    assert_eq!(
+        hex(&client_span.span_id),
+        parts[2],
+        "the server's parent is toolmesh's MCP client span"
+    );
+    assert_eq!(attr(client_span, "mcp.method.name").as_deref(), Some("tools/call"));
+    assert_eq!(attr(client_span, "network.transport").as_deref(), Some("pipe"));
+    assert!(attr(client_span, "jsonrpc.request.id").is_some());
+    let execute = spans.iter().map(|(_, s)| s).find(|s| s.name == "execute_tool py_trace").unwrap();
+    let dispatch = spans
+        .iter()
+        .map(|(_, s)| s)
+        .find(|s| s.name == "toolmesh.dispatch" && s.parent_span_id == execute.span_id)
+        .unwrap();
+    assert_eq!(client_span.parent_span_id, dispatch.span_id);
 }

@@ -5,6 +5,7 @@ Tools:
 - slow(steps): reports progress `steps` times, 50 ms apart; appends "cancelled" to the
   file named by $TOOLMESH_TEST_MARKER when the call is cancelled;
 - grow(): registers a tool `extra` and tells the client that the tool list changed;
+- trace(): the W3C traceparent that arrived in the request's `_meta`;
 - fail(): a tool-level error (isError).
 """
 
@@ -52,6 +53,18 @@ async def grow(ctx: Context) -> str:
     await ctx.session.send_tool_list_changed()
     await ctx.notify_tools_changed()
     return "grown"
+
+
+@server.tool()
+def trace(ctx: Context) -> str:
+    """Returns the W3C traceparent that arrived in the request's _meta (empty if none)."""
+    meta = ctx.request_context.meta
+    if meta is None:
+        return ""
+    if isinstance(meta, dict):
+        return str(meta.get("traceparent", ""))
+    extra = getattr(meta, "model_extra", None) or {}
+    return str(extra.get("traceparent", getattr(meta, "traceparent", "")) or "")
 
 
 @server.tool()

@@ -4,7 +4,7 @@ use rmcp::{
     RoleClient, ServiceError,
     model::{
         CallToolRequest, CallToolRequestParams, CancelledNotificationParam, ClientRequest,
-        ErrorCode as McpErrorCode, RequestId, ServerResult,
+        ErrorCode as McpErrorCode, RequestId, RequestMetaObject, ServerResult,
     },
     service::{Peer, PeerRequestOptions},
 };
@@ -113,13 +113,20 @@ impl Backend for McpBackend {
             };
             return Err(self.unavailable(reason));
         };
+        let transport = match &self.shared.config.transport {
+            toolmesh_config::McpTransport::Stdio { .. } => "pipe",
+            _ => "tcp",
+        };
         let span = info_span!(
             "mcp.call",
             otel.name = %format!("tools/call {}", self.tool),
             otel.kind = "client",
             mcp.method.name = "tools/call",
             gen_ai.tool.name = %self.tool,
+            gen_ai.operation.name = "execute_tool",
             mcp.server = %self.shared.name(),
+            mcp.session.id = tracing::field::Empty,
+            network.transport = transport,
             jsonrpc.request.id = tracing::field::Empty,
         );
         let call = async {
@@ -134,8 +141,16 @@ impl Backend for McpBackend {
                 }
             };
             let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+            // The W3C trace context rides in `params._meta`, so the server's spans join the
+            // caller's trace.
+            let mut meta = RequestMetaObject::default();
+            for (key, value) in toolmesh_telemetry::context_headers(&tracing::Span::current()) {
+                meta.0.0.insert(key, Value::String(value));
+            }
+            let mut options = PeerRequestOptions::default();
+            options.meta = Some(meta);
             let handle = peer
-                .send_request_with_option(request, PeerRequestOptions::default())
+                .send_request_with_option(request, options)
                 .await
                 .map_err(|e| self.map_error(e))?;
             tracing::Span::current()

@@ -11,5 +11,5 @@ mod propagation;
 
 pub use init::{TelemetryError, TelemetryGuard, TelemetryOptions, init};
 pub use propagation::{
-    MetadataExtractor, MetadataInjector, inject_context, set_parent_from_metadata,
+    MetadataExtractor, MetadataInjector, context_headers, inject_context, set_parent_from_metadata,
 };

@@ -56,3 +56,15 @@ pub fn inject_context(span: &tracing::Span, metadata: &mut MetadataMap) {
         propagator.inject_context(&context, &mut MetadataInjector(metadata));
     });
 }
+
+/// Returns the W3C trace-context headers (`traceparent`, `tracestate`) of `span`, for a
+/// request to another process in another protocol (for example an MCP request's `_meta`).
+/// Empty when the span is not recorded.
+pub fn context_headers(span: &tracing::Span) -> std::collections::HashMap<String, String> {
+    let context = span.context();
+    let mut headers = std::collections::HashMap::new();
+    opentelemetry::global::get_text_map_propagator(|propagator| {
+        propagator.inject_context(&context, &mut headers);
+    });
+    headers
+}
