@@ -397,4 +397,46 @@ args = ["{}"]
     })
     .await;
     assert!(health.is_some(), "the hanging server is reported unhealthy");
+
+    // gRPC health: one service per MCP server.
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let status = |name: &str| {
+        let mut health = health.clone();
+        let service = format!("{}{name}", toolmesh::MCP_HEALTH_PREFIX);
+        async move {
+            health
+                .check(tonic_health::pb::HealthCheckRequest { service })
+                .await
+                .map(|r| r.into_inner().status())
+                .ok()
+        }
+    };
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let settled = eventually(Duration::from_secs(10), || async {
+        (status("py").await == Some(ServingStatus::Serving)
+            && status("hang").await == Some(ServingStatus::NotServing))
+        .then_some(())
+    })
+    .await;
+    assert!(settled.is_some(), "py: {:?}, hang: {:?}", status("py").await, status("hang").await);
+    let overall = health
+        .check(tonic_health::pb::HealthCheckRequest { service: String::new() })
+        .await
+        .unwrap();
+    assert_eq!(
+        overall.into_inner().status(),
+        ServingStatus::Serving,
+        "one bad server does not fail the whole service"
+    );
+    let hanging_tools = tools(&server)
+        .await
+        .into_iter()
+        .filter(|t| t.source.as_ref().is_some_and(|s| s.name == "hang"))
+        .count();
+    assert_eq!(hanging_tools, 0);
 }

@@ -7,6 +7,7 @@ use std::{
 use ractor::{
     Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent, rpc::CallResult,
 };
+use tokio::sync::Notify;
 use toolmesh_config::McpServerConfig;
 use toolmesh_registry::RegistryHandle;
 use tracing::{error, info, warn};
@@ -29,6 +30,7 @@ pub enum McpSupervisorMsg {
 pub struct McpSupervisorActor {
     registry: RegistryHandle,
     servers: Arc<Mutex<BTreeMap<String, Arc<ServerShared>>>>,
+    changed: Arc<Notify>,
 }
 
 /// The [`McpSupervisorActor`]'s state: the running server actors by name.
@@ -126,9 +128,15 @@ impl Actor for McpSupervisorActor {
                 for (name, config) in wanted {
                     if !state.actors.contains_key(&name) {
                         info!(server = %name, "starting mcp server");
-                        self.start_server(&myself, state, ServerShared::new(config)).await;
+                        self.start_server(
+                            &myself,
+                            state,
+                            ServerShared::new(config, self.changed.clone()),
+                        )
+                        .await;
                     }
                 }
+                self.changed.notify_one();
                 let _ = reply.send(());
             }
         }
@@ -151,7 +159,8 @@ impl Actor for McpSupervisorActor {
             let shared = self.servers().remove(&name);
             if let Some(shared) = shared {
                 shared.peer.store(None);
-                self.start_server(&myself, state, ServerShared::new(shared.config.clone())).await;
+                let fresh = ServerShared::new(shared.config.clone(), self.changed.clone());
+                self.start_server(&myself, state, fresh).await;
             }
         }
         Ok(())
@@ -163,6 +172,7 @@ impl Actor for McpSupervisorActor {
 pub struct McpManager {
     actor: ActorRef<McpSupervisorMsg>,
     servers: Arc<Mutex<BTreeMap<String, Arc<ServerShared>>>>,
+    changed: Arc<Notify>,
 }
 
 impl std::fmt::Debug for McpManager {
@@ -175,10 +185,11 @@ impl McpManager {
     /// Starts the supervisor; servers start with [`McpManager::reload`].
     pub async fn start(registry: RegistryHandle) -> Result<Self, ActorProcessingErr> {
         let servers = Arc::new(Mutex::new(BTreeMap::new()));
-        let (actor, _) =
-            Actor::spawn(None, McpSupervisorActor { registry, servers: servers.clone() }, ())
-                .await?;
-        Ok(McpManager { actor, servers })
+        let changed = Arc::new(Notify::new());
+        let supervisor =
+            McpSupervisorActor { registry, servers: servers.clone(), changed: changed.clone() };
+        let (actor, _) = Actor::spawn(None, supervisor, ()).await?;
+        Ok(McpManager { actor, servers, changed })
     }
 
     /// Makes the running servers match `servers`.
@@ -204,6 +215,11 @@ impl McpManager {
             .iter()
             .map(|(name, shared)| (name.clone(), (**shared.health.load()).clone()))
             .collect()
+    }
+
+    /// Waits until some server's health changes, or servers are added or removed.
+    pub async fn health_changed(&self) {
+        self.changed.notified().await;
     }
 
     /// Stops every server and the supervisor.

@@ -6,6 +6,7 @@ use std::{
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 use rmcp::{RoleClient, model::ProgressToken, service::Peer};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use toolmesh_config::McpServerConfig;
 use toolmesh_core::EventSink;
@@ -36,10 +37,12 @@ pub(crate) struct ServerShared {
     pub(crate) since: ArcSwap<Instant>,
     /// Where each running call's progress goes, by the progress token of its request.
     pub(crate) progress: Mutex<HashMap<ProgressToken, EventSink>>,
+    /// Told whenever any server's health changes.
+    pub(crate) changed: Arc<Notify>,
 }
 
 impl ServerShared {
-    pub(crate) fn new(config: McpServerConfig) -> Arc<Self> {
+    pub(crate) fn new(config: McpServerConfig, changed: Arc<Notify>) -> Arc<Self> {
         Arc::new(ServerShared {
             config,
             peer: ArcSwapOption::empty(),
@@ -47,6 +50,7 @@ impl ServerShared {
             health: ArcSwap::from_pointee(ServerHealth::Connecting),
             since: ArcSwap::from_pointee(Instant::now()),
             progress: Mutex::new(HashMap::new()),
+            changed,
         })
     }
 
@@ -55,10 +59,14 @@ impl ServerShared {
     }
 
     pub(crate) fn set_health(&self, health: ServerHealth) {
-        if **self.health.load() != health {
+        let changed = **self.health.load() != health;
+        if changed {
             self.since.store(Arc::new(Instant::now()));
         }
         self.health.store(Arc::new(health));
+        if changed {
+            self.changed.notify_one();
+        }
     }
 
     pub(crate) fn progress_sinks(

@@ -35,6 +35,7 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
 
+    let mcp_health = tokio::spawn(report_mcp_health(app.clone(), health.clone()));
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
     let health_on_stop = health.clone();
@@ -63,6 +64,32 @@ pub async fn serve(
             }
         },
     };
+    mcp_health.abort();
     app.shutdown().await;
     Ok(drained)
+}
+
+/// Prefix of the health-check service name of each MCP server: `toolmesh.mcp.<server>`.
+pub const MCP_HEALTH_PREFIX: &str = "toolmesh.mcp.";
+
+/// Keeps one health-check service per MCP server in step with its connection.
+async fn report_mcp_health(app: App, mut reporter: tonic_health::server::HealthReporter) {
+    let mut known = std::collections::BTreeSet::new();
+    loop {
+        let current = app.mcp().health();
+        let names: std::collections::BTreeSet<String> =
+            current.iter().map(|(n, _)| n.clone()).collect();
+        for (name, health) in current {
+            let status = match health {
+                toolmesh_mcp::ServerHealth::Healthy => tonic_health::ServingStatus::Serving,
+                _ => tonic_health::ServingStatus::NotServing,
+            };
+            reporter.set_service_status(format!("{MCP_HEALTH_PREFIX}{name}"), status).await;
+        }
+        for gone in known.difference(&names) {
+            reporter.clear_service_status(&format!("{MCP_HEALTH_PREFIX}{gone}")).await;
+        }
+        known = names;
+        app.mcp().health_changed().await;
+    }
 }
