@@ -440,3 +440,67 @@ args = ["{}"]
         .count();
     assert_eq!(hanging_tools, 0);
 }
+
+/// Returns the zombie children of this test process.
+fn zombie_children() -> Vec<i32> {
+    let me = std::process::id().to_string();
+    let mut zombies = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let fields: Vec<&str> =
+            stat.rsplit(')').next().unwrap_or_default().split_whitespace().collect();
+        if fields.first() == Some(&"Z") && fields.get(1) == Some(&me.as_str()) {
+            zombies.push(pid);
+        }
+    }
+    zombies
+}
+
+#[tokio::test]
+async fn a_hundred_actor_crashes_leave_no_zombies_or_orphans() {
+    let tag = format!("TOOLMESH_TEST_TAG=cycles-{}", std::process::id());
+    let (key, value) = tag.split_once('=').unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/mini_server.py");
+    let config = format!(
+        "[[mcp.servers]]\nname = \"mini\"\ntransport = \"stdio\"\ncommand = \"{}\"\nargs = [\"{}\"]\nenv = {{ {key} = \"{value}\" }}\n",
+        python(),
+        script.display()
+    );
+    let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
+    wait_for_tool(&server, "mini_echo").await;
+
+    for cycle in 0..100 {
+        assert_eq!(server.app.mcp().restart("mini").await, Ok(true));
+        let answer = eventually(Duration::from_secs(10), || async {
+            call(&server, "mini_echo", json!({"text": "ok"})).await.ok()
+        })
+        .await
+        .unwrap_or_else(|| panic!("cycle {cycle}: the restarted server never answered"));
+        assert_eq!(text(&answer), "ok");
+    }
+
+    // One server and its one child remain; everything else was killed and reaped.
+    let settled = eventually(Duration::from_secs(10), || async {
+        (processes_with(&tag).len() == 2 && zombie_children().is_empty()).then_some(())
+    })
+    .await;
+    assert!(
+        settled.is_some(),
+        "live: {:?}, zombies: {:?}",
+        processes_with(&tag),
+        zombie_children()
+    );
+
+    server.stop().await.unwrap();
+    let clean = eventually(Duration::from_secs(10), || async {
+        (processes_with(&tag).is_empty() && zombie_children().is_empty()).then_some(())
+    })
+    .await;
+    assert!(
+        clean.is_some(),
+        "after stop, live: {:?}, zombies: {:?}",
+        processes_with(&tag),
+        zombie_children()
+    );
+}

@@ -37,6 +37,8 @@ pub enum McpMsg {
     Connected {
         /// The running connection.
         connection: Box<Connection>,
+        /// A stdio server's process group, killed when the connection ends.
+        group: Option<ProcessGroupGuard>,
         /// The server's tools.
         tools: Vec<Tool>,
     },
@@ -79,7 +81,9 @@ pub struct McpClientState {
     generation: u64,
     connecting: bool,
     failures: u32,
-    close: Option<rmcp::service::RunningServiceCancellationToken>,
+    /// Dropping it closes the current connection. It lives in the state so that however
+    /// the actor ends (stop, crash, kill), the connection and its child process end too.
+    connection: Option<tokio_util::sync::DropGuard>,
 }
 
 impl McpClientActor {
@@ -131,13 +135,26 @@ impl McpClientActor {
     }
 }
 
+/// Kills a stdio server's whole process group when dropped. A server that exits by itself
+/// (rmcp closes stdio servers gracefully) would otherwise leave its own children behind.
+pub struct ProcessGroupGuard(i32);
+
+impl Drop for ProcessGroupGuard {
+    fn drop(&mut self) {
+        // ESRCH (nothing left in the group) is the usual, harmless outcome.
+        let group = nix::unistd::Pid::from_raw(self.0);
+        let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
 /// Opens the connection: transport, `initialize`, then every page of `tools/list`.
 async fn connect(
     shared: Arc<ServerShared>,
     actor: ActorRef<McpMsg>,
-) -> Result<(Connection, Vec<Tool>), String> {
+) -> Result<(Connection, Option<ProcessGroupGuard>, Vec<Tool>), String> {
     let handler = McpClientHandler { shared: shared.clone(), actor };
     let config = &shared.config;
+    let mut group = None;
     let connection = match &config.transport {
         McpTransport::Stdio { command, args, env, cwd } => {
             let mut cmd = tokio::process::Command::new(command);
@@ -153,6 +170,9 @@ async fn connect(
                 .stderr(Stdio::piped())
                 .spawn()
                 .map_err(|e| format!("cannot start {}: {e}", command.display()))?;
+            // The child leads its own process group (ProcessGroup::leader), so its pid is
+            // the group id.
+            group = transport.id().and_then(|pid| i32::try_from(pid).ok()).map(ProcessGroupGuard);
             if let Some(stderr) = stderr {
                 let server = config.name.clone();
                 tokio::spawn(async move {
@@ -180,7 +200,7 @@ async fn connect(
         }
     };
     let tools = connection.list_all_tools().await.map_err(|e| format!("tools/list failed: {e}"))?;
-    Ok((connection, tools))
+    Ok((connection, group, tools))
 }
 
 /// Pings the server every `interval` while connection `generation` lives; a ping that
@@ -237,9 +257,8 @@ impl Actor for McpClientActor {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         self.shared.peer.store(None);
-        if let Some(close) = state.close.take() {
-            close.cancel();
-        }
+        self.shared.lost.load().cancel();
+        state.connection = None;
         let update = SourceUpdate { source: self.source(), tools: vec![], toolkits: vec![] };
         let _ = self.registry.replace_source(update).await;
         Ok(())
@@ -265,8 +284,8 @@ impl Actor for McpClientActor {
                 tokio::spawn(async move {
                     let message =
                         match tokio::time::timeout(limit, connect(shared, actor.clone())).await {
-                            Ok(Ok((connection, tools))) => {
-                                McpMsg::Connected { connection: Box::new(connection), tools }
+                            Ok(Ok((connection, group, tools))) => {
+                                McpMsg::Connected { connection: Box::new(connection), group, tools }
                             }
                             Ok(Err(reason)) => McpMsg::ConnectFailed { reason },
                             Err(_) => McpMsg::ConnectFailed {
@@ -276,7 +295,7 @@ impl Actor for McpClientActor {
                     let _ = actor.cast(message);
                 });
             }
-            McpMsg::Connected { connection, tools } => {
+            McpMsg::Connected { connection, group, tools } => {
                 state.connecting = false;
                 state.failures = 0;
                 state.generation += 1;
@@ -286,20 +305,24 @@ impl Actor for McpClientActor {
                 let peer = connection.peer().clone();
                 self.shared.peer.store(Some(Arc::new(peer.clone())));
                 self.shared.lost.store(Arc::new(CancellationToken::new()));
-                state.close = Some(connection.cancellation_token());
+                let close = CancellationToken::new();
+                state.connection = Some(close.clone().drop_guard());
                 if let Some(interval) = self.shared.config.ping_interval {
-                    tokio::spawn(probe(
-                        peer,
-                        interval,
-                        CancellationToken::clone(&self.shared.lost.load()),
-                        myself.clone(),
-                        generation,
-                    ));
+                    let lost = CancellationToken::clone(&self.shared.lost.load());
+                    tokio::spawn(probe(peer, interval, lost, myself.clone(), generation));
                 }
                 let actor = myself.clone();
                 tokio::spawn(async move {
-                    let reason = describe(connection.waiting().await);
-                    let _ = actor.cast(McpMsg::Disconnected { generation, reason });
+                    let _group = group;
+                    tokio::select! {
+                        reason = connection.waiting() => {
+                            let reason = describe(reason);
+                            let _ = actor.cast(McpMsg::Disconnected { generation, reason });
+                        }
+                        // Dropping the connection closes its transport and kills a stdio
+                        // server's process group.
+                        () = close.cancelled() => {}
+                    }
                 });
                 self.publish(tools).await;
                 self.shared.set_health(ServerHealth::Healthy);
@@ -333,9 +356,7 @@ impl Actor for McpClientActor {
                 }
                 self.shared.peer.store(None);
                 self.shared.lost.load().cancel();
-                if let Some(close) = state.close.take() {
-                    close.cancel();
-                }
+                state.connection = None;
                 warn!(server, %reason, "mcp server disconnected; its calls fail with UNAVAILABLE until it is back");
                 self.shared.set_health(ServerHealth::Unhealthy { reason });
                 self.schedule_reconnect(&myself, state);

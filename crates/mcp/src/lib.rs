@@ -25,7 +25,7 @@ mod manager;
 mod naming;
 mod shared;
 
-pub use actor::{McpClientActor, McpClientState, McpMsg};
+pub use actor::{McpClientActor, McpClientState, McpMsg, ProcessGroupGuard};
 pub use handler::McpClientHandler;
 pub use manager::{McpManager, McpSupervisorActor, McpSupervisorMsg, McpSupervisorState};
 pub use naming::publish_name;

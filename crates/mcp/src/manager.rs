@@ -24,6 +24,13 @@ pub enum McpSupervisorMsg {
         /// Done.
         reply: RpcReplyPort<()>,
     },
+    /// Ends a server's actor abruptly, as a crash would; the supervisor starts a new one.
+    Restart {
+        /// The server.
+        server: String,
+        /// Whether such a server runs.
+        reply: RpcReplyPort<bool>,
+    },
 }
 
 /// Supervises one [`McpClientActor`] per configured server and restarts any that fails.
@@ -139,6 +146,13 @@ impl Actor for McpSupervisorActor {
                 self.changed.notify_one();
                 let _ = reply.send(());
             }
+            McpSupervisorMsg::Restart { server, reply } => {
+                let actor = state.actors.get(&server);
+                if let Some(actor) = actor {
+                    actor.kill();
+                }
+                let _ = reply.send(actor.is_some());
+            }
         }
         Ok(())
     }
@@ -151,14 +165,22 @@ impl Actor for McpSupervisorActor {
         event: SupervisionEvent,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        if let SupervisionEvent::ActorFailed(cell, reason) = event
-            && let Some(name) = self.name_of(state, &cell)
-        {
-            error!(server = %name, %reason, "mcp client actor failed; restarting it");
+        // A server actor that ends while still registered did not end on our request
+        // (stop_server unregisters first): it crashed or was killed. Start a fresh one.
+        let (cell, reason) = match event {
+            SupervisionEvent::ActorFailed(cell, reason) => (cell, reason.to_string()),
+            SupervisionEvent::ActorTerminated(cell, _, reason) => {
+                (cell, reason.unwrap_or_default())
+            }
+            _ => return Ok(()),
+        };
+        if let Some(name) = self.name_of(state, &cell) {
+            error!(server = %name, %reason, "mcp client actor ended unexpectedly; restarting it");
             state.actors.remove(&name);
             let shared = self.servers().remove(&name);
             if let Some(shared) = shared {
                 shared.peer.store(None);
+                shared.lost.load().cancel();
                 let fresh = ServerShared::new(shared.config.clone(), self.changed.clone());
                 self.start_server(&myself, state, fresh).await;
             }
@@ -215,6 +237,25 @@ impl McpManager {
             .iter()
             .map(|(name, shared)| (name.clone(), (**shared.health.load()).clone()))
             .collect()
+    }
+
+    /// Ends a server's actor abruptly, as a crash would: its connection and child process go
+    /// with it, and the supervisor starts a fresh actor that reconnects. Returns whether
+    /// such a server runs.
+    pub async fn restart(&self, server: &str) -> Result<bool, String> {
+        let server = server.to_owned();
+        match self
+            .actor
+            .call(
+                |reply| McpSupervisorMsg::Restart { server, reply },
+                Some(Duration::from_secs(10)),
+            )
+            .await
+        {
+            Ok(CallResult::Success(found)) => Ok(found),
+            Ok(CallResult::Timeout) => Err("the mcp supervisor did not answer in time".into()),
+            Ok(CallResult::SenderError) | Err(_) => Err("the mcp supervisor is gone".into()),
+        }
     }
 
     /// Waits until some server's health changes, or servers are added or removed.
