@@ -147,6 +147,7 @@ async fn everything_server_over_stdio() {
     );
     let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
     exercise_everything(&server, "everything").await;
+    assert_eq!(server.app.mcp().protocol("everything").as_deref(), Some("2025-11-25"));
 }
 
 /// `mcp-server-everything streamableHttp` on a free port; killed on drop.
@@ -249,6 +250,7 @@ env = {{ TOOLMESH_TEST_MARKER = "{}" }}
     );
     let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
     wait_for_tool(&server, "py_add").await;
+    assert_eq!(server.app.mcp().protocol("py").as_deref(), Some("2026-07-28"), "server/discover");
 
     let sum = call(&server, "py_add", json!({"a": 20, "b": 22})).await.unwrap();
     assert!(!sum.is_error);
@@ -469,6 +471,7 @@ async fn a_hundred_actor_crashes_leave_no_zombies_or_orphans() {
     );
     let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
     wait_for_tool(&server, "mini_echo").await;
+    assert_eq!(server.app.mcp().protocol("mini").as_deref(), Some("2025-06-18"));
 
     for cycle in 0..100 {
         assert_eq!(server.app.mcp().restart("mini").await, Ok(true));
@@ -503,4 +506,44 @@ async fn a_hundred_actor_crashes_leave_no_zombies_or_orphans() {
         processes_with(&tag),
         zombie_children()
     );
+}
+
+#[tokio::test]
+async fn reload_starts_and_stops_only_the_servers_that_changed() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/mini_server.py");
+    let entry = |name: &str| {
+        format!(
+            "[[mcp.servers]]\nname = \"{name}\"\ntransport = \"stdio\"\ncommand = \"{}\"\nargs = [\"{}\"]\nenv = {{ TOOLMESH_TEST_TAG = \"reload-{name}-{}\" }}\n",
+            python(),
+            script.display(),
+            std::process::id()
+        )
+    };
+    let tag = |name: &str| format!("TOOLMESH_TEST_TAG=reload-{name}-{}", std::process::id());
+    let server = TestServer::start(&entry("a"), AppOptions::default()).await.unwrap();
+    wait_for_tool(&server, "a_echo").await;
+    let a_before = processes_with(&tag("a"));
+    assert_eq!(a_before.len(), 2, "server a and its child");
+
+    server
+        .app
+        .reload(&TestServer::config(&format!("{}{}", entry("a"), entry("b"))).unwrap())
+        .await
+        .unwrap();
+    wait_for_tool(&server, "b_echo").await;
+    assert_eq!(processes_with(&tag("a")), a_before, "server a was left alone");
+    let b_before = processes_with(&tag("b"));
+
+    server.app.reload(&TestServer::config(&entry("b")).unwrap()).await.unwrap();
+    let names: Vec<String> = tools(&server).await.into_iter().map(|t| t.name).collect();
+    assert!(
+        !names.contains(&"a_echo".to_owned()) && names.contains(&"b_echo".to_owned()),
+        "{names:?}"
+    );
+    let gone = eventually(Duration::from_secs(10), || async {
+        processes_with(&tag("a")).is_empty().then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "server a's processes are gone");
+    assert_eq!(processes_with(&tag("b")), b_before, "server b was left alone");
 }

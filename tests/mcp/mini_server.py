@@ -1,5 +1,7 @@
 """A minimal MCP server over stdio, in plain JSON-RPC (no SDK, so it starts in tens of
-milliseconds): tools/list offers `echo`; it answers initialize, ping and tools/call.
+milliseconds): tools/list offers `echo`; it answers initialize, ping and tools/call. It
+speaks protocol 2025-06-18 only (or $MINI_PROTOCOL), as an older server would: whatever
+version the client asks for, initialize answers with that one.
 
 At start it also launches `sleep 600` as its own child, so that tests can check that the
 server's whole process group goes away with it.
@@ -7,7 +9,10 @@ server's whole process group goes away with it.
 
 import json
 import subprocess
+import os
 import sys
+
+PROTOCOL = os.environ.get("MINI_PROTOCOL", "2025-06-18")
 
 subprocess.Popen(["sleep", "600"])
 
@@ -31,7 +36,7 @@ for line in sys.stdin:
         continue
     if method == "initialize":
         result = {
-            "protocolVersion": message["params"]["protocolVersion"],
+            "protocolVersion": PROTOCOL,
             "capabilities": {"tools": {}},
             "serverInfo": {"name": "mini", "version": "1.0.0"},
         }

@@ -2,8 +2,11 @@ use std::{process::Stdio, sync::Arc, time::Duration};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use rmcp::{
-    RoleClient, ServiceExt,
-    model::{ClientRequest, PingRequest, Tool},
+    ClientServiceExt, RoleClient,
+    model::{
+        ClientRequest, PingRequest, ProtocolVersion, ServerNotification, SubscriptionFilter, Tool,
+    },
+    service::ClientLifecycleMode,
     service::{QuitReason, RunningService},
     transport::{
         StreamableHttpClientTransport, TokioChildProcess,
@@ -135,6 +138,44 @@ impl McpClientActor {
     }
 }
 
+/// Speaks 2026-07-28 (`server/discover`) with servers that offer it and falls back to the
+/// `initialize` handshake (2025-11-25, 2025-06-18, ...) with the others.
+fn lifecycle() -> ClientLifecycleMode {
+    ClientLifecycleMode::Auto {
+        preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+        legacy_version: None,
+    }
+}
+
+/// Follows tool-list changes on a 2026-07-28 session, where they arrive on a
+/// `subscriptions/listen` stream instead of as plain notifications.
+async fn follow_tool_list(
+    peer: rmcp::service::Peer<RoleClient>,
+    actor: ActorRef<McpMsg>,
+    lost: CancellationToken,
+) {
+    let filter = SubscriptionFilter::builder().tools_list_changed().build();
+    let mut subscription = match peer.listen(filter).await {
+        Ok(subscription) => subscription,
+        Err(error) => {
+            debug!(%error, "subscriptions/listen is not available");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            () = lost.cancelled() => return,
+            next = subscription.next() => match next {
+                Ok(Some(ServerNotification::ToolListChangedNotification(_))) => {
+                    let _ = actor.cast(McpMsg::ToolsChanged);
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => return,
+            },
+        }
+    }
+}
+
 /// Kills a stdio server's whole process group when dropped. A server that exits by itself
 /// (rmcp closes stdio servers gracefully) would otherwise leave its own children behind.
 pub struct ProcessGroupGuard(i32);
@@ -182,7 +223,10 @@ async fn connect(
                     }
                 });
             }
-            handler.serve(transport).await.map_err(|e| format!("initialize failed: {e}"))?
+            handler
+                .serve_with_lifecycle(transport, lifecycle())
+                .await
+                .map_err(|e| format!("initialize failed: {e}"))?
         }
         McpTransport::StreamableHttp { url, headers, .. } => {
             let mut http = StreamableHttpClientTransportConfig::with_uri(url.clone());
@@ -193,7 +237,10 @@ async fn connect(
             }
             http.max_concurrent_requests = 256;
             let transport = StreamableHttpClientTransport::from_config(http);
-            handler.serve(transport).await.map_err(|e| format!("initialize failed: {e}"))?
+            handler
+                .serve_with_lifecycle(transport, lifecycle())
+                .await
+                .map_err(|e| format!("initialize failed: {e}"))?
         }
         McpTransport::Sse { .. } => {
             return Err("the legacy HTTP+SSE transport is not supported yet".into());
@@ -300,13 +347,26 @@ impl Actor for McpClientActor {
                 state.failures = 0;
                 state.generation += 1;
                 let generation = state.generation;
-                let protocol = connection.peer_info().map(|i| format!("{:?}", i.protocol_version));
-                info!(server, tools = tools.len(), protocol = ?protocol, "mcp server connected");
+                let protocol = connection.peer_info().map(|i| i.protocol_version.to_string());
+                info!(
+                    server,
+                    tools = tools.len(),
+                    protocol = protocol.as_deref().unwrap_or("?"),
+                    "mcp server connected"
+                );
+                self.shared.protocol.store(protocol.map(Arc::new));
                 let peer = connection.peer().clone();
+                let modern = connection
+                    .peer_info()
+                    .is_some_and(|info| info.protocol_version >= ProtocolVersion::V_2026_07_28);
                 self.shared.peer.store(Some(Arc::new(peer.clone())));
                 self.shared.lost.store(Arc::new(CancellationToken::new()));
                 let close = CancellationToken::new();
                 state.connection = Some(close.clone().drop_guard());
+                if modern {
+                    let lost = CancellationToken::clone(&self.shared.lost.load());
+                    tokio::spawn(follow_tool_list(peer.clone(), myself.clone(), lost));
+                }
                 if let Some(interval) = self.shared.config.ping_interval {
                     let lost = CancellationToken::clone(&self.shared.lost.load());
                     tokio::spawn(probe(peer, interval, lost, myself.clone(), generation));

@@ -239,6 +239,12 @@ impl McpManager {
             .collect()
     }
 
+    /// Returns the protocol version negotiated with `server`, while connected.
+    pub fn protocol(&self, server: &str) -> Option<String> {
+        let servers = self.servers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        servers.get(server).and_then(|s| s.protocol.load_full()).map(|p| (*p).clone())
+    }
+
     /// Ends a server's actor abruptly, as a crash would: its connection and child process go
     /// with it, and the supervisor starts a fresh actor that reconnects. Returns whether
     /// such a server runs.

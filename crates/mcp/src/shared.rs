@@ -34,6 +34,8 @@ pub(crate) struct ServerShared {
     /// since a transport may never answer a request whose server died.
     pub(crate) lost: ArcSwap<CancellationToken>,
     pub(crate) health: ArcSwap<ServerHealth>,
+    /// The protocol version negotiated on the current connection.
+    pub(crate) protocol: ArcSwapOption<String>,
     pub(crate) since: ArcSwap<Instant>,
     /// Where each running call's progress goes, by the progress token of its request.
     pub(crate) progress: Mutex<HashMap<ProgressToken, EventSink>>,
@@ -48,6 +50,7 @@ impl ServerShared {
             peer: ArcSwapOption::empty(),
             lost: ArcSwap::from_pointee(CancellationToken::new()),
             health: ArcSwap::from_pointee(ServerHealth::Connecting),
+            protocol: ArcSwapOption::empty(),
             since: ArcSwap::from_pointee(Instant::now()),
             progress: Mutex::new(HashMap::new()),
             changed,
