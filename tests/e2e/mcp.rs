@@ -158,8 +158,13 @@ struct HttpEverything {
 
 impl HttpEverything {
     async fn start(port: u16) -> Self {
+        Self::start_mode("streamableHttp", "listening on port", port).await
+    }
+
+    /// Starts the server in `mode`, waiting for `ready` on its stderr.
+    async fn start_mode(mode: &str, ready: &'static str, port: u16) -> Self {
         let mut child = tokio::process::Command::new(EVERYTHING)
-            .arg("streamableHttp")
+            .arg(mode)
             .env("PORT", port.to_string())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -169,14 +174,14 @@ impl HttpEverything {
         let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
         let ready = tokio::time::timeout(Duration::from_secs(30), async {
             while let Ok(Some(line)) = lines.next_line().await {
-                if line.contains("listening on port") {
+                if line.contains(ready) {
                     return true;
                 }
             }
             false
         })
         .await;
-        assert_eq!(ready, Ok(true), "the streamable HTTP server started");
+        assert_eq!(ready, Ok(true), "the {mode} server started");
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         HttpEverything { child, port }
     }
@@ -546,4 +551,22 @@ async fn reload_starts_and_stops_only_the_servers_that_changed() {
     .await;
     assert!(gone.is_some(), "server a's processes are gone");
     assert_eq!(processes_with(&tag("b")), b_before, "server b was left alone");
+}
+
+#[tokio::test]
+async fn everything_server_over_legacy_sse_and_the_http_fallback() {
+    let upstream =
+        HttpEverything::start_mode("sse", "Server is running on port", free_port()).await;
+    let url = format!("http://127.0.0.1:{}/sse", upstream.port);
+    let config = format!(
+        "[[mcp.servers]]\nname = \"legacy\"\ntransport = \"sse\"\nurl = \"{url}\"\n\n[[mcp.servers]]\nname = \"auto\"\ntransport = \"http\"\nurl = \"{url}\"\n"
+    );
+    let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
+    exercise_everything(&server, "legacy").await;
+    // `http` tries streamable HTTP first; this server answers only SSE, so it falls back.
+    wait_for_tool(&server, "auto_echo").await;
+    assert_eq!(
+        text(&call(&server, "auto_echo", json!({"message": "via fallback"})).await.unwrap()),
+        "Echo: via fallback"
+    );
 }

@@ -22,7 +22,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::{
     ServerHealth, backend::McpBackend, convert, handler::McpClientHandler, naming::publish_name,
-    shared::ServerShared,
+    shared::ServerShared, sse::SseClientTransport,
 };
 
 /// First reconnect delay; doubled after every failed attempt up to [`BACKOFF_CAP`].
@@ -176,6 +176,20 @@ async fn follow_tool_list(
     }
 }
 
+/// Connects over the legacy HTTP+SSE transport; such servers predate `server/discover`, so
+/// the `initialize` handshake is used directly.
+async fn connect_sse(
+    handler: McpClientHandler,
+    url: &str,
+    headers: &std::collections::BTreeMap<String, String>,
+) -> Result<Connection, String> {
+    let transport = SseClientTransport::connect(url, headers).await.map_err(|e| e.to_string())?;
+    handler
+        .serve_with_lifecycle(transport, ClientLifecycleMode::Initialize)
+        .await
+        .map_err(|e| format!("initialize failed: {e}"))
+}
+
 /// Kills a stdio server's whole process group when dropped. A server that exits by itself
 /// (rmcp closes stdio servers gracefully) would otherwise leave its own children behind.
 pub struct ProcessGroupGuard(i32);
@@ -193,6 +207,7 @@ async fn connect(
     shared: Arc<ServerShared>,
     actor: ActorRef<McpMsg>,
 ) -> Result<(Connection, Option<ProcessGroupGuard>, Vec<Tool>), String> {
+    let fallback_actor = actor.clone();
     let handler = McpClientHandler { shared: shared.clone(), actor };
     let config = &shared.config;
     let mut group = None;
@@ -228,7 +243,7 @@ async fn connect(
                 .await
                 .map_err(|e| format!("initialize failed: {e}"))?
         }
-        McpTransport::StreamableHttp { url, headers, .. } => {
+        McpTransport::StreamableHttp { url, headers, sse_fallback } => {
             let mut http = StreamableHttpClientTransportConfig::with_uri(url.clone());
             for (name, value) in headers {
                 let name = name.parse().map_err(|e| format!("header {name}: {e}"))?;
@@ -237,14 +252,20 @@ async fn connect(
             }
             http.max_concurrent_requests = 256;
             let transport = StreamableHttpClientTransport::from_config(http);
-            handler
-                .serve_with_lifecycle(transport, lifecycle())
-                .await
-                .map_err(|e| format!("initialize failed: {e}"))?
+            match handler.serve_with_lifecycle(transport, lifecycle()).await {
+                Ok(connection) => connection,
+                Err(error) if *sse_fallback => {
+                    debug!(server = %config.name, %error, "streamable HTTP failed; trying legacy SSE");
+                    let handler =
+                        McpClientHandler { shared: shared.clone(), actor: fallback_actor };
+                    connect_sse(handler, url, headers).await.map_err(|sse| {
+                        format!("streamable HTTP failed ({error}); legacy SSE failed too ({sse})")
+                    })?
+                }
+                Err(error) => return Err(format!("initialize failed: {error}")),
+            }
         }
-        McpTransport::Sse { .. } => {
-            return Err("the legacy HTTP+SSE transport is not supported yet".into());
-        }
+        McpTransport::Sse { url, headers } => connect_sse(handler, url, headers).await?,
     };
     let tools = connection.list_all_tools().await.map_err(|e| format!("tools/list failed: {e}"))?;
     Ok((connection, group, tools))

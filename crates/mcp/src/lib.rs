@@ -6,6 +6,9 @@
 //!  └── McpClientActor "search"     ── one connection
 //! ```
 //!
+//! Transports: stdio, streamable HTTP, and legacy HTTP+SSE ([`SseClientTransport`]); a
+//! server of type `http` is tried with streamable HTTP first, then SSE.
+//!
 //! Each [`McpClientActor`] owns one rmcp client connection: it initializes, lists every
 //! page of tools, publishes them (as `<server>_<tool>` unless `prefix = "none"`), follows
 //! `tools/list_changed`, and reconnects with capped exponential backoff when the connection
@@ -24,9 +27,11 @@ mod handler;
 mod manager;
 mod naming;
 mod shared;
+mod sse;
 
 pub use actor::{McpClientActor, McpClientState, McpMsg, ProcessGroupGuard};
 pub use handler::McpClientHandler;
 pub use manager::{McpManager, McpSupervisorActor, McpSupervisorMsg, McpSupervisorState};
 pub use naming::publish_name;
 pub use shared::ServerHealth;
+pub use sse::{SseClientTransport, SseError};
