@@ -12,9 +12,9 @@ use tonic::Code;
 use toolmesh::AppOptions;
 use toolmesh_e2e::{TestServer, eventually, process_alive, text};
 use toolmesh_proto::v1::{
-    CallToolClientMessage, CallToolRequest, CallToolResponse, CancelCall, ListToolsRequest,
-    SourceKind, Tool, call_tool_client_message, call_tool_server_message::Message,
-    content_part::Part,
+    CallToolClientMessage, CallToolRequest, CallToolResponse, CancelCall, ElicitationAction,
+    ElicitationAnswer, ListToolsRequest, SourceKind, Tool, call_tool_client_message,
+    call_tool_server_message::Message, content_part::Part,
 };
 
 const EVERYTHING: &str = "mcp-server-everything";
@@ -138,6 +138,67 @@ async fn exercise_everything(server: &TestServer, prefix: &str) {
         [(1.0, Some(4.0)), (2.0, Some(4.0)), (3.0, Some(4.0)), (4.0, Some(4.0))]
     );
     assert!(matches!(messages.last(), Some(Message::Result(r)) if text(r).contains("completed")));
+
+    // Elicitation: the server's question reaches the caller, and the answer gets back.
+    let elicit = format!("{prefix}_trigger-elicitation-request");
+    wait_for_tool(server, &elicit).await;
+    let content = json!({"name": "Ada Lovelace", "check": true});
+    let accepted = answer_elicitation(server, &elicit, ElicitationAction::Accept, content).await;
+    assert!(
+        accepted.contains("Name: Ada Lovelace") && accepted.contains("Agreed to terms: true"),
+        "{accepted}"
+    );
+    let declined = answer_elicitation(server, &elicit, ElicitationAction::Decline, json!({})).await;
+    assert!(declined.contains("declined"), "{declined}");
+    // A unary call cannot answer: the question is answered `cancel`, nothing blocks.
+    let unary = call(server, &elicit, json!({})).await.unwrap();
+    assert!(text(&unary).contains("cancelled"), "{}", text(&unary));
+}
+
+/// Calls `tool` over StreamCallTool, answers its one elicitation (whose schema asks for a
+/// string `name`) with `action` and `content`, and returns the result's text.
+async fn answer_elicitation(
+    server: &TestServer,
+    tool: &str,
+    action: ElicitationAction,
+    content: Value,
+) -> String {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let start = call_tool_client_message::Message::Start(CallToolRequest {
+        name: tool.into(),
+        ..Default::default()
+    });
+    tx.send(CallToolClientMessage { message: Some(start) }).await.unwrap();
+    let mut client = server.client().await;
+    let mut responses = client
+        .stream_call_tool(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut asked = false;
+    while let Some(message) = responses.message().await.unwrap() {
+        match message.message.unwrap() {
+            Message::Elicitation(question) => {
+                assert!(!question.message.is_empty());
+                let schema: Value = serde_json::from_str(&question.requested_schema_json).unwrap();
+                assert_eq!(schema["properties"]["name"]["type"], "string", "{schema}");
+                let answer = ElicitationAnswer {
+                    elicitation_id: question.elicitation_id,
+                    action: action.into(),
+                    content_json: content.to_string(),
+                };
+                let answer = call_tool_client_message::Message::ElicitationAnswer(answer);
+                tx.send(CallToolClientMessage { message: Some(answer) }).await.unwrap();
+                asked = true;
+            }
+            Message::Result(result) => {
+                assert!(asked, "the question came before the result");
+                return text(&result);
+            }
+            _ => {}
+        }
+    }
+    panic!("no result")
 }
 
 #[tokio::test]
@@ -297,6 +358,17 @@ env = {{ TOOLMESH_TEST_MARKER = "{}" }}
     })
     .await
     .expect("the server saw the cancellation");
+
+    // Elicitation on a 2026-07-28 session (an input round of tools/call).
+    let hello =
+        answer_elicitation(&server, "py_ask", ElicitationAction::Accept, json!({"name": "Grace"}))
+            .await;
+    assert_eq!(hello, "hello Grace");
+    let declined =
+        answer_elicitation(&server, "py_ask", ElicitationAction::Decline, json!({})).await;
+    assert!(declined.contains("decline"), "{declined}");
+    let unary = call(&server, "py_ask", json!({})).await.unwrap();
+    assert!(text(&unary).contains("cancel"), "{}", text(&unary));
 
     // tools/list_changed: the new tool is published without a restart.
     assert!(!tools(&server).await.iter().any(|t| t.name == "py_extra"));

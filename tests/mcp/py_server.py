@@ -5,6 +5,7 @@ Tools:
 - slow(steps): reports progress `steps` times, 50 ms apart; appends "cancelled" to the
   file named by $TOOLMESH_TEST_MARKER when the call is cancelled;
 - grow(): registers a tool `extra` and tells the client that the tool list changed;
+- ask(): asks the caller for a name (an elicitation);
 - trace(): the W3C traceparent that arrived in the request's `_meta`;
 - fail(): a tool-level error (isError).
 """
@@ -12,7 +13,10 @@ Tools:
 import asyncio
 import os
 
-from mcp.server.mcpserver import Context, MCPServer
+from typing import Annotated
+
+from mcp.server.mcpserver import Context, Elicit, ElicitationResult, MCPServer, Resolve
+from pydantic import BaseModel
 
 server = MCPServer("toolmesh-test-python")
 
@@ -65,6 +69,23 @@ def trace(ctx: Context) -> str:
         return str(meta.get("traceparent", ""))
     extra = getattr(meta, "model_extra", None) or {}
     return str(extra.get("traceparent", getattr(meta, "traceparent", "")) or "")
+
+
+class Name(BaseModel):
+    name: str
+
+
+def ask_name() -> Elicit[Name]:
+    return Elicit("What is your name?", Name)
+
+
+@server.tool()
+async def ask(answer: Annotated[ElicitationResult[Name], Resolve(ask_name)]) -> str:
+    """Asks the person for their name (an input round on 2026-07-28, elicitation/create
+    on older protocols)."""
+    if answer.action == "accept":
+        return f"hello {answer.data.name}"
+    return f"no name ({answer.action})"
 
 
 @server.tool()

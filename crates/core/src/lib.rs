@@ -17,7 +17,9 @@ mod error;
 mod tool;
 
 pub use backend::Backend;
-pub use call::{CallContext, CallEvent, EventSink};
+pub use call::{
+    CallContext, CallEvent, Elicitation, ElicitationAnswer, ElicitationPrompt, EventSink,
+};
 pub use content::{ContentPart, ToolOutput};
 pub use error::{BackendError, ErrorCode};
 pub use tool::{

@@ -4,7 +4,8 @@ use rmcp::{
     RoleClient, ServiceError,
     model::{
         CallToolRequest, CallToolRequestParams, CancelledNotificationParam, ClientRequest,
-        ErrorCode as McpErrorCode, RequestId, RequestMetaObject, ServerResult,
+        ErrorCode as McpErrorCode, InputRequest, InputResponses, RequestId, RequestMetaObject,
+        ServerResult,
     },
     service::{Peer, PeerRequestOptions},
 };
@@ -78,15 +79,95 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// Removes a call's progress route when the call ends, however it ends.
-struct ProgressRoute<'a> {
+/// Removes a call's routes (progress, server requests) when the call ends, however it ends.
+struct CallRoutes<'a> {
     shared: &'a ServerShared,
     token: rmcp::model::ProgressToken,
+    id: RequestId,
 }
 
-impl Drop for ProgressRoute<'_> {
+impl Drop for CallRoutes<'_> {
     fn drop(&mut self) {
         self.shared.progress_sinks().remove(&self.token);
+        self.shared.inflight_calls().remove(&self.id);
+    }
+}
+
+/// Input rounds (2026-07-28 `InputRequiredResult`) one call may take.
+const MAX_INPUT_ROUNDS: usize = 8;
+
+impl McpBackend {
+    /// Sends one `tools/call` and waits for its answer, with progress routed to the caller,
+    /// `notifications/cancelled` on cancellation or drop, and UNAVAILABLE if the
+    /// connection is lost meanwhile.
+    async fn round(
+        &self,
+        peer: &Peer<RoleClient>,
+        params: CallToolRequestParams,
+        ctx: &CallContext,
+        lost: &tokio_util::sync::CancellationToken,
+    ) -> Result<ServerResult, BackendError> {
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+        // The W3C trace context rides in `params._meta`, so the server's spans join the
+        // caller's trace.
+        let mut meta = RequestMetaObject::default();
+        for (key, value) in toolmesh_telemetry::context_headers(&tracing::Span::current()) {
+            meta.0.0.insert(key, Value::String(value));
+        }
+        let mut options = PeerRequestOptions::default();
+        options.meta = Some(meta);
+        let handle =
+            peer.send_request_with_option(request, options).await.map_err(|e| self.map_error(e))?;
+        tracing::Span::current().record("jsonrpc.request.id", tracing::field::display(&handle.id));
+        self.shared.progress_sinks().insert(handle.progress_token.clone(), ctx.events.clone());
+        self.shared.inflight_calls().insert(handle.id.clone(), ctx.events.clone());
+        let _routes = CallRoutes {
+            shared: &self.shared,
+            token: handle.progress_token.clone(),
+            id: handle.id.clone(),
+        };
+        let mut cancel = CancelOnDrop {
+            peer: peer.clone(),
+            id: Some(handle.id.clone()),
+            reason: "the caller cancelled",
+        };
+        let response = tokio::select! {
+            biased;
+            () = ctx.cancel.cancelled() => return Err(BackendError::Cancelled),
+            () = lost.cancelled() => {
+                cancel.id = None;
+                return Err(self.unavailable("the connection was lost during the call".into()));
+            }
+            response = handle.await_response() => response,
+        };
+        cancel.id = None;
+        response.map_err(|e| self.map_error(e))
+    }
+
+    /// Answers one input request of a 2026-07-28 server through the caller.
+    async fn answer(
+        &self,
+        request: InputRequest,
+        ctx: &CallContext,
+    ) -> Result<Value, BackendError> {
+        match request {
+            InputRequest::Elicitation(request) => {
+                let answer = match convert::elicitation(request.params) {
+                    Some(question) => ctx.events.elicit(question, self.shared.config.timeout).await,
+                    None => toolmesh_core::ElicitationAnswer::Cancel,
+                };
+                serde_json::to_value(convert::elicit_result(answer))
+                    .map_err(|e| BackendError::Internal(e.to_string()))
+            }
+            InputRequest::ListRoots(_) => Ok(serde_json::json!({ "roots": [] })),
+            other => Err(BackendError::Remote {
+                code: ErrorCode::FailedPrecondition,
+                message: format!(
+                    "mcp server {} asked for input toolmesh does not provide (sampling): {other:?}",
+                    self.shared.name()
+                ),
+            }),
+        }
     }
 }
 
@@ -140,46 +221,39 @@ impl Backend for McpBackend {
                     )));
                 }
             };
-            let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
-            // The W3C trace context rides in `params._meta`, so the server's spans join the
-            // caller's trace.
-            let mut meta = RequestMetaObject::default();
-            for (key, value) in toolmesh_telemetry::context_headers(&tracing::Span::current()) {
-                meta.0.0.insert(key, Value::String(value));
-            }
-            let mut options = PeerRequestOptions::default();
-            options.meta = Some(meta);
-            let handle = peer
-                .send_request_with_option(request, options)
-                .await
-                .map_err(|e| self.map_error(e))?;
-            tracing::Span::current()
-                .record("jsonrpc.request.id", tracing::field::display(&handle.id));
-            self.shared.progress_sinks().insert(handle.progress_token.clone(), ctx.events.clone());
-            let _route =
-                ProgressRoute { shared: &self.shared, token: handle.progress_token.clone() };
-            let mut cancel = CancelOnDrop {
-                peer: Peer::clone(&peer),
-                id: Some(handle.id.clone()),
-                reason: "the caller cancelled",
-            };
-            let response = tokio::select! {
-                biased;
-                () = ctx.cancel.cancelled() => return Err(BackendError::Cancelled),
-                () = lost.cancelled() => {
-                    cancel.id = None;
-                    return Err(self.unavailable("the connection was lost during the call".into()));
+            // On protocol 2026-07-28 a server asks for input by answering with an
+            // InputRequiredResult; the call is then sent again with the answers.
+            for _ in 0..MAX_INPUT_ROUNDS {
+                match self.round(&peer, params.clone(), &ctx, &lost).await? {
+                    ServerResult::CallToolResult(result) => return Ok(convert::output(result)),
+                    ServerResult::InputRequiredResult(required) => {
+                        if required.input_requests.as_ref().is_none_or(|r| r.is_empty())
+                            && required.request_state.is_none()
+                        {
+                            return Err(BackendError::Internal(format!(
+                                "mcp server {} asked for input without saying what",
+                                self.shared.name()
+                            )));
+                        }
+                        let mut responses = InputResponses::new();
+                        for (key, request) in required.input_requests.unwrap_or_default() {
+                            responses.insert(key, self.answer(request, &ctx).await?);
+                        }
+                        params.input_responses = (!responses.is_empty()).then_some(responses);
+                        params.request_state = required.request_state;
+                    }
+                    other => {
+                        return Err(BackendError::Internal(format!(
+                            "mcp server {} answered tools/call with an unexpected result: {other:?}",
+                            self.shared.name()
+                        )));
+                    }
                 }
-                response = handle.await_response() => response,
-            };
-            cancel.id = None;
-            match response.map_err(|e| self.map_error(e))? {
-                ServerResult::CallToolResult(result) => Ok(convert::output(result)),
-                other => Err(BackendError::Internal(format!(
-                    "mcp server {} answered tools/call with an unexpected result: {other:?}",
-                    self.shared.name()
-                ))),
             }
+            Err(BackendError::Internal(format!(
+                "mcp server {} asked for input more than {MAX_INPUT_ROUNDS} times",
+                self.shared.name()
+            )))
         };
         call.instrument(span).await
     }

@@ -3,9 +3,15 @@
 use std::sync::Arc;
 
 use base64::Engine as _;
-use rmcp::model::{CallToolResult, ContentBlock, ResourceContents, Tool};
+use rmcp::model::{
+    CallToolResult, ContentBlock, ElicitRequestParams, ElicitResult, ElicitationAction,
+    ResourceContents, Tool,
+};
 use serde_json::Value;
-use toolmesh_core::{ContentPart, SourceKind, ToolAnnotations, ToolOutput, ToolSource, ToolSpec};
+use toolmesh_core::{
+    ContentPart, Elicitation, ElicitationAnswer, SourceKind, ToolAnnotations, ToolOutput,
+    ToolSource, ToolSpec,
+};
 
 /// Returns the catalog definition of an MCP tool published as `name`.
 pub(crate) fn spec(
@@ -86,5 +92,33 @@ pub(crate) fn output(result: CallToolResult) -> ToolOutput {
         content: result.content.into_iter().map(content).collect(),
         structured: result.structured_content,
         is_error: result.is_error.unwrap_or(false),
+    }
+}
+
+/// Returns the toolmesh form of an MCP elicitation; `None` for a mode this code does not know.
+pub(crate) fn elicitation(params: ElicitRequestParams) -> Option<Elicitation> {
+    match params {
+        ElicitRequestParams::FormElicitationParams { message, requested_schema, .. } => {
+            Some(Elicitation {
+                message,
+                requested_schema: serde_json::to_value(&requested_schema).unwrap_or_default(),
+                url: None,
+            })
+        }
+        ElicitRequestParams::UrlElicitationParams { message, url, .. } => {
+            Some(Elicitation { message, requested_schema: Value::Null, url: Some(url) })
+        }
+        _ => None,
+    }
+}
+
+/// Returns the MCP form of a caller's answer.
+pub(crate) fn elicit_result(answer: ElicitationAnswer) -> ElicitResult {
+    match answer {
+        ElicitationAnswer::Accept(content) => {
+            ElicitResult::new(ElicitationAction::Accept).with_content(content)
+        }
+        ElicitationAnswer::Decline => ElicitResult::new(ElicitationAction::Decline),
+        ElicitationAnswer::Cancel => ElicitResult::new(ElicitationAction::Cancel),
     }
 }

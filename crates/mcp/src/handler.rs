@@ -5,9 +5,9 @@ use rmcp::{
     ClientHandler, ErrorData, RoleClient,
     model::{
         ClientCapabilities, ClientConfig, ElicitRequestParams, ElicitResult, ElicitationAction,
-        Implementation, ProgressNotificationParam,
+        ElicitationCapability, Implementation, ProgressNotificationParam,
     },
-    service::{NotificationContext, RequestContext},
+    service::{InboundStreamOrigin, NotificationContext, RequestContext},
 };
 use tracing::debug;
 
@@ -20,10 +20,30 @@ pub struct McpClientHandler {
     pub(crate) actor: ActorRef<McpMsg>,
 }
 
+impl McpClientHandler {
+    /// Returns the sink of the call a server request belongs to.
+    fn caller(&self, origin: Option<&InboundStreamOrigin>) -> Option<toolmesh_core::EventSink> {
+        let calls = self.shared.inflight_calls();
+        match origin {
+            Some(InboundStreamOrigin::OutboundRequest(id)) => calls.get(id).cloned(),
+            _ => {
+                let mut able = calls.values().filter(|sink| sink.can_elicit());
+                match (able.next(), able.next()) {
+                    (Some(only), None) => Some(only.clone()),
+                    _ => None,
+                }
+            }
+        }
+    }
+}
+
 impl ClientHandler for McpClientHandler {
     fn get_info(&self) -> ClientConfig {
         let mut info = ClientConfig::default();
-        info.capabilities = ClientCapabilities::default();
+        let mut capabilities = ClientCapabilities::default();
+        // Elicitations are forwarded to callers on StreamCallTool.
+        capabilities.elicitation = Some(ElicitationCapability::new());
+        info.capabilities = capabilities;
         info.client_info = Implementation::new("toolmesh", env!("CARGO_PKG_VERSION"));
         info
     }
@@ -43,12 +63,36 @@ impl ClientHandler for McpClientHandler {
         let _ = self.actor.cast(McpMsg::ToolsChanged);
     }
 
+    /// Forwards the question to the caller of the call it belongs to. Over streamable HTTP
+    /// the transport says which request's stream it arrived on; over stdio and SSE the
+    /// protocol carries no such link, so it goes to the only running call that can answer,
+    /// and is cancelled when that is ambiguous. No answer in time is `cancel`.
     async fn create_elicitation(
         &self,
         request: ElicitRequestParams,
-        _: RequestContext<RoleClient>,
+        context: RequestContext<RoleClient>,
     ) -> Result<ElicitResult, ErrorData> {
-        debug!(server = self.shared.name(), ?request, "elicitation answered with cancel");
-        Ok(ElicitResult::new(ElicitationAction::Cancel))
+        let origin = context.extensions.get::<InboundStreamOrigin>().cloned();
+        // The call registers its request id just after sending; a fast server can ask
+        // before that, so look again for a short while.
+        let mut sink = None;
+        for _ in 0..10 {
+            sink = self.caller(origin.as_ref());
+            if sink.is_some() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let Some(sink) = sink else {
+            debug!(server = self.shared.name(), "elicitation with no caller to answer it: cancel");
+            return Ok(ElicitResult::new(ElicitationAction::Cancel));
+        };
+        let Some(elicitation) = crate::convert::elicitation(request) else {
+            debug!(server = self.shared.name(), "unknown elicitation mode: cancel");
+            return Ok(ElicitResult::new(ElicitationAction::Cancel));
+        };
+        Ok(crate::convert::elicit_result(
+            sink.elicit(elicitation, self.shared.config.timeout).await,
+        ))
     }
 }

@@ -5,7 +5,11 @@ use std::{
 };
 
 use arc_swap::{ArcSwap, ArcSwapOption};
-use rmcp::{RoleClient, model::ProgressToken, service::Peer};
+use rmcp::{
+    RoleClient,
+    model::{ProgressToken, RequestId},
+    service::Peer,
+};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use toolmesh_config::McpServerConfig;
@@ -39,6 +43,9 @@ pub(crate) struct ServerShared {
     pub(crate) since: ArcSwap<Instant>,
     /// Where each running call's progress goes, by the progress token of its request.
     pub(crate) progress: Mutex<HashMap<ProgressToken, EventSink>>,
+    /// The running calls by JSON-RPC request id, for routing the server's requests
+    /// (elicitations) back to the call they belong to.
+    pub(crate) inflight: Mutex<HashMap<RequestId, EventSink>>,
     /// Told whenever any server's health changes.
     pub(crate) changed: Arc<Notify>,
 }
@@ -53,6 +60,7 @@ impl ServerShared {
             protocol: ArcSwapOption::empty(),
             since: ArcSwap::from_pointee(Instant::now()),
             progress: Mutex::new(HashMap::new()),
+            inflight: Mutex::new(HashMap::new()),
             changed,
         })
     }
@@ -70,6 +78,12 @@ impl ServerShared {
         if changed {
             self.changed.notify_one();
         }
+    }
+
+    pub(crate) fn inflight_calls(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<RequestId, EventSink>> {
+        self.inflight.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     pub(crate) fn progress_sinks(

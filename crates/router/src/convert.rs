@@ -1,6 +1,9 @@
 //! Conversions between core types and the API messages.
 
-use toolmesh_core::{CallEvent, ContentPart, SourceKind, ToolOutput, ToolSpec, Toolkit};
+use toolmesh_core::{
+    CallEvent, ContentPart, Elicitation, ElicitationAnswer, SourceKind, ToolOutput, ToolSpec,
+    Toolkit,
+};
 use toolmesh_proto::v1;
 
 pub(crate) fn source_kind(kind: SourceKind) -> v1::SourceKind {
@@ -78,4 +81,38 @@ pub(crate) fn event(event: CallEvent) -> v1::CallToolServerMessage {
         CallEvent::Partial(part) => Message::Partial(content_part(part)),
     };
     v1::CallToolServerMessage { message: Some(message) }
+}
+
+pub(crate) fn elicitation(id: String, elicitation: Elicitation) -> v1::CallToolServerMessage {
+    use v1::call_tool_server_message::Message;
+    let requested_schema_json = match elicitation.requested_schema {
+        serde_json::Value::Null => String::new(),
+        schema => schema.to_string(),
+    };
+    v1::CallToolServerMessage {
+        message: Some(Message::Elicitation(v1::ElicitationRequest {
+            elicitation_id: id,
+            message: elicitation.message,
+            requested_schema_json,
+            url: elicitation.url.unwrap_or_default(),
+        })),
+    }
+}
+
+/// An accepted answer whose content is not a JSON object is a cancel: the asker expects an
+/// object, and a malformed answer must not reach it.
+pub(crate) fn elicitation_answer(answer: &v1::ElicitationAnswer) -> ElicitationAnswer {
+    match answer.action() {
+        v1::ElicitationAction::Accept => match serde_json::from_str(&answer.content_json) {
+            Ok(content @ serde_json::Value::Object(_)) => ElicitationAnswer::Accept(content),
+            _ if answer.content_json.trim().is_empty() => {
+                ElicitationAnswer::Accept(serde_json::json!({}))
+            }
+            _ => ElicitationAnswer::Cancel,
+        },
+        v1::ElicitationAction::Decline => ElicitationAnswer::Decline,
+        v1::ElicitationAction::Cancel | v1::ElicitationAction::Unspecified => {
+            ElicitationAnswer::Cancel
+        }
+    }
 }

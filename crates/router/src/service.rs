@@ -1,11 +1,11 @@
-use std::pin::Pin;
+use std::{collections::HashMap, pin::Pin};
 
 use futures::Stream;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
-use toolmesh_core::EventSink;
+use toolmesh_core::{ElicitationAnswer, EventSink};
 use toolmesh_proto::v1::{
     self, CallToolClientMessage, CallToolRequest, CallToolResponse, CallToolServerMessage,
     ListToolsRequest, ListToolsResponse, call_tool_client_message, call_tool_server_message,
@@ -207,14 +207,26 @@ async fn run_stream(
     }
     let cancel = CancellationToken::new();
     let (events, mut event_rx) = EventSink::channel();
+    let (events, mut prompts) = events.with_elicitation();
     let run = router.call(call, events, cancel.clone());
     tokio::pin!(run);
     let mut inbound_open = true;
+    let mut questions: HashMap<String, oneshot::Sender<ElicitationAnswer>> = HashMap::new();
+    let mut next_question = 0u64;
     let result = loop {
         tokio::select! {
             biased;
             Some(event) = event_rx.recv() => {
                 if tx.send(Ok(convert::event(event))).await.is_err() {
+                    cancel.cancel();
+                }
+            }
+            Some(prompt) = prompts.recv() => {
+                next_question += 1;
+                let id = format!("e{next_question}");
+                let request = convert::elicitation(id.clone(), prompt.elicitation);
+                questions.insert(id, prompt.reply);
+                if tx.send(Ok(request)).await.is_err() {
                     cancel.cancel();
                 }
             }
@@ -224,7 +236,15 @@ async fn run_stream(
                     debug!(reason = %c.reason, "client cancelled the call");
                     cancel.cancel();
                 }
-                // Other messages are reserved for answers to server requests.
+                Ok(Some(CallToolClientMessage { message: Some(call_tool_client_message::Message::ElicitationAnswer(answer)) })) => {
+                    match questions.remove(&answer.elicitation_id) {
+                        Some(reply) => {
+                            let _ = reply.send(convert::elicitation_answer(&answer));
+                        }
+                        None => debug!(id = %answer.elicitation_id, "answer to an unknown or expired elicitation"),
+                    }
+                }
+                // A second `start` or an empty message: nothing to do.
                 Ok(Some(_)) => {}
                 // A half-close only says the client has nothing more to send.
                 Ok(None) => inbound_open = false,

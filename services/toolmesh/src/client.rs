@@ -2,12 +2,11 @@
 
 use std::time::Duration;
 
-use futures::StreamExt as _;
 use tonic::transport::Channel;
 use toolmesh_proto::v1::{
-    CallToolClientMessage, CallToolRequest, CallToolResponse, ListToolsRequest, Tool, Toolkit,
-    call_tool_client_message, call_tool_server_message, content_part::Part,
-    tool_service_client::ToolServiceClient,
+    CallToolClientMessage, CallToolRequest, CallToolResponse, ElicitationAction, ElicitationAnswer,
+    ListToolsRequest, Tool, Toolkit, call_tool_client_message, call_tool_server_message,
+    content_part::Part, tool_service_client::ToolServiceClient,
 };
 
 /// Connects to a toolmesh server at `addr` (`host:port` or a URL).
@@ -55,12 +54,13 @@ pub async fn call_streaming(
     mut on_progress: impl FnMut(&str),
 ) -> Result<CallToolResponse, tonic::Status> {
     use call_tool_server_message::Message;
+    let (outbound, requests) = tokio::sync::mpsc::channel(4);
     let start =
         CallToolClientMessage { message: Some(call_tool_client_message::Message::Start(request)) };
-    // Keep the request stream open (pending) so that the server does not see a half-close
-    // as the end of the conversation.
-    let outbound = futures::stream::iter([start]).chain(futures::stream::pending());
-    let mut request = tonic::Request::new(outbound);
+    outbound.send(start).await.map_err(|_| tonic::Status::internal("request stream closed"))?;
+    // The request stream stays open while `outbound` lives, so that the server does not
+    // see a half-close as the end of the conversation.
+    let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(requests));
     if let Some(timeout) = timeout {
         request.set_timeout(timeout);
     }
@@ -73,6 +73,21 @@ pub async fn call_streaming(
             }
             Some(Message::Partial(part)) => {
                 on_progress(&format!("partial {}", render_part(&part.part)))
+            }
+            Some(Message::Elicitation(question)) => {
+                on_progress(&format!(
+                    "question (answered cancel; toolmesh call is not interactive): {}",
+                    question.message
+                ));
+                let answer = ElicitationAnswer {
+                    elicitation_id: question.elicitation_id,
+                    action: ElicitationAction::Cancel.into(),
+                    content_json: String::new(),
+                };
+                let answer = CallToolClientMessage {
+                    message: Some(call_tool_client_message::Message::ElicitationAnswer(answer)),
+                };
+                let _ = outbound.send(answer).await;
             }
             Some(Message::Result(result)) => return Ok(result),
             Some(Message::Started(_)) | None => {}
