@@ -557,3 +557,33 @@ async fn mcp_calls_carry_the_trace_into_the_server() {
         .unwrap();
     assert_eq!(client_span.parent_span_id, dispatch.span_id);
 }
+
+#[tokio::test]
+async fn bench_mcp_compares_toolmesh_with_a_direct_mcp_client() {
+    // This checks that the MCP load generator works and reports; it asserts no speed.
+    let output = run(&[
+        "bench",
+        "--mcp",
+        "--concurrency",
+        "2",
+        "--duration",
+        "0.6",
+        "--warmup",
+        "0.1",
+        "--rounds",
+        "2",
+    ])
+    .await;
+    assert!(output.status.success(), "{}", stderr(&output));
+    let report = stdout(&output);
+    for row in ["direct MCP client", "through toolmesh"] {
+        let line = report
+            .lines()
+            .find(|l| l.starts_with(row))
+            .unwrap_or_else(|| panic!("{row} in:\n{report}"));
+        let columns: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(columns.last(), Some(&"0"), "no errors: {line}");
+        assert!(columns[columns.len() - 5].parse::<f64>().unwrap() > 0.0, "{line}");
+    }
+    assert!(report.contains("p50 added") && report.contains("proxied calls/s/core"), "{report}");
+}

@@ -22,6 +22,7 @@
 
 mod actor;
 mod backend;
+pub mod bench;
 mod convert;
 mod handler;
 mod manager;

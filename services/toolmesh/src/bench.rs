@@ -377,6 +377,120 @@ pub async fn run(options: &BenchOptions, exe: &Path) -> anyhow::Result<BenchRepo
     })
 }
 
+/// Figures of `toolmesh bench --mcp`.
+#[derive(Debug, Clone)]
+pub struct McpReport {
+    /// A plain MCP client calling the echo server directly.
+    pub direct: Sample,
+    /// `CallTool` through toolmesh to the same server.
+    pub toolmesh: Sample,
+    /// Cores of this machine.
+    pub cores: usize,
+}
+
+/// Measures `CallTool` through toolmesh to a streamable-HTTP MCP echo server against an
+/// MCP client calling that server directly: same machine, same concurrency, alternating
+/// rounds, medians. Both servers run as child processes; both clients run here.
+pub async fn run_mcp(options: &BenchOptions, exe: &Path) -> anyhow::Result<McpReport> {
+    let echo = start_child(exe, &["bench", "--mcp-echo-server"]).await?;
+    let url = format!("http://{}/mcp", echo.addr);
+    let config =
+        std::env::temp_dir().join(format!("toolmesh-bench-mcp-{}.toml", std::process::id()));
+    std::fs::write(
+        &config,
+        format!(
+            "[[mcp.servers]]\nname = \"bench\"\ntransport = \"streamable-http\"\nurl = \"{url}\"\nping_interval_ms = 0\n"
+        ),
+    )?;
+    let config_arg = config.display().to_string();
+    let toolmesh =
+        start_child(exe, &["serve", "--listen", "127.0.0.1:0", "--config", &config_arg]).await;
+    // The server watches its config file: remove it only once the server is gone.
+    struct RemoveOnDrop(std::path::PathBuf);
+    impl Drop for RemoveOnDrop {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _config = RemoveOnDrop(config);
+    let toolmesh = toolmesh?;
+    let addr = toolmesh.addr.to_string();
+
+    // The MCP server's tools appear once toolmesh has connected to it.
+    let mut client = crate::client::connect(&addr).await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (tools, _) = crate::client::list_all(&mut client).await?;
+        if tools.iter().any(|t| t.name == "bench_echo") {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "toolmesh did not publish bench_echo within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let request = CallToolRequest {
+        name: "bench_echo".into(),
+        arguments_json: r#"{"message":"hello"}"#.into(),
+        ..Default::default()
+    };
+    let target = Target::connect(&addr, options, &request).await?;
+    toolmesh_mcp::bench::direct_load(&url, options.concurrency, options.warmup)
+        .await
+        .map_err(anyhow::Error::msg)?;
+
+    let rounds = options.rounds.max(1);
+    let slice = options.duration / rounds as u32;
+    let (mut direct, mut through) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let load = toolmesh_mcp::bench::direct_load(&url, options.concurrency, slice)
+            .await
+            .map_err(anyhow::Error::msg)?;
+        let mut histogram = new_histogram();
+        for nanos in &load.latencies_ns {
+            histogram.saturating_record(*nanos);
+        }
+        direct.push(Sample::from(&histogram, load.errors, load.first_error, load.elapsed));
+        through.push(closed_loop(&target.clients, options.concurrency, slice, &request).await);
+    }
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    Ok(McpReport { direct: median(direct), toolmesh: median(through), cores })
+}
+
+/// Formats the report of `toolmesh bench --mcp`.
+pub fn render_mcp(options: &BenchOptions, report: &McpReport) -> String {
+    let mut out = format!(
+        "toolmesh bench --mcp: echo over streamable HTTP · concurrency {} · {:?} per client in {} \
+         alternating rounds (medians)\n\n",
+        options.concurrency, options.duration, options.rounds
+    );
+    out.push_str("                        calls/s    p50 ms   p90 ms   p99 ms   errors\n");
+    for (name, s) in [("direct MCP client", &report.direct), ("through toolmesh", &report.toolmesh)]
+    {
+        out.push_str(&format!(
+            "{name:<22}{:>9.0}{:>10.3}{:>9.3}{:>9.3}{:>9}\n",
+            s.throughput, s.p50_ms, s.p90_ms, s.p99_ms, s.errors
+        ));
+    }
+    out.push_str(&format!(
+        "p50 added             {:>+9.3} ms\n",
+        report.toolmesh.p50_ms - report.direct.p50_ms
+    ));
+    out.push_str(&format!(
+        "proxied calls/s/core  {:>9.0}   ({} cores)\n",
+        report.toolmesh.throughput / report.cores as f64,
+        report.cores
+    ));
+    for (name, sample) in [("direct", &report.direct), ("toolmesh", &report.toolmesh)] {
+        if let Some(error) = &sample.first_error {
+            out.push_str(&format!("first error, {name}: {error}\n"));
+        }
+    }
+    out
+}
+
 /// Formats the report as the table `toolmesh bench` prints.
 pub fn render(options: &BenchOptions, report: &BenchReport) -> String {
     let mut out = format!(

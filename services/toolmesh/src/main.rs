@@ -123,9 +123,16 @@ struct BenchArgs {
     /// Rounds per phase, alternating between the servers; medians are reported.
     #[arg(long, default_value_t = 5)]
     rounds: usize,
+    /// Measure CallTool through toolmesh to a streamable-HTTP MCP echo server against an MCP
+    /// client calling that server directly.
+    #[arg(long)]
+    mcp: bool,
     /// Serve the bare echo baseline instead (used by the bench itself).
     #[arg(long, hide = true)]
     echo_server: bool,
+    /// Serve the MCP echo server instead (used by the bench itself).
+    #[arg(long, hide = true)]
+    mcp_echo_server: bool,
 }
 
 #[derive(Subcommand)]
@@ -354,6 +361,13 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         bench::serve_echo(listener).await?;
         return Ok(ExitCode::SUCCESS);
     }
+    if args.mcp_echo_server {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        println!("mcp echo listening on {}", listener.local_addr()?);
+        std::io::stdout().flush()?;
+        toolmesh_mcp::bench::serve_echo(listener).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let options = bench::BenchOptions {
         server: args.server,
         concurrency: args.concurrency.max(1),
@@ -367,6 +381,11 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         rounds: args.rounds.max(1),
     };
     let exe = std::env::current_exe()?;
+    if args.mcp {
+        let report = bench::run_mcp(&options, &exe).await?;
+        print!("{}", bench::render_mcp(&options, &report));
+        return Ok(ExitCode::SUCCESS);
+    }
     let report = bench::run(&options, &exe).await?;
     print!("{}", bench::render(&options, &report));
     Ok(ExitCode::SUCCESS)
