@@ -642,3 +642,35 @@ async fn everything_server_over_legacy_sse_and_the_http_fallback() {
         "Echo: via fallback"
     );
 }
+
+#[tokio::test]
+async fn a_lazy_server_runs_only_while_it_is_used() {
+    let tag = format!("TOOLMESH_TEST_TAG=lazy-{}", std::process::id());
+    let (key, value) = tag.split_once('=').unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/mini_server.py");
+    let config = format!(
+        "[[mcp.servers]]\nname = \"lazy\"\ntransport = \"stdio\"\ncommand = \"{}\"\nargs = [\"{}\"]\nconnect = \"lazy\"\nidle_timeout_ms = 300\nenv = {{ {key} = \"{value}\" }}\n",
+        python(),
+        script.display()
+    );
+    let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
+    let tool = wait_for_tool(&server, "lazy_echo").await;
+    assert!(tool.source.unwrap().available);
+
+    let idle = || async {
+        let health = server.app.mcp().health();
+        (health == [("lazy".to_owned(), toolmesh_mcp::ServerHealth::Idle)]
+            && processes_with(&tag).is_empty())
+        .then_some(())
+    };
+    eventually(Duration::from_secs(10), idle)
+        .await
+        .expect("closed while unused, its processes gone");
+    let listed = wait_for_tool(&server, "lazy_echo").await;
+    assert!(listed.source.unwrap().available, "an idle lazy server is still offered");
+
+    let answer = call(&server, "lazy_echo", json!({"text": "wake up"})).await.unwrap();
+    assert_eq!(text(&answer), "wake up", "the call opened the server");
+    assert!(!processes_with(&tag).is_empty());
+    eventually(Duration::from_secs(10), idle).await.expect("closed again after the idle timeout");
+}

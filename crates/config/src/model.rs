@@ -87,7 +87,8 @@ pub enum PrefixMode {
 pub enum ConnectMode {
     /// At start (and reload).
     Eager,
-    /// On the first call or listing that needs it.
+    /// Once at start to learn the tools, then closed; opened again by the first call of one
+    /// of its tools, and closed after `idle_timeout_ms` without calls.
     Lazy,
 }
 
@@ -104,6 +105,8 @@ pub struct McpServerConfig {
     pub prefix: PrefixMode,
     /// When to connect.
     pub connect: ConnectMode,
+    /// For a lazy server: how long a connection without calls stays open.
+    pub idle_timeout: Duration,
     /// How often a connected server is pinged; a failed ping marks the connection lost,
     /// fails its calls in flight with UNAVAILABLE and starts a reconnect. `None`: no pings.
     pub ping_interval: Option<Duration>,
@@ -295,6 +298,12 @@ struct RawMcpServer {
     connect: ConnectMode,
     #[serde(default = "default_ping_interval_ms")]
     ping_interval_ms: u64,
+    #[serde(default = "default_idle_timeout_ms")]
+    idle_timeout_ms: u64,
+}
+
+fn default_idle_timeout_ms() -> u64 {
+    300_000
 }
 
 fn default_ping_interval_ms() -> u64 {
@@ -592,6 +601,11 @@ impl Config {
                 timeout: positive_ms(raw.timeout_ms, &format!("{key}.timeout_ms"), &key_error)?,
                 prefix: raw.prefix,
                 connect: raw.connect,
+                idle_timeout: positive_ms(
+                    raw.idle_timeout_ms,
+                    &format!("{key}.idle_timeout_ms"),
+                    &key_error,
+                )?,
                 ping_interval: (raw.ping_interval_ms > 0)
                     .then(|| Duration::from_millis(raw.ping_interval_ms)),
             });

@@ -59,6 +59,11 @@ pub enum McpMsg {
         /// The tools.
         tools: Vec<Tool>,
     },
+    /// Connection `generation` of a lazy server went unused for its idle timeout.
+    Idle {
+        /// The connection.
+        generation: u64,
+    },
     /// Connection `generation` ended.
     Disconnected {
         /// The connection that ended.
@@ -271,6 +276,28 @@ async fn connect(
     Ok((connection, group, tools))
 }
 
+/// Closes a lazy server's connection `generation` once it has gone unused for the idle
+/// timeout.
+async fn watch_idle(
+    shared: Arc<ServerShared>,
+    actor: ActorRef<McpMsg>,
+    lost: CancellationToken,
+    generation: u64,
+) {
+    let idle = shared.config.idle_timeout;
+    let step = (idle / 4).max(Duration::from_millis(20));
+    loop {
+        tokio::select! {
+            () = lost.cancelled() => return,
+            () = tokio::time::sleep(step) => {}
+        }
+        if shared.unused_for() >= idle && shared.inflight_calls().is_empty() {
+            let _ = actor.cast(McpMsg::Idle { generation });
+            return;
+        }
+    }
+}
+
 /// Pings the server every `interval` while connection `generation` lives; a ping that
 /// fails or takes longer than `interval` declares the connection lost.
 async fn probe(
@@ -315,6 +342,8 @@ impl Actor for McpClientActor {
         myself: ActorRef<McpMsg>,
         _: (),
     ) -> Result<Self::State, ActorProcessingErr> {
+        self.shared.actor.store(Some(Arc::new(myself.clone())));
+        // Lazy servers too connect once, to learn their tools; they close when idle.
         myself.cast(McpMsg::Connect)?;
         Ok(McpClientState::default())
     }
@@ -407,12 +436,29 @@ impl Actor for McpClientActor {
                 });
                 self.publish(tools).await;
                 self.shared.set_health(ServerHealth::Healthy);
+                self.shared.touch();
+                self.shared.attempts.send_modify(|n| *n += 1);
+                if self.shared.config.connect == toolmesh_config::ConnectMode::Lazy {
+                    let (shared, actor) = (self.shared.clone(), myself.clone());
+                    let lost = CancellationToken::clone(&self.shared.lost.load());
+                    tokio::spawn(watch_idle(shared, actor, lost, generation));
+                }
             }
             McpMsg::ConnectFailed { reason } => {
                 state.connecting = false;
                 warn!(server, %reason, attempt = state.failures + 1, "mcp server connection failed");
                 self.shared.set_health(ServerHealth::Unhealthy { reason });
+                self.shared.attempts.send_modify(|n| *n += 1);
                 self.schedule_reconnect(&myself, state);
+            }
+            McpMsg::Idle { generation } => {
+                if generation == state.generation && self.shared.peer.load().is_some() {
+                    self.shared.peer.store(None);
+                    self.shared.lost.load().cancel();
+                    state.connection = None;
+                    info!(server, "closed the unused connection of a lazy server");
+                    self.shared.set_health(ServerHealth::Idle);
+                }
             }
             McpMsg::ToolsChanged => {
                 let Some(peer) = self.shared.peer.load_full() else { return Ok(()) };

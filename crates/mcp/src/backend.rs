@@ -144,6 +144,48 @@ impl McpBackend {
         response.map_err(|e| self.map_error(e))
     }
 
+    /// Returns the connection of a server that has none: an idle lazy server is opened and
+    /// the call waits for it (within its deadline); any other server without a connection
+    /// is unavailable at once.
+    async fn await_connection(
+        &self,
+        ctx: &CallContext,
+    ) -> Result<Arc<Peer<RoleClient>>, BackendError> {
+        let reason = |health: &crate::ServerHealth| match health {
+            crate::ServerHealth::Unhealthy { reason } => reason.clone(),
+            _ => "not connected yet".to_owned(),
+        };
+        if **self.shared.health.load() != crate::ServerHealth::Idle {
+            return Err(self.unavailable(reason(&self.shared.health.load())));
+        }
+        // Subscribe before asking, so that the outcome cannot slip by unseen.
+        let mut attempts = self.shared.attempts.subscribe();
+        if let Some(actor) = self.shared.actor.load_full() {
+            let _ = actor.cast(crate::McpMsg::Connect);
+        }
+        loop {
+            tokio::select! {
+                biased;
+                () = ctx.cancel.cancelled() => return Err(BackendError::Cancelled),
+                () = tokio::time::sleep_until(ctx.deadline) => {
+                    return Err(self.unavailable("the server did not start in time".into()));
+                }
+                changed = attempts.changed() => {
+                    if changed.is_err() {
+                        return Err(self.unavailable("the server is stopping".into()));
+                    }
+                }
+            }
+            if let Some(peer) = self.shared.peer.load_full() {
+                return Ok(peer);
+            }
+            let health = self.shared.health.load();
+            if matches!(**health, crate::ServerHealth::Unhealthy { .. }) {
+                return Err(self.unavailable(reason(&health)));
+            }
+        }
+    }
+
     /// Answers one input request of a 2026-07-28 server through the caller.
     async fn answer(
         &self,
@@ -175,7 +217,8 @@ impl McpBackend {
 impl Backend for McpBackend {
     fn status(&self) -> Result<(), String> {
         match &**self.shared.health.load() {
-            crate::ServerHealth::Healthy => Ok(()),
+            // An idle lazy server is opened by the next call.
+            crate::ServerHealth::Healthy | crate::ServerHealth::Idle => Ok(()),
             crate::ServerHealth::Connecting => {
                 Err(format!("mcp server {} is connecting", self.shared.name()))
             }
@@ -186,14 +229,12 @@ impl Backend for McpBackend {
     }
 
     async fn call(&self, ctx: CallContext, arguments: Value) -> Result<ToolOutput, BackendError> {
-        let lost = self.shared.lost.load_full();
-        let Some(peer) = self.shared.peer.load_full() else {
-            let reason = match &**self.shared.health.load() {
-                crate::ServerHealth::Unhealthy { reason } => reason.clone(),
-                _ => "not connected yet".into(),
-            };
-            return Err(self.unavailable(reason));
+        self.shared.touch();
+        let peer = match self.shared.peer.load_full() {
+            Some(peer) => peer,
+            None => self.await_connection(&ctx).await?,
         };
+        let lost = self.shared.lost.load_full();
         let transport = match &self.shared.config.transport {
             toolmesh_config::McpTransport::Stdio { .. } => "pipe",
             _ => "tcp",

@@ -95,4 +95,19 @@ impl ClientHandler for McpClientHandler {
             sink.elicit(elicitation, self.shared.config.timeout).await,
         ))
     }
+
+    // Sampling is deprecated in the protocol (SEP-2577) and toolmesh has no model to
+    // sample: the server gets an error that says so rather than a bare "method not found".
+    #[allow(deprecated)]
+    async fn create_message(
+        &self,
+        _: rmcp::model::CreateMessageRequestParams,
+        _: RequestContext<RoleClient>,
+    ) -> Result<rmcp::model::CreateMessageResult, ErrorData> {
+        debug!(server = self.shared.name(), "sampling request refused");
+        Err(ErrorData::invalid_request(
+            "sampling is not available: toolmesh does not offer a model to MCP servers",
+            None,
+        ))
+    }
 }

@@ -10,7 +10,9 @@ use rmcp::{
     model::{ProgressToken, RequestId},
     service::Peer,
 };
-use tokio::sync::Notify;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 use toolmesh_config::McpServerConfig;
 use toolmesh_core::EventSink;
@@ -22,6 +24,8 @@ pub enum ServerHealth {
     Connecting,
     /// Connected, initialized, tools listed.
     Healthy,
+    /// A lazy server whose connection was closed while unused; the next call opens it.
+    Idle,
     /// Not connected; calls fail with UNAVAILABLE until a reconnect succeeds.
     Unhealthy {
         /// Why.
@@ -48,6 +52,14 @@ pub(crate) struct ServerShared {
     pub(crate) inflight: Mutex<HashMap<RequestId, EventSink>>,
     /// Told whenever any server's health changes.
     pub(crate) changed: Arc<Notify>,
+    /// Counts connection attempts that ended (success or failure); calls waiting for a
+    /// lazy server's connection watch it.
+    pub(crate) attempts: watch::Sender<u64>,
+    /// When a call last used the connection, in milliseconds since `epoch`.
+    pub(crate) last_used: AtomicU64,
+    pub(crate) epoch: Instant,
+    /// The actor, for calls that need a lazy server connected.
+    pub(crate) actor: ArcSwapOption<ractor::ActorRef<crate::McpMsg>>,
 }
 
 impl ServerShared {
@@ -62,11 +74,26 @@ impl ServerShared {
             progress: Mutex::new(HashMap::new()),
             inflight: Mutex::new(HashMap::new()),
             changed,
+            attempts: watch::channel(0).0,
+            last_used: AtomicU64::new(0),
+            epoch: Instant::now(),
+            actor: ArcSwapOption::empty(),
         })
     }
 
     pub(crate) fn name(&self) -> &str {
         &self.config.name
+    }
+
+    /// Notes that a call uses the connection now.
+    pub(crate) fn touch(&self) {
+        self.last_used.store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// Returns how long the connection has gone without calls.
+    pub(crate) fn unused_for(&self) -> std::time::Duration {
+        let last = self.last_used.load(Ordering::Relaxed);
+        self.epoch.elapsed().saturating_sub(std::time::Duration::from_millis(last))
     }
 
     pub(crate) fn set_health(&self, health: ServerHealth) {

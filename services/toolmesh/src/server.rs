@@ -81,7 +81,9 @@ async fn report_mcp_health(app: App, mut reporter: tonic_health::server::HealthR
             current.iter().map(|(n, _)| n.clone()).collect();
         for (name, health) in current {
             let status = match health {
-                toolmesh_mcp::ServerHealth::Healthy => tonic_health::ServingStatus::Serving,
+                toolmesh_mcp::ServerHealth::Healthy | toolmesh_mcp::ServerHealth::Idle => {
+                    tonic_health::ServingStatus::Serving
+                }
                 _ => tonic_health::ServingStatus::NotServing,
             };
             reporter.set_service_status(format!("{MCP_HEALTH_PREFIX}{name}"), status).await;
