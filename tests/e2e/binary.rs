@@ -587,3 +587,58 @@ async fn bench_mcp_compares_toolmesh_with_a_direct_mcp_client() {
     }
     assert!(report.contains("p50 added") && report.contains("proxied calls/s/core"), "{report}");
 }
+
+#[tokio::test]
+async fn streamable_http_mcp_calls_carry_the_trace_in_http_headers_too() {
+    let (_receiver, otlp) = Receiver::start().await;
+    let python = std::env::var("TOOLMESH_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let server_script = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/py_server.py");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut upstream = tokio::process::Command::new(&python)
+        .arg(&server_script)
+        .args(["http", &port.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    eventually(Duration::from_secs(30), || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()
+    })
+    .await
+    .expect("the Python server listens");
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("toolmesh.toml");
+    std::fs::write(
+        &config,
+        format!("[[mcp.servers]]\nname = \"web\"\ntransport = \"streamable-http\"\nurl = \"http://127.0.0.1:{port}/mcp\"\n"),
+    )
+    .unwrap();
+    let server = BinaryServer::start(
+        &["--config", config.to_str().unwrap()],
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str())],
+    )
+    .await
+    .unwrap();
+    let addr = server.addr.to_string();
+    eventually(Duration::from_secs(30), || async {
+        tool_names(&addr).await.contains(&"web_http_trace".to_owned()).then_some(())
+    })
+    .await
+    .expect("the server's tools are published");
+
+    let trace_id = "5bf92f3577b34da6a3ce929d0e0e4736";
+    let mut client = toolmesh::client::connect(&addr).await.unwrap();
+    for tool in ["web_http_trace", "web_trace"] {
+        let mut request =
+            tonic::Request::new(CallToolRequest { name: tool.into(), ..Default::default() });
+        request
+            .metadata_mut()
+            .insert("traceparent", format!("00-{trace_id}-00f067aa0ba902b7-01").parse().unwrap());
+        let response = client.call_tool(request).await.unwrap().into_inner();
+        let received = toolmesh::client::render_part(&response.content[0].part);
+        assert_eq!(received.split('-').nth(1), Some(trace_id), "{tool}: {received:?}");
+    }
+    upstream.kill().await.unwrap();
+}

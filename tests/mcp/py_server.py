@@ -7,11 +7,13 @@ Tools:
 - grow(): registers a tool `extra` and tells the client that the tool list changed;
 - ask(): asks the caller for a name (an elicitation);
 - trace(): the W3C traceparent that arrived in the request's `_meta`;
+- http_trace(): the traceparent HTTP header of the request (streamable HTTP);
 - fail(): a tool-level error (isError).
 """
 
 import asyncio
 import os
+import sys
 
 from typing import Annotated
 
@@ -60,6 +62,13 @@ async def grow(ctx: Context) -> str:
 
 
 @server.tool()
+def http_trace(ctx: Context) -> str:
+    """Returns the traceparent HTTP header of the request (empty on stdio)."""
+    headers = ctx.headers or {}
+    return str(headers.get("traceparent", ""))
+
+
+@server.tool()
 def trace(ctx: Context) -> str:
     """Returns the W3C traceparent that arrived in the request's _meta (empty if none)."""
     meta = ctx.request_context.meta
@@ -95,4 +104,8 @@ def fail() -> str:
 
 
 if __name__ == "__main__":
-    server.run("stdio")
+    # `python3 py_server.py http PORT` serves streamable HTTP at /mcp; stdio otherwise.
+    if len(sys.argv) > 2 and sys.argv[1] == "http":
+        server.run("streamable-http", port=int(sys.argv[2]))
+    else:
+        server.run("stdio")

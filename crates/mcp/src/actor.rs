@@ -21,8 +21,9 @@ use toolmesh_registry::{RegistryHandle, SourceUpdate, ToolEntry};
 use tracing::{debug, error, info, warn};
 
 use crate::{
-    ServerHealth, backend::McpBackend, convert, handler::McpClientHandler, naming::publish_name,
-    shared::ServerShared, sse::SseClientTransport,
+    ServerHealth, backend::McpBackend, convert, handler::McpClientHandler,
+    http_client::TracingHttpClient, naming::publish_name, shared::ServerShared,
+    sse::SseClientTransport,
 };
 
 /// First reconnect delay; doubled after every failed attempt up to [`BACKOFF_CAP`].
@@ -256,7 +257,8 @@ async fn connect(
                 http.custom_headers.insert(name, value);
             }
             http.max_concurrent_requests = 256;
-            let transport = StreamableHttpClientTransport::from_config(http);
+            let transport =
+                StreamableHttpClientTransport::with_client(TracingHttpClient::default(), http);
             match handler.serve_with_lifecycle(transport, lifecycle()).await {
                 Ok(connection) => connection,
                 Err(error) if *sse_fallback => {

@@ -25,6 +25,7 @@ mod backend;
 pub mod bench;
 mod convert;
 mod handler;
+mod http_client;
 mod manager;
 mod naming;
 mod shared;
@@ -32,6 +33,7 @@ mod sse;
 
 pub use actor::{McpClientActor, McpClientState, McpMsg, ProcessGroupGuard};
 pub use handler::McpClientHandler;
+pub use http_client::TracingHttpClient;
 pub use manager::{McpManager, McpSupervisorActor, McpSupervisorMsg, McpSupervisorState};
 pub use naming::publish_name;
 pub use shared::ServerHealth;

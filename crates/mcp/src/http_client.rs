@@ -1,0 +1,140 @@
+//! The HTTP client of streamable-HTTP connections: reqwest's, plus the W3C trace context of
+//! each request in the HTTP headers as well as in `params._meta`, so that HTTP middleboxes
+//! and servers that read only headers join the same trace.
+
+use std::{collections::HashMap, sync::Arc};
+
+use futures::stream::BoxStream;
+use http::{HeaderName, HeaderValue};
+use rmcp::{
+    model::{ClientJsonRpcMessage, GetMeta, JsonRpcMessage},
+    transport::streamable_http_client::{
+        StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse,
+        StreamableHttpResponseLimits,
+    },
+};
+use sse_stream::{Error as SseError, Sse};
+
+/// Trace-context keys copied from `_meta` to HTTP headers.
+const TRACE_KEYS: [&str; 2] = ["traceparent", "tracestate"];
+
+/// reqwest's client for streamable HTTP, with trace headers.
+#[derive(Clone, Default)]
+pub struct TracingHttpClient(pub reqwest::Client);
+
+fn with_trace(
+    message: &ClientJsonRpcMessage,
+    mut headers: HashMap<HeaderName, HeaderValue>,
+) -> HashMap<HeaderName, HeaderValue> {
+    if let JsonRpcMessage::Request(request) = message {
+        let meta = request.request.get_meta();
+        for key in TRACE_KEYS {
+            if let Some(serde_json::Value::String(value)) = meta.0.0.get(key)
+                && let Ok(value) = HeaderValue::from_str(value)
+            {
+                headers.insert(HeaderName::from_static(key), value);
+            }
+        }
+    }
+    headers
+}
+
+type PostResult = Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>>;
+type StreamResult =
+    Result<BoxStream<'static, Result<Sse, SseError>>, StreamableHttpError<reqwest::Error>>;
+
+impl StreamableHttpClient for TracingHttpClient {
+    type Error = reqwest::Error;
+
+    fn post_message(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> impl Future<Output = PostResult> + Send + '_ {
+        let headers = with_trace(&message, custom_headers);
+        self.0.post_message(uri, message, session_id, auth_header, headers)
+    }
+
+    fn post_message_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> impl Future<Output = PostResult> + Send + '_ {
+        let headers = with_trace(&message, custom_headers);
+        self.0.post_message_with_max_sse_event_size(
+            uri,
+            message,
+            session_id,
+            auth_header,
+            headers,
+            max_sse_event_size,
+        )
+    }
+
+    fn post_message_with_response_limits(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        limits: StreamableHttpResponseLimits,
+    ) -> impl Future<Output = PostResult> + Send + '_ {
+        let headers = with_trace(&message, custom_headers);
+        self.0.post_message_with_response_limits(
+            uri,
+            message,
+            session_id,
+            auth_header,
+            headers,
+            limits,
+        )
+    }
+
+    fn delete_session(
+        &self,
+        uri: Arc<str>,
+        session_id: Arc<str>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> impl Future<Output = Result<(), StreamableHttpError<Self::Error>>> + Send + '_ {
+        self.0.delete_session(uri, session_id, auth_header, custom_headers)
+    }
+
+    fn get_stream(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> impl Future<Output = StreamResult> + Send + '_ {
+        self.0.get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
+    }
+
+    fn get_stream_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> impl Future<Output = StreamResult> + Send + '_ {
+        self.0.get_stream_with_max_sse_event_size(
+            uri,
+            session_id,
+            last_event_id,
+            auth_header,
+            custom_headers,
+            max_sse_event_size,
+        )
+    }
+}
