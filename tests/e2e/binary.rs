@@ -642,3 +642,152 @@ async fn streamable_http_mcp_calls_carry_the_trace_in_http_headers_too() {
     }
     upstream.kill().await.unwrap();
 }
+
+/// One received data point: metric name, attributes, value.
+type DataPoint = (String, Vec<(String, String)>, f64);
+
+/// An OTLP/gRPC metrics receiver that keeps every data point.
+#[derive(Clone, Default)]
+struct MetricsReceiver {
+    points: Arc<Mutex<Vec<DataPoint>>>,
+}
+
+#[tonic::async_trait]
+impl opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::MetricsService
+    for MetricsReceiver
+{
+    async fn export(
+        &self,
+        request: tonic::Request<
+            opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest,
+        >,
+    ) -> Result<
+        tonic::Response<
+            opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceResponse,
+        >,
+        tonic::Status,
+    > {
+        use opentelemetry_proto::tonic::metrics::v1::{metric::Data, number_data_point::Value};
+        let mut points = self.points.lock().unwrap();
+        for resource in request.into_inner().resource_metrics {
+            for scope in resource.scope_metrics {
+                for metric in scope.metrics {
+                    let data_points = match metric.data {
+                        Some(Data::Gauge(g)) => g.data_points,
+                        Some(Data::Sum(s)) => s.data_points,
+                        _ => continue,
+                    };
+                    for point in data_points {
+                        let attributes = point
+                            .attributes
+                            .iter()
+                            .map(|a| {
+                                let value = match a.value.as_ref().and_then(|v| v.value.as_ref()) {
+                                    Some(any_value::Value::StringValue(s)) => s.clone(),
+                                    other => format!("{other:?}"),
+                                };
+                                (a.key.clone(), value)
+                            })
+                            .collect();
+                        let value = match point.value {
+                            Some(Value::AsInt(i)) => i as f64,
+                            Some(Value::AsDouble(d)) => d,
+                            None => continue,
+                        };
+                        points.push((metric.name.clone(), attributes, value));
+                    }
+                }
+            }
+        }
+        Ok(tonic::Response::new(Default::default()))
+    }
+}
+
+#[tokio::test]
+async fn mcp_server_health_is_exported_as_metrics() {
+    let receiver = MetricsReceiver::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let otlp = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::MetricsServiceServer::new(receiver.clone()))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let python = std::env::var("TOOLMESH_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let mini = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/mini_server.py");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("toolmesh.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[mcp.servers]]\nname = \"hang\"\ntransport = \"stdio\"\ncommand = \"sleep\"\nargs = [\"600\"]\ntimeout_ms = 300\n\n[[mcp.servers]]\nname = \"mini\"\ntransport = \"stdio\"\ncommand = \"{python}\"\nargs = [\"{}\"]\n",
+            mini.display()
+        ),
+    )
+    .unwrap();
+    let _server = BinaryServer::start(
+        &["--config", config.to_str().unwrap()],
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()), ("OTEL_METRIC_EXPORT_INTERVAL", "200")],
+    )
+    .await
+    .unwrap();
+
+    let value = |metric: &str, server: &str| {
+        receiver
+            .points
+            .lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|(name, attributes, _)| {
+                name == metric && attributes.iter().any(|(k, v)| k == "mcp.server" && v == server)
+            })
+            .map(|(_, _, value)| *value)
+    };
+    let settled = eventually(Duration::from_secs(20), || async {
+        let ready = value("toolmesh.mcp.server.up", "mini") == Some(1.0)
+            && value("toolmesh.mcp.server.up", "hang") == Some(0.0)
+            && value("toolmesh.mcp.connection.failures", "hang").is_some_and(|n| n >= 1.0);
+        ready.then_some(())
+    })
+    .await;
+    assert!(
+        settled.is_some(),
+        "up: mini {:?}, hang {:?}; failures: hang {:?}",
+        value("toolmesh.mcp.server.up", "mini"),
+        value("toolmesh.mcp.server.up", "hang"),
+        value("toolmesh.mcp.connection.failures", "hang")
+    );
+}
+
+#[tokio::test]
+async fn an_unprefixed_mcp_tool_that_collides_is_an_error_naming_both_sources() {
+    let python = std::env::var("TOOLMESH_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let mini = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/mini_server.py");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("toolmesh.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[mcp.servers]]\nname = \"mini\"\ntransport = \"stdio\"\ncommand = \"{python}\"\nargs = [\"{}\"]\nprefix = \"none\"\n",
+            mini.display()
+        ),
+    )
+    .unwrap();
+    let server = BinaryServer::start(&["--config", config.to_str().unwrap()], &[]).await.unwrap();
+    let logged = eventually(Duration::from_secs(20), || async {
+        server.logs().lines().find(|l| l.contains("collides")).map(str::to_owned)
+    })
+    .await
+    .expect("the collision is logged");
+    assert!(logged.contains("ERROR") && logged.contains("echo"), "{logged}");
+    assert!(
+        logged.contains("local:builtin") && logged.contains("mini"),
+        "names both sources: {logged}"
+    );
+    // The built-in echo keeps its name; nothing was silently replaced.
+    let mut client = toolmesh::client::connect(&server.addr.to_string()).await.unwrap();
+    let (tools, _) = toolmesh::client::list_all(&mut client).await.unwrap();
+    let echo = tools.iter().find(|t| t.name == "echo").unwrap();
+    assert_eq!(echo.source.as_ref().unwrap().name, "builtin");
+}

@@ -449,6 +449,7 @@ impl Actor for McpClientActor {
             McpMsg::ConnectFailed { reason } => {
                 state.connecting = false;
                 warn!(server, %reason, attempt = state.failures + 1, "mcp server connection failed");
+                crate::metrics::connection_failed(server, "connect");
                 self.shared.set_health(ServerHealth::Unhealthy { reason });
                 self.shared.attempts.send_modify(|n| *n += 1);
                 self.schedule_reconnect(&myself, state);
@@ -487,6 +488,7 @@ impl Actor for McpClientActor {
                 self.shared.lost.load().cancel();
                 state.connection = None;
                 warn!(server, %reason, "mcp server disconnected; its calls fail with UNAVAILABLE until it is back");
+                crate::metrics::connection_failed(server, "disconnect");
                 self.shared.set_health(ServerHealth::Unhealthy { reason });
                 self.schedule_reconnect(&myself, state);
             }

@@ -27,6 +27,7 @@ mod convert;
 mod handler;
 mod http_client;
 mod manager;
+mod metrics;
 mod naming;
 mod shared;
 mod sse;

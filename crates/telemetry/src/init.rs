@@ -4,6 +4,7 @@ use opentelemetry::{KeyValue, trace::TracerProvider as _};
 use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::{
     Resource,
+    metrics::SdkMeterProvider,
     propagation::TraceContextPropagator,
     runtime,
     trace::{SdkTracerProvider, span_processor_with_async_runtime::BatchSpanProcessor},
@@ -57,6 +58,7 @@ pub enum TelemetryError {
 #[derive(Debug)]
 pub struct TelemetryGuard {
     provider: Option<SdkTracerProvider>,
+    meters: Option<SdkMeterProvider>,
 }
 
 impl TelemetryGuard {
@@ -68,12 +70,23 @@ impl TelemetryGuard {
 
 impl Drop for TelemetryGuard {
     fn drop(&mut self) {
-        if let Some(provider) = self.provider.take() {
-            // shutdown() blocks until the exporter task has flushed; that task runs on the
-            // tokio runtime, so block a plain thread, never a runtime worker.
-            let done = std::thread::spawn(move || provider.shutdown());
-            if let Ok(Err(error)) = done.join() {
+        let (provider, meters) = (self.provider.take(), self.meters.take());
+        if provider.is_none() && meters.is_none() {
+            return;
+        }
+        // shutdown() blocks until the exporter tasks have flushed; those tasks run on the
+        // tokio runtime, so block a plain thread, never a runtime worker.
+        let done = std::thread::spawn(move || {
+            let traces = provider.map(|p| p.shutdown());
+            let metrics = meters.map(|m| m.shutdown());
+            (traces, metrics)
+        });
+        if let Ok((traces, metrics)) = done.join() {
+            if let Some(Err(error)) = traces {
                 eprintln!("toolmesh: flushing traces at exit failed: {error}");
+            }
+            if let Some(Err(error)) = metrics {
+                eprintln!("toolmesh: flushing metrics at exit failed: {error}");
             }
         }
     }
@@ -106,7 +119,18 @@ pub fn init(options: &TelemetryOptions) -> Result<TelemetryGuard, TelemetryError
         .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").ok())
         .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok())
         .filter(|endpoint| !endpoint.trim().is_empty());
-    let provider = endpoint.map(|endpoint| build_provider(&endpoint, options)).transpose()?;
+    let provider =
+        endpoint.as_deref().map(|endpoint| build_provider(endpoint, options)).transpose()?;
+    let metrics_endpoint = options
+        .otlp_endpoint
+        .clone()
+        .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT").ok())
+        .or(endpoint)
+        .filter(|endpoint| !endpoint.trim().is_empty());
+    let meters = metrics_endpoint.map(|endpoint| build_meters(&endpoint, options)).transpose()?;
+    if let Some(meters) = &meters {
+        opentelemetry::global::set_meter_provider(meters.clone());
+    }
 
     // Two stacks rather than an `Option` layer: a `None` layer still registers interest in
     // every callsite, which would make every span cost as if it were recorded.
@@ -120,7 +144,42 @@ pub fn init(options: &TelemetryOptions) -> Result<TelemetryGuard, TelemetryError
         None => tracing_subscriber::registry().with(fmt).try_init(),
     };
     installed.map_err(|_| TelemetryError::AlreadyInstalled)?;
-    Ok(TelemetryGuard { provider })
+    Ok(TelemetryGuard { provider, meters })
+}
+
+fn resource(options: &TelemetryOptions) -> Resource {
+    let service_name = std::env::var("OTEL_SERVICE_NAME")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| options.service_name.clone());
+    Resource::builder()
+        .with_service_name(service_name)
+        .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+        .build()
+}
+
+/// Metrics go to the same OTLP endpoint as traces, every `OTEL_METRIC_EXPORT_INTERVAL`
+/// milliseconds (60 s by default).
+fn build_meters(
+    endpoint: &str,
+    options: &TelemetryOptions,
+) -> Result<SdkMeterProvider, TelemetryError> {
+    let exporter = opentelemetry_otlp::MetricExporter::builder()
+        .with_tonic()
+        .with_endpoint(endpoint)
+        .with_timeout(Duration::from_secs(5))
+        .build()
+        .map_err(|error| TelemetryError::Exporter {
+            endpoint: endpoint.to_owned(),
+            reason: error.to_string(),
+        })?;
+    let reader =
+        opentelemetry_sdk::metrics::periodic_reader_with_async_runtime::PeriodicReader::builder(
+            exporter,
+            runtime::Tokio,
+        )
+        .build();
+    Ok(SdkMeterProvider::builder().with_reader(reader).with_resource(resource(options)).build())
 }
 
 fn build_provider(
@@ -136,14 +195,7 @@ fn build_provider(
             endpoint: endpoint.to_owned(),
             reason: error.to_string(),
         })?;
-    let service_name = std::env::var("OTEL_SERVICE_NAME")
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| options.service_name.clone());
-    let resource = Resource::builder()
-        .with_service_name(service_name)
-        .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
-        .build();
+    let resource = resource(options);
     let processor = BatchSpanProcessor::builder(exporter, runtime::Tokio).build();
     Ok(SdkTracerProvider::builder().with_span_processor(processor).with_resource(resource).build())
 }

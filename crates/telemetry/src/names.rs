@@ -34,3 +34,12 @@ pub const SPAN_VALIDATE: &str = "toolmesh.validate";
 pub const SPAN_DISPATCH: &str = "toolmesh.dispatch";
 /// Span of a local worker running a tool.
 pub const SPAN_WORKER_EXECUTE: &str = "toolmesh.worker.execute";
+
+/// Gauge: 1 while an MCP server can take calls (connected, or idle and lazy), 0 otherwise;
+/// attribute `mcp.server`.
+pub const METRIC_MCP_SERVER_UP: &str = "toolmesh.mcp.server.up";
+/// Counter: failed connection attempts and lost connections of an MCP server; attributes
+/// `mcp.server` and `error.type` (`connect` or `disconnect`).
+pub const METRIC_MCP_CONNECTION_FAILURES: &str = "toolmesh.mcp.connection.failures";
+/// `mcp.server`: the configured name of an MCP server.
+pub const MCP_SERVER: &str = "mcp.server";
