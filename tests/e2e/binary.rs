@@ -255,15 +255,33 @@ impl Receiver {
     /// Starts a receiver on 127.0.0.1:0; returns it and its endpoint URL.
     async fn start() -> (Self, String) {
         let receiver = Receiver::default();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let endpoint = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(TraceServiceServer::new(receiver.clone()))
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-        );
+        let endpoint = serve_on_loopback(TraceServiceServer::new(receiver.clone())).await;
         (receiver, endpoint)
     }
+}
+
+/// Serves one gRPC service on 127.0.0.1:0 for the rest of the test; returns its URL.
+async fn serve_on_loopback<S>(service: S) -> String
+where
+    S: tower::Service<
+            http::Request<tonic::body::Body>,
+            Response = http::Response<tonic::body::Body>,
+            Error = std::convert::Infallible,
+        > + tonic::server::NamedService
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    endpoint
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -706,13 +724,12 @@ impl opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server:
 #[tokio::test]
 async fn mcp_server_health_is_exported_as_metrics() {
     let receiver = MetricsReceiver::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let otlp = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::MetricsServiceServer::new(receiver.clone()))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
+    let otlp = serve_on_loopback(
+        opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::MetricsServiceServer::new(
+            receiver.clone(),
+        ),
+    )
+    .await;
     let python = std::env::var("TOOLMESH_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
     let mini = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/mini_server.py");
     let dir = tempfile::tempdir().unwrap();

@@ -19,7 +19,6 @@ use serde_json::{Value, json};
 use tonic::Code;
 use toolmesh::AppOptions;
 use toolmesh_e2e::{TestServer, eventually, process_alive, text, write_script};
-use toolmesh_proto::v1::{CallToolRequest, CallToolResponse};
 
 type Seen = Arc<Mutex<Vec<(String, HeaderMap)>>>;
 
@@ -61,19 +60,6 @@ async fn http_server() -> (String, Seen) {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
     (format!("http://{addr}"), seen)
-}
-
-async fn call(
-    server: &TestServer,
-    name: &str,
-    arguments: Value,
-) -> Result<CallToolResponse, tonic::Status> {
-    let request = CallToolRequest {
-        name: name.into(),
-        arguments_json: arguments.to_string(),
-        ..Default::default()
-    };
-    server.client().await.call_tool(request).await.map(tonic::Response::into_inner)
 }
 
 #[tokio::test]
@@ -147,7 +133,7 @@ url = "http://localhost:9/weather"
     );
     let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
 
-    let response = call(&server, "weather", json!({"city": "São Paulo & co"})).await.unwrap();
+    let response = server.call("weather", json!({"city": "São Paulo & co"})).await.unwrap();
     assert!(!response.is_error, "{response:?}");
     assert_eq!(
         text(&response),
@@ -158,14 +144,14 @@ url = "http://localhost:9/weather"
     assert_eq!(city, "São Paulo & co");
     assert_eq!(headers.get("x-api-key").unwrap(), "k-123");
 
-    let raw = call(&server, "weather_raw", json!({"city": "Oslo"})).await.unwrap();
+    let raw = server.call("weather_raw", json!({"city": "Oslo"})).await.unwrap();
     let structured: Value = serde_json::from_str(raw.structured_json.as_deref().unwrap()).unwrap();
     assert_eq!(structured["current"]["temp_c"], 22);
 
-    let first = call(&server, "first_item", json!({})).await.unwrap();
+    let first = server.call("first_item", json!({})).await.unwrap();
     assert_eq!(first.structured_json.as_deref(), Some("7"));
 
-    let down = call(&server, "down", json!({})).await.unwrap();
+    let down = server.call("down", json!({})).await.unwrap();
     assert!(down.is_error);
     assert!(
         text(&down).contains("503") && text(&down).contains("upstream is down"),
@@ -173,14 +159,13 @@ url = "http://localhost:9/weather"
         text(&down)
     );
 
-    let big = call(&server, "big", json!({})).await.unwrap();
+    let big = server.call("big", json!({})).await.unwrap();
     assert!(big.is_error && text(&big).contains("max_response_bytes"), "{}", text(&big));
 
-    let plain = call(&server, "text", json!({})).await.unwrap();
+    let plain = server.call("text", json!({})).await.unwrap();
     assert_eq!(text(&plain), "plain words");
 
-    let ticket =
-        call(&server, "ticket", json!({"title": "Disk full", "priority": 2})).await.unwrap();
+    let ticket = server.call("ticket", json!({"title": "Disk full", "priority": 2})).await.unwrap();
     let structured: Value =
         serde_json::from_str(ticket.structured_json.as_deref().unwrap()).unwrap();
     assert_eq!(
@@ -189,7 +174,7 @@ url = "http://localhost:9/weather"
     );
 
     for tool in ["guarded", "guarded_by_name"] {
-        let refused = call(&server, tool, json!({})).await.unwrap();
+        let refused = server.call(tool, json!({})).await.unwrap();
         assert!(refused.is_error, "{tool}");
         assert!(text(&refused).contains("refused"), "{tool}: {}", text(&refused));
     }
@@ -232,7 +217,7 @@ command = "{}"
     );
     let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
 
-    let response = call(&server, "json_tool", json!({"x": "; rm -rf /"})).await.unwrap();
+    let response = server.call("json_tool", json!({"x": "; rm -rf /"})).await.unwrap();
     assert!(!response.is_error, "{}", text(&response));
     let structured: Value =
         serde_json::from_str(response.structured_json.as_deref().unwrap()).unwrap();
@@ -242,10 +227,10 @@ command = "{}"
         "args are passed verbatim"
     );
 
-    let hello = call(&server, "text_tool", json!({})).await.unwrap();
+    let hello = server.call("text_tool", json!({})).await.unwrap();
     assert_eq!(text(&hello), "hello from a script");
 
-    let failed = call(&server, "failing", json!({})).await.unwrap();
+    let failed = server.call("failing", json!({})).await.unwrap();
     assert!(failed.is_error);
     assert!(
         text(&failed).contains("exited with 3") && text(&failed).contains("disk quota exceeded"),
@@ -274,7 +259,7 @@ timeout_ms = 500
         slow.display()
     );
     let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
-    let status = call(&server, "slow", json!({})).await.unwrap_err();
+    let status = server.call("slow", json!({})).await.unwrap_err();
     assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
     assert!(
         status.message().contains("slow") && status.message().contains("500 ms"),

@@ -12,8 +12,8 @@ use tonic::Code;
 use toolmesh::AppOptions;
 use toolmesh_e2e::{TestServer, eventually, process_alive, text};
 use toolmesh_proto::v1::{
-    CallToolClientMessage, CallToolRequest, CallToolResponse, CancelCall, ElicitationAction,
-    ElicitationAnswer, ListToolsRequest, SourceKind, Tool, call_tool_client_message,
+    CallToolClientMessage, CallToolRequest, CancelCall, ElicitationAction, ElicitationAnswer,
+    ListToolsRequest, SourceKind, Tool, call_tool_client_message,
     call_tool_server_message::Message, content_part::Part,
 };
 
@@ -38,19 +38,6 @@ async fn wait_for_tool(server: &TestServer, name: &str) -> Tool {
     })
     .await
     .unwrap_or_else(|| panic!("{name} was never published"))
-}
-
-async fn call(
-    server: &TestServer,
-    name: &str,
-    arguments: Value,
-) -> Result<CallToolResponse, tonic::Status> {
-    let request = CallToolRequest {
-        name: name.into(),
-        arguments_json: arguments.to_string(),
-        ..Default::default()
-    };
-    server.client().await.call_tool(request).await.map(tonic::Response::into_inner)
 }
 
 /// Calls over StreamCallTool and returns every server message.
@@ -95,26 +82,25 @@ async fn exercise_everything(server: &TestServer, prefix: &str) {
     assert_eq!(long.annotations.unwrap().read_only, Some(true));
     assert!(!long.title.is_empty());
 
-    let echoed = call(server, &format!("{prefix}_echo"), json!({"message": "hi"})).await.unwrap();
+    let echoed = server.call(&format!("{prefix}_echo"), json!({"message": "hi"})).await.unwrap();
     assert_eq!(text(&echoed), "Echo: hi");
-    let sum = call(server, &format!("{prefix}_get-sum"), json!({"a": 2, "b": 40})).await.unwrap();
+    let sum = server.call(&format!("{prefix}_get-sum"), json!({"a": 2, "b": 40})).await.unwrap();
     assert!(text(&sum).contains("42"), "{}", text(&sum));
 
     // Arguments are checked against the server's inputSchema before anything is sent.
-    let invalid =
-        call(server, &format!("{prefix}_get-sum"), json!({"a": "two"})).await.unwrap_err();
+    let invalid = server.call(&format!("{prefix}_get-sum"), json!({"a": "two"})).await.unwrap_err();
     assert_eq!(invalid.code(), Code::InvalidArgument);
     assert!(invalid.message().contains("/a"), "{}", invalid.message());
 
-    let structured =
-        call(server, &format!("{prefix}_get-structured-content"), json!({"location": "Chicago"}))
-            .await
-            .unwrap();
+    let structured = server
+        .call(&format!("{prefix}_get-structured-content"), json!({"location": "Chicago"}))
+        .await
+        .unwrap();
     let value: Value =
         serde_json::from_str(structured.structured_json.as_deref().unwrap()).unwrap();
     assert!(value["temperature"].is_number(), "{value}");
 
-    let image = call(server, &format!("{prefix}_get-tiny-image"), json!({})).await.unwrap();
+    let image = server.call(&format!("{prefix}_get-tiny-image"), json!({})).await.unwrap();
     let media = image
         .content
         .iter()
@@ -151,7 +137,7 @@ async fn exercise_everything(server: &TestServer, prefix: &str) {
     let declined = answer_elicitation(server, &elicit, ElicitationAction::Decline, json!({})).await;
     assert!(declined.contains("declined"), "{declined}");
     // A unary call cannot answer: the question is answered `cancel`, nothing blocks.
-    let unary = call(server, &elicit, json!({})).await.unwrap();
+    let unary = server.call(&elicit, json!({})).await.unwrap();
     assert!(text(&unary).contains("cancelled"), "{}", text(&unary));
 }
 
@@ -284,13 +270,13 @@ async fn everything_server_over_streamable_http_survives_a_restart() {
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     assert!(status.message().contains("web"), "{}", status.message());
     assert!(started.elapsed() < Duration::from_secs(10));
-    let down = call(&server, "web_echo", json!({"message": "x"})).await.unwrap_err();
+    let down = server.call("web_echo", json!({"message": "x"})).await.unwrap_err();
     assert_eq!(down.code(), Code::Unavailable, "{down:?}");
 
     // Restarted: calls work again.
     let _upstream = HttpEverything::start(port).await;
     let back = eventually(Duration::from_secs(30), || async {
-        call(&server, "web_echo", json!({"message": "back"})).await.ok()
+        server.call("web_echo", json!({"message": "back"})).await.ok()
     })
     .await
     .expect("calls work again after the server restarted");
@@ -318,11 +304,11 @@ env = {{ TOOLMESH_TEST_MARKER = "{}" }}
     wait_for_tool(&server, "py_add").await;
     assert_eq!(server.app.mcp().protocol("py").as_deref(), Some("2026-07-28"), "server/discover");
 
-    let sum = call(&server, "py_add", json!({"a": 20, "b": 22})).await.unwrap();
+    let sum = server.call("py_add", json!({"a": 20, "b": 22})).await.unwrap();
     assert!(!sum.is_error);
     assert_eq!(text(&sum), "42");
 
-    let failed = call(&server, "py_fail", json!({})).await.unwrap();
+    let failed = server.call("py_fail", json!({})).await.unwrap();
     assert!(failed.is_error, "a tool-level error is an is_error result");
     assert!(text(&failed).contains("fail"), "{}", text(&failed));
 
@@ -367,14 +353,14 @@ env = {{ TOOLMESH_TEST_MARKER = "{}" }}
     let declined =
         answer_elicitation(&server, "py_ask", ElicitationAction::Decline, json!({})).await;
     assert!(declined.contains("decline"), "{declined}");
-    let unary = call(&server, "py_ask", json!({})).await.unwrap();
+    let unary = server.call("py_ask", json!({})).await.unwrap();
     assert!(text(&unary).contains("cancel"), "{}", text(&unary));
 
     // tools/list_changed: the new tool is published without a restart.
     assert!(!tools(&server).await.iter().any(|t| t.name == "py_extra"));
-    call(&server, "py_grow", json!({})).await.unwrap();
+    server.call("py_grow", json!({})).await.unwrap();
     wait_for_tool(&server, "py_extra").await;
-    assert_eq!(text(&call(&server, "py_extra", json!({})).await.unwrap()), "extra");
+    assert_eq!(text(&server.call("py_extra", json!({})).await.unwrap()), "extra");
 }
 
 /// Returns the pids of live processes whose environment holds `marker`.
@@ -423,7 +409,7 @@ async fn a_killed_stdio_server_is_unavailable_then_reconnected() {
     assert!(status.message().contains("py"), "{}", status.message());
 
     let back = eventually(Duration::from_secs(20), || async {
-        call(&server, "py_add", json!({"a": 1, "b": 2})).await.ok()
+        server.call("py_add", json!({"a": 1, "b": 2})).await.ok()
     })
     .await
     .expect("the server was restarted and calls work again");
@@ -466,7 +452,7 @@ args = ["{}"]
         let started = std::time::Instant::now();
         let listed = tools(&server).await;
         assert!(listed.iter().any(|t| t.name == "echo"));
-        assert_eq!(text(&call(&server, "py_add", json!({"a": 2, "b": 2})).await.unwrap()), "4");
+        assert_eq!(text(&server.call("py_add", json!({"a": 2, "b": 2})).await.unwrap()), "4");
         assert!(started.elapsed() < Duration::from_millis(900), "took {:?}", started.elapsed());
     }
     let health = eventually(Duration::from_secs(10), || async {
@@ -553,7 +539,7 @@ async fn a_hundred_actor_crashes_leave_no_zombies_or_orphans() {
     for cycle in 0..100 {
         assert_eq!(server.app.mcp().restart("mini").await, Ok(true));
         let answer = eventually(Duration::from_secs(10), || async {
-            call(&server, "mini_echo", json!({"text": "ok"})).await.ok()
+            server.call("mini_echo", json!({"text": "ok"})).await.ok()
         })
         .await
         .unwrap_or_else(|| panic!("cycle {cycle}: the restarted server never answered"));
@@ -638,7 +624,7 @@ async fn everything_server_over_legacy_sse_and_the_http_fallback() {
     // `http` tries streamable HTTP first; this server answers only SSE, so it falls back.
     wait_for_tool(&server, "auto_echo").await;
     assert_eq!(
-        text(&call(&server, "auto_echo", json!({"message": "via fallback"})).await.unwrap()),
+        text(&server.call("auto_echo", json!({"message": "via fallback"})).await.unwrap()),
         "Echo: via fallback"
     );
 }
@@ -669,7 +655,7 @@ async fn a_lazy_server_runs_only_while_it_is_used() {
     let listed = wait_for_tool(&server, "lazy_echo").await;
     assert!(listed.source.unwrap().available, "an idle lazy server is still offered");
 
-    let answer = call(&server, "lazy_echo", json!({"text": "wake up"})).await.unwrap();
+    let answer = server.call("lazy_echo", json!({"text": "wake up"})).await.unwrap();
     assert_eq!(text(&answer), "wake up", "the call opened the server");
     assert!(!processes_with(&tag).is_empty());
     eventually(Duration::from_secs(10), idle).await.expect("closed again after the idle timeout");

@@ -42,6 +42,20 @@ impl TestServer {
         toolmesh::client::connect(&self.addr.to_string()).await.expect("connect to the test server")
     }
 
+    /// Calls `name` with `arguments` over unary CallTool.
+    pub async fn call(
+        &self,
+        name: &str,
+        arguments: serde_json::Value,
+    ) -> Result<toolmesh_proto::v1::CallToolResponse, tonic::Status> {
+        let request = toolmesh_proto::v1::CallToolRequest {
+            name: name.into(),
+            arguments_json: arguments.to_string(),
+            ..Default::default()
+        };
+        self.client().await.call_tool(request).await.map(tonic::Response::into_inner)
+    }
+
     /// Triggers shutdown and waits for the server; returns whether calls drained in time.
     pub async fn stop(mut self) -> anyhow::Result<bool> {
         if let Some(tx) = self.shutdown.take() {
