@@ -512,3 +512,64 @@ async fn reflection_v1_lists_the_services_and_serves_their_descriptors() {
     assert_eq!(file.package(), "toolmesh.v1");
     assert!(file.service.iter().any(|s| s.name() == "ToolService"));
 }
+
+#[tokio::test]
+async fn search_tools_ranks_the_live_catalog() {
+    let probe = Arc::new(BlockingProbe::default());
+    let server = server("", &probe).await;
+    let client = server.client().await;
+    let search = |query: &str, source_name: &str| {
+        let mut client = client.clone();
+        let request = toolmesh_proto::v1::SearchToolsRequest {
+            query: query.into(),
+            top_k: 3,
+            source_name: source_name.into(),
+            ..Default::default()
+        };
+        async move { client.search_tools(request).await.map(|r| r.into_inner()) }
+    };
+    let found = eventually(Duration::from_secs(5), || async {
+        let response = search("record a reasoning step before acting", "").await.unwrap();
+        (response.hits.first().map(|h| h.tool.as_ref().unwrap().name.as_str()) == Some("think"))
+            .then_some(response)
+    })
+    .await
+    .expect("think ranks first");
+    assert_eq!(found.ranking, "bm25");
+    assert!(found.hits.len() <= 3);
+    assert!(found.hits.windows(2).all(|w| w[0].score >= w[1].score), "best first");
+    let think = found.hits[0].tool.as_ref().unwrap();
+    assert!(think.input_schema_json.contains("thought"), "hits carry the full definition");
+
+    let filtered = search("record a reasoning step", "embedded").await.unwrap();
+    assert!(
+        filtered
+            .hits
+            .iter()
+            .all(|h| h.tool.as_ref().unwrap().source.as_ref().unwrap().name == "embedded")
+    );
+    let empty = search("  ", "").await.unwrap_err();
+    assert_eq!(empty.code(), Code::InvalidArgument);
+
+    // The index follows the catalog: a tool added by a reload is found, then forgotten.
+    let config = r#"
+[[tools.command]]
+name = "word_count"
+description = "Counts the words of a text document."
+command = "/usr/bin/wc"
+"#;
+    server.app.reload(&TestServer::config(config).unwrap()).await.unwrap();
+    let added = eventually(Duration::from_secs(5), || async {
+        let response = search("count the words in my document", "").await.unwrap();
+        response.hits.iter().any(|h| h.tool.as_ref().unwrap().name == "word_count").then_some(())
+    })
+    .await;
+    assert!(added.is_some(), "a new tool is searchable");
+    server.app.reload(&TestServer::config("").unwrap()).await.unwrap();
+    let removed = eventually(Duration::from_secs(5), || async {
+        let response = search("count the words in my document", "").await.unwrap();
+        (!response.hits.iter().any(|h| h.tool.as_ref().unwrap().name == "word_count")).then_some(())
+    })
+    .await;
+    assert!(removed.is_some(), "a removed tool is purged");
+}

@@ -1,10 +1,9 @@
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::debug;
 
-use crate::{Catalog, RegistryMsg, RegistryState};
+use crate::{PublishedCatalog, RegistryMsg, RegistryState};
 
 /// Owns the catalog: applies writes one at a time and publishes each new snapshot.
 ///
@@ -15,15 +14,15 @@ pub struct RegistryActor;
 
 impl Actor for RegistryActor {
     type Msg = RegistryMsg;
-    type State = (RegistryState, Arc<ArcSwap<Catalog>>);
-    type Arguments = Arc<ArcSwap<Catalog>>;
+    type State = (RegistryState, Arc<PublishedCatalog>);
+    type Arguments = Arc<PublishedCatalog>;
 
     async fn pre_start(
         &self,
         _myself: ActorRef<Self::Msg>,
         published: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let current = Catalog::clone(&published.load());
+        let current = crate::Catalog::clone(&published.load());
         Ok((RegistryState::from_catalog(current), published))
     }
 
@@ -48,7 +47,7 @@ impl Actor for RegistryActor {
         if state.catalog().version != before {
             let catalog = state.catalog().clone();
             debug!(version = catalog.version, tools = catalog.tools.len(), "catalog published");
-            published.store(Arc::new(catalog));
+            published.store(catalog);
         }
         Ok(())
     }

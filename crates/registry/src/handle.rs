@@ -4,13 +4,15 @@ use arc_swap::ArcSwap;
 use ractor::{ActorRef, rpc::CallResult};
 use toolmesh_core::Toolkit;
 
-use crate::{Catalog, Registered, RegistryError, RegistryMsg, SourceUpdate, ToolEntry};
+use crate::{
+    Catalog, PublishedCatalog, Registered, RegistryError, RegistryMsg, SourceUpdate, ToolEntry,
+};
 
 /// How callers use the registry: reads go to the published snapshot, writes to the actor.
 #[derive(Debug, Clone)]
 pub struct RegistryHandle {
     actor: Arc<ArcSwap<ActorRef<RegistryMsg>>>,
-    published: Arc<ArcSwap<Catalog>>,
+    published: Arc<PublishedCatalog>,
     timeout: Duration,
 }
 
@@ -19,19 +21,24 @@ impl RegistryHandle {
     /// restarted one), which publishes into `published`.
     pub fn new(
         actor: Arc<ArcSwap<ActorRef<RegistryMsg>>>,
-        published: Arc<ArcSwap<Catalog>>,
+        published: Arc<PublishedCatalog>,
     ) -> Self {
         RegistryHandle { actor, published, timeout: Duration::from_secs(10) }
     }
 
     /// Returns the current catalog snapshot; no mailbox round trip.
     pub fn snapshot(&self) -> Arc<Catalog> {
-        self.published.load_full()
+        self.published.load()
+    }
+
+    /// Returns a receiver that sees the version of every newly published catalog.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.published.subscribe()
     }
 
     /// Returns the tool named `name` from the current snapshot.
     pub fn resolve(&self, name: &str) -> Option<Arc<ToolEntry>> {
-        self.published.load().get(name).cloned()
+        self.published.get(name)
     }
 
     /// Registers a standalone tool.

@@ -2,7 +2,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
-use toolmesh_registry::{Catalog, RegistryActor, RegistryHandle, RegistryMsg};
+use toolmesh_registry::{PublishedCatalog, RegistryActor, RegistryHandle, RegistryMsg};
 use tracing::{error, warn};
 
 /// Messages of the [`RouterActor`].
@@ -20,7 +20,7 @@ pub enum RouterMsg {
 /// working because they find the registry through the shared cell.
 #[derive(Debug, Clone)]
 pub struct RouterActor {
-    published: Arc<ArcSwap<Catalog>>,
+    published: Arc<PublishedCatalog>,
     registry_cell: Arc<ArcSwap<ActorRef<RegistryMsg>>>,
 }
 
@@ -34,7 +34,7 @@ impl RouterActor {
     /// Starts the router actor and the registry it supervises; returns the router actor and
     /// a handle to the registry.
     pub async fn start() -> Result<(ActorRef<RouterMsg>, RegistryHandle), ActorProcessingErr> {
-        let published = Arc::new(ArcSwap::from_pointee(Catalog::default()));
+        let published = Arc::new(PublishedCatalog::default());
         let (registry, _) = Actor::spawn(None, RegistryActor, published.clone()).await?;
         let registry_cell = Arc::new(ArcSwap::from_pointee(registry.clone()));
         let actor =

@@ -11,6 +11,7 @@ use toolmesh_proto::v1::{
     ListToolsRequest, ListToolsResponse, call_tool_client_message, call_tool_server_message,
     tool_service_server::ToolService,
 };
+use toolmesh_search::SearchHandle;
 use toolmesh_telemetry::{names, set_parent_from_metadata};
 use tracing::{Instrument, Span, debug, info_span};
 
@@ -25,16 +26,40 @@ const PAGE_TOKEN_PREFIX: &str = "after:";
 /// Server messages buffered per stream before the tool's events wait for the client.
 const STREAM_BUFFER: usize = 64;
 
+/// Default hits per `SearchTools`.
+const DEFAULT_TOP_K: usize = 5;
+/// Most hits per `SearchTools`.
+const MAX_TOP_K: usize = 50;
+
 /// The gRPC `toolmesh.v1.ToolService`.
 #[derive(Debug, Clone)]
 pub struct ToolServiceImpl {
     router: Router,
+    search: SearchHandle,
 }
 
 impl ToolServiceImpl {
-    /// Returns the service over `router`.
-    pub fn new(router: Router) -> Self {
-        ToolServiceImpl { router }
+    /// Returns the service over `router`, searching with `search`.
+    pub fn new(router: Router, search: SearchHandle) -> Self {
+        ToolServiceImpl { router, search }
+    }
+}
+
+/// The filters ListTools and SearchTools share.
+struct ToolFilter<'a> {
+    toolkit: &'a str,
+    tags: &'a [String],
+    kind: v1::SourceKind,
+    source_name: &'a str,
+}
+
+impl ToolFilter<'_> {
+    fn keeps(&self, spec: &toolmesh_core::ToolSpec) -> bool {
+        (self.toolkit.is_empty() || spec.toolkit.as_deref() == Some(self.toolkit))
+            && self.tags.iter().all(|tag| spec.tags.contains(tag))
+            && (self.kind == v1::SourceKind::Unspecified
+                || convert::source_kind(spec.source.kind) == self.kind)
+            && (self.source_name.is_empty() || spec.source.name == self.source_name)
     }
 }
 
@@ -98,8 +123,13 @@ impl ToolService for ToolServiceImpl {
                 .to_status()
             })?),
         };
-        let kind =
-            v1::SourceKind::try_from(request.source_kind).unwrap_or(v1::SourceKind::Unspecified);
+        let filter = ToolFilter {
+            toolkit: &request.toolkit,
+            tags: &request.tags,
+            kind: v1::SourceKind::try_from(request.source_kind)
+                .unwrap_or(v1::SourceKind::Unspecified),
+            source_name: &request.source_name,
+        };
         let catalog = self.router.registry().snapshot();
         let range = match after {
             Some(after) => catalog
@@ -111,12 +141,7 @@ impl ToolService for ToolServiceImpl {
         let mut next_page_token = String::new();
         for (_, entry) in range {
             let spec = &entry.spec;
-            let matches = (request.toolkit.is_empty()
-                || spec.toolkit.as_deref() == Some(request.toolkit.as_str()))
-                && request.tags.iter().all(|tag| spec.tags.contains(tag))
-                && (kind == v1::SourceKind::Unspecified
-                    || convert::source_kind(spec.source.kind) == kind)
-                && (request.source_name.is_empty() || spec.source.name == request.source_name);
+            let matches = filter.keeps(spec);
             if !matches {
                 continue;
             }
@@ -156,6 +181,47 @@ impl ToolService for ToolServiceImpl {
             Ok((call_id, output)) => Ok(Response::new(convert::response(call_id, output))),
             Err(error) => Err(status(&error)),
         }
+    }
+
+    async fn search_tools(
+        &self,
+        request: Request<v1::SearchToolsRequest>,
+    ) -> Result<Response<v1::SearchToolsResponse>, Status> {
+        let span = rpc_span("SearchTools", &request);
+        let _entered = span.enter();
+        let request = request.into_inner();
+        if request.query.trim().is_empty() {
+            return Err(RouterError::InvalidRequest {
+                field: "query",
+                reason: "must not be empty".into(),
+            }
+            .to_status());
+        }
+        let top_k = match request.top_k as usize {
+            0 => DEFAULT_TOP_K,
+            n => n.min(MAX_TOP_K),
+        };
+        let filter = ToolFilter {
+            toolkit: &request.toolkit,
+            tags: &request.tags,
+            kind: v1::SourceKind::try_from(request.source_kind)
+                .unwrap_or(v1::SourceKind::Unspecified),
+            source_name: &request.source_name,
+        };
+        let hits = self
+            .search
+            .search(&request.query, top_k, |spec| filter.keeps(spec))
+            .into_iter()
+            .map(|hit| v1::SearchHit {
+                tool: Some(convert::tool(&hit.tool.spec, hit.tool.backend.status())),
+                score: hit.score,
+            })
+            .collect();
+        Ok(Response::new(v1::SearchToolsResponse {
+            hits,
+            ranking: "bm25".into(),
+            indexed_tools: self.search.indexed() as u64,
+        }))
     }
 
     type StreamCallToolStream = ServerStream;

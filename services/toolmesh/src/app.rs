@@ -7,6 +7,7 @@ use toolmesh_core::{ToolSource, Toolkit};
 use toolmesh_mcp::McpManager;
 use toolmesh_registry::{RegistryHandle, SourceUpdate, ToolEntry};
 use toolmesh_router::{Router, RouterActor, RouterMsg, RouterOptions};
+use toolmesh_search::{SearchHandle, SearchMsg, ToolSearchActor};
 use toolmesh_tools::{BUILTIN_SOURCE, CONFIG_SOURCE, EchoTool, config_tools, reasoning_toolkit};
 use toolmesh_workers::{LocalToolInstall, PoolOptions, ToolLimits, WorkerPool};
 use tracing::info;
@@ -27,7 +28,9 @@ pub struct App {
     router: Router,
     pool: WorkerPool,
     mcp: McpManager,
+    search: SearchHandle,
     router_actor: ActorRef<RouterMsg>,
+    search_actor: ActorRef<SearchMsg>,
 }
 
 impl App {
@@ -52,7 +55,10 @@ impl App {
         let mcp = McpManager::start(registry.clone())
             .await
             .map_err(|e| anyhow::anyhow!("cannot start the mcp supervisor: {e}"))?;
-        let app = App { router, pool, mcp, router_actor };
+        let (search_actor, search) = ToolSearchActor::start(registry.clone())
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot start the search index: {e}"))?;
+        let app = App { router, pool, mcp, search, router_actor, search_actor };
 
         let mut builtin = SourceUpdate {
             source: ToolSource::local(BUILTIN_SOURCE),
@@ -131,6 +137,11 @@ impl App {
         &self.pool
     }
 
+    /// Returns the tool search.
+    pub fn search(&self) -> &SearchHandle {
+        &self.search
+    }
+
     /// Returns the MCP backend.
     pub fn mcp(&self) -> &McpManager {
         &self.mcp
@@ -141,6 +152,7 @@ impl App {
     pub async fn shutdown(&self) {
         self.mcp.stop().await;
         self.pool.stop();
+        self.search_actor.stop(Some("shutdown".into()));
         self.router_actor.stop(Some("shutdown".into()));
     }
 }

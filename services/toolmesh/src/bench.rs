@@ -571,6 +571,13 @@ impl ToolService for EchoService {
         }))
     }
 
+    async fn search_tools(
+        &self,
+        _: Request<toolmesh_proto::v1::SearchToolsRequest>,
+    ) -> Result<Response<toolmesh_proto::v1::SearchToolsResponse>, Status> {
+        Err(Status::unimplemented("the bench echo server answers CallTool only"))
+    }
+
     type StreamCallToolStream = EchoStream;
 
     async fn stream_call_tool(

@@ -49,7 +49,10 @@ pub async fn serve(
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(ToolServiceServer::new(ToolServiceImpl::new(app.router().clone())))
+        .add_service(ToolServiceServer::new(ToolServiceImpl::new(
+            app.router().clone(),
+            app.search().clone(),
+        )))
         .serve_with_incoming_shutdown(incoming, signal);
     tokio::pin!(server);
 
