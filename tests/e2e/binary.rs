@@ -808,3 +808,36 @@ async fn an_unprefixed_mcp_tool_that_collides_is_an_error_naming_both_sources() 
     let echo = tools.iter().find(|t| t.name == "echo").unwrap();
     assert_eq!(echo.source.as_ref().unwrap().name, "builtin");
 }
+
+#[tokio::test]
+async fn bench_search_measures_a_tool_search_benchmark() {
+    // A small benchmark in the format of shared/bench/toolsearch; this checks that the
+    // harness loads tools through MCP, scores rankings and re-indexes, not how fast.
+    let dir = tempfile::tempdir().unwrap();
+    let tools = [
+        ("weather_current", "Current weather conditions for a city"),
+        ("stock_quote", "Latest stock price quote for a ticker symbol"),
+        ("translate_text", "Translate text between languages"),
+        ("send_email", "Send an email message to a recipient"),
+    ];
+    let lines: Vec<String> = tools
+        .iter()
+        .map(|(n, d)| {
+            json!({"name": n, "description": d, "input_schema": {"type": "object"}}).to_string()
+        })
+        .collect();
+    std::fs::write(dir.path().join("tools.jsonl"), lines.join("\n")).unwrap();
+    let queries = [
+        json!({"query": "what is the weather in Paris", "relevant": ["weather_current"]}),
+        json!({"query": "translate this text into French", "relevant": ["translate_text"]}),
+    ];
+    let lines: Vec<String> = queries.iter().map(ToString::to_string).collect();
+    std::fs::write(dir.path().join("queries-dev.jsonl"), lines.join("\n")).unwrap();
+
+    let output = run(&["bench", "--search", dir.path().to_str().unwrap()]).await;
+    assert!(output.status.success(), "{}", stderr(&output));
+    let report = stdout(&output);
+    assert!(report.contains("2 queries over the whole pool of 4 tools"), "{report}");
+    assert!(report.contains("Recall@1   1.000") && report.contains("NDCG@10    1.000"), "{report}");
+    assert!(report.contains("re-index after one tool changed"), "{report}");
+}

@@ -93,6 +93,8 @@ pub struct McpClientState {
     /// Dropping it closes the current connection. It lives in the state so that however
     /// the actor ends (stop, crash, kill), the connection and its child process end too.
     connection: Option<tokio_util::sync::DropGuard>,
+    /// The tools of the last listing, by their name on the server.
+    listed: std::collections::HashMap<String, Tool>,
 }
 
 impl McpClientActor {
@@ -108,7 +110,7 @@ impl McpClientActor {
     }
 
     /// Publishes `tools` as this server's whole set, in one registry update.
-    async fn publish(&self, tools: Vec<Tool>) {
+    async fn publish(&self, tools: Vec<Tool>, state: &mut McpClientState) {
         let server = self.shared.name();
         let config = &self.shared.config;
         let source = self.source();
@@ -127,15 +129,29 @@ impl McpClientActor {
                 error!(tool = %name, server, first = %previous.spec.name, "two tools of the server map to one name; the second is not published");
                 continue;
             }
+            // An unchanged tool keeps its entry: no conversion and no schema compilation when
+            // one tool of thousands changes.
+            if state.listed.get(tool.name.as_ref()) == Some(tool)
+                && let Some(existing) = catalog.get(&name).filter(|e| e.spec.source == source)
+            {
+                entries.push(ToolEntry::clone(existing));
+                continue;
+            }
             let spec = convert::spec(server, name.clone(), tool, config.timeout);
             let backend =
                 Arc::new(McpBackend { shared: self.shared.clone(), tool: tool.name.to_string() });
-            match ToolEntry::new(spec, backend) {
-                Ok(entry) => entries.push(entry),
+            match ToolEntry::lenient(spec, backend) {
+                Ok((entry, problem)) => {
+                    if let Some(problem) = problem {
+                        warn!(tool = %name, server, %problem, "published without argument validation");
+                    }
+                    entries.push(entry);
+                }
                 Err(error) => warn!(tool = %name, server, %error, "tool not published"),
             }
         }
         let count = entries.len();
+        state.listed = tools.into_iter().map(|t| (t.name.to_string(), t)).collect();
         let update = SourceUpdate { source, tools: entries, toolkits: vec![] };
         match self.registry.replace_source(update).await {
             Ok(()) => info!(server, tools = count, "mcp tools published"),
@@ -436,7 +452,7 @@ impl Actor for McpClientActor {
                         () = close.cancelled() => {}
                     }
                 });
-                self.publish(tools).await;
+                self.publish(tools, state).await;
                 self.shared.set_health(ServerHealth::Healthy);
                 self.shared.touch();
                 self.shared.attempts.send_modify(|n| *n += 1);
@@ -477,7 +493,7 @@ impl Actor for McpClientActor {
             }
             McpMsg::ToolsListed { generation, tools } => {
                 if generation == state.generation {
-                    self.publish(tools).await;
+                    self.publish(tools, state).await;
                 }
             }
             McpMsg::Disconnected { generation, reason } => {

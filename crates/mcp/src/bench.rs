@@ -25,15 +25,78 @@ use rmcp::{
 use serde_json::json;
 use tokio::net::TcpListener;
 
-/// An MCP server with one tool, `echo`, that answers with its `message` argument.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct EchoServer;
+/// Name of the tool that changes another tool's description (see [`EchoServer`]).
+pub const TOUCH_TOOL: &str = "bench__touch";
+
+/// An MCP server for load tests. It offers `echo` (answers with its `message` argument), or
+/// the tools of a file (each answers with its arguments), plus [`TOUCH_TOOL`], which appends
+/// `marker` to the description of tool `name` and announces `tools/list_changed`, so that
+/// re-indexing after one change can be measured.
+#[derive(Debug, Clone)]
+pub struct EchoServer {
+    tools: Arc<std::sync::RwLock<Vec<Tool>>>,
+}
+
+impl Default for EchoServer {
+    fn default() -> Self {
+        let schema = json!({"type": "object", "properties": {"message": {"type": "string"}}});
+        EchoServer::with_tools(vec![Tool::new(
+            "echo",
+            "Echoes its message.",
+            Arc::new(object(schema)),
+        )])
+    }
+}
+
+fn object(value: serde_json::Value) -> serde_json::Map<String, serde_json::Value> {
+    match value {
+        serde_json::Value::Object(map) => map,
+        _ => serde_json::Map::new(),
+    }
+}
+
+impl EchoServer {
+    /// Returns a server offering `tools` (and [`TOUCH_TOOL`]).
+    pub fn with_tools(mut tools: Vec<Tool>) -> Self {
+        let touch = json!({"type": "object", "required": ["name", "marker"],
+                           "properties": {"name": {"type": "string"}, "marker": {"type": "string"}}});
+        tools.push(Tool::new(
+            TOUCH_TOOL,
+            "Changes a tool's description (load tests).",
+            Arc::new(object(touch)),
+        ));
+        EchoServer { tools: Arc::new(std::sync::RwLock::new(tools)) }
+    }
+
+    /// Returns a server offering the tools of a JSON Lines file of
+    /// `{"name", "description", "input_schema"}` objects.
+    pub fn from_file(path: &std::path::Path) -> std::io::Result<Self> {
+        let text = std::fs::read_to_string(path)?;
+        let mut tools = Vec::new();
+        for (number, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+            let value: serde_json::Value = serde_json::from_str(line).map_err(|e| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("{}:{}: {e}", path.display(), number + 1),
+                )
+            })?;
+            let name = value["name"].as_str().unwrap_or_default().to_owned();
+            let description = value["description"].as_str().unwrap_or_default().to_owned();
+            let mut schema = object(value["input_schema"].clone());
+            schema.entry("type").or_insert_with(|| json!("object"));
+            tools.push(Tool::new(name, description, Arc::new(schema)));
+        }
+        Ok(EchoServer::with_tools(tools))
+    }
+}
 
 impl ServerHandler for EchoServer {
     fn get_info(&self) -> ServerConfig {
         let mut info = ServerConfig::default();
         let mut capabilities = ServerCapabilities::default();
-        capabilities.tools = Some(Default::default());
+        let mut tools = rmcp::model::ToolsCapability::default();
+        tools.list_changed = Some(true);
+        capabilities.tools = Some(tools);
         info.capabilities = capabilities;
         info
     }
@@ -43,32 +106,46 @@ impl ServerHandler for EchoServer {
         _: Option<PaginatedRequestParams>,
         _: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        let schema = json!({"type": "object", "properties": {"message": {"type": "string"}}});
-        let serde_json::Value::Object(schema) = schema else { unreachable!("an object literal") };
-        let tool = Tool::new("echo", "Echoes its message.", Arc::new(schema));
-        Ok(ListToolsResult::with_all_items(vec![tool]))
+        let tools = self.tools.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        Ok(ListToolsResult::with_all_items(tools))
     }
 
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let message = request
-            .arguments
-            .as_ref()
-            .and_then(|a| a.get("message"))
-            .and_then(|m| m.as_str())
-            .unwrap_or_default()
-            .to_owned();
-        Ok(CallToolResponse::Complete(CallToolResult::success(vec![ContentBlock::text(message)])))
+        let arguments = request.arguments.unwrap_or_default();
+        if request.name == TOUCH_TOOL {
+            let name = arguments.get("name").and_then(|v| v.as_str()).unwrap_or_default();
+            let marker = arguments.get("marker").and_then(|v| v.as_str()).unwrap_or_default();
+            {
+                let mut tools =
+                    self.tools.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let Some(tool) = tools.iter_mut().find(|t| t.name == name) else {
+                    return Err(ErrorData::invalid_params(format!("no tool {name}"), None));
+                };
+                let description =
+                    format!("{} {marker}", tool.description.as_deref().unwrap_or_default());
+                tool.description = Some(description.into());
+            }
+            let _ = context.peer.notify_tool_list_changed().await;
+            return Ok(CallToolResponse::Complete(CallToolResult::success(vec![
+                ContentBlock::text("touched"),
+            ])));
+        }
+        let text = match arguments.get("message").and_then(|m| m.as_str()) {
+            Some(message) => message.to_owned(),
+            None => serde_json::Value::Object(arguments).to_string(),
+        };
+        Ok(CallToolResponse::Complete(CallToolResult::success(vec![ContentBlock::text(text)])))
     }
 }
 
-/// Serves [`EchoServer`] over streamable HTTP at `/mcp` on `listener`.
-pub async fn serve_echo(listener: TcpListener) -> std::io::Result<()> {
+/// Serves `server` over streamable HTTP at `/mcp` on `listener`.
+pub async fn serve_echo(listener: TcpListener, server: EchoServer) -> std::io::Result<()> {
     let service = StreamableHttpService::new(
-        || Ok(EchoServer),
+        move || Ok(server.clone()),
         Arc::new(LocalSessionManager::default()),
         StreamableHttpServerConfig::default(),
     );

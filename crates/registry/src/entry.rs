@@ -54,6 +54,26 @@ impl ToolEntry {
         Ok(ToolEntry { spec, backend, input, output })
     }
 
+    /// Like [`ToolEntry::new`], but a tool whose input schema does not compile is kept,
+    /// without argument validation (the server still checks its own arguments); the
+    /// returned error says why. For tools whose schemas come from elsewhere, such as MCP
+    /// servers, where dropping the tool would make it unusable.
+    pub fn lenient(
+        spec: ToolSpec,
+        backend: Arc<dyn Backend>,
+    ) -> Result<(Self, Option<RegistryError>), RegistryError> {
+        validate_tool_name(&spec.name)?;
+        let (input, problem) = match compile(&spec.name, "input", &spec.input_schema) {
+            Ok(input) => (input, None),
+            Err(error) => (compile(&spec.name, "input", &Value::Bool(true))?, Some(error)),
+        };
+        let output = match (&spec.output_schema, spec.validate_output) {
+            (Some(schema), true) => Some(compile(&spec.name, "output", schema)?),
+            _ => None,
+        };
+        Ok((ToolEntry { spec, backend, input, output }, problem))
+    }
+
     /// Returns every way in which `arguments` fail the input schema; empty when valid.
     pub fn check_arguments(&self, arguments: &Value) -> Vec<SchemaViolation> {
         violations(&self.input, arguments)

@@ -286,6 +286,14 @@ mod tests {
     }
 
     #[test]
+    fn a_lenient_entry_keeps_a_tool_whose_schema_does_not_compile() {
+        let spec = ToolSpec::new("t", "d", json!({"type": "objekt"}), ToolSource::local("x"));
+        let (entry, problem) = ToolEntry::lenient(spec, Arc::new(Nop)).unwrap();
+        assert!(matches!(problem, Some(RegistryError::InvalidSchema { which: "input", .. })));
+        assert!(entry.check_arguments(&json!({"anything": 1})).is_empty());
+    }
+
+    #[test]
     fn invalid_schema_is_rejected_at_registration() {
         let spec = ToolSpec::new("t", "d", json!({"type": "objekt"}), ToolSource::local("x"));
         let err = ToolEntry::new(spec, Arc::new(Nop)).unwrap_err();

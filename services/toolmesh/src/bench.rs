@@ -459,6 +459,209 @@ pub async fn run_mcp(options: &BenchOptions, exe: &Path) -> anyhow::Result<McpRe
     Ok(McpReport { direct: median(direct), toolmesh: median(through), cores })
 }
 
+/// Figures of `toolmesh bench --search`.
+#[derive(Debug, Clone)]
+pub struct SearchReport {
+    /// Tools in the pool.
+    pub tools: usize,
+    /// Queries run.
+    pub queries: usize,
+    /// Mean Recall@1, @5, @10.
+    pub recall: [f64; 3],
+    /// Mean NDCG@10 (binary gains).
+    pub ndcg10: f64,
+    /// Share of queries with every relevant tool in the top 10.
+    pub complete10: f64,
+    /// Search latency (client-side, one query at a time), ms.
+    pub p50_ms: f64,
+    /// Search latency p99, ms.
+    pub p99_ms: f64,
+    /// From starting toolmesh to every tool indexed, seconds.
+    pub cold_index_s: f64,
+    /// From changing one tool on the MCP server to the change being searchable, ms.
+    pub reindex_ms: f64,
+    /// The ranking the server reported.
+    pub ranking: String,
+}
+
+/// One labelled query.
+struct LabelledQuery {
+    query: String,
+    relevant: Vec<String>,
+}
+
+fn read_jsonl(path: &Path) -> anyhow::Result<Vec<serde_json::Value>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).with_context(|| format!("a line of {}", path.display())))
+        .collect()
+}
+
+/// Recall@1/5/10, NDCG@10 and completeness of one ranking, as the benchmark's README defines.
+fn score_ranking(ranked: &[String], relevant: &[String]) -> ([f64; 3], f64, bool) {
+    let hit = |i: usize| relevant.contains(&ranked[i]);
+    let recall = |k: usize| {
+        (0..k.min(ranked.len())).filter(|i| hit(*i)).count() as f64 / relevant.len() as f64
+    };
+    let dcg: f64 =
+        (0..10.min(ranked.len())).filter(|i| hit(*i)).map(|i| 1.0 / ((i + 2) as f64).log2()).sum();
+    let ideal: f64 = (0..relevant.len().min(10)).map(|i| 1.0 / ((i + 2) as f64).log2()).sum();
+    let complete = relevant.iter().all(|r| ranked.iter().take(10).any(|n| n == r));
+    ([recall(1), recall(5), recall(10)], dcg / ideal, complete)
+}
+
+/// Loads the benchmark's tools into a toolmesh the way real tools arrive (as the tools of
+/// an MCP server), runs every dev query through SearchTools over the whole pool, and
+/// measures quality, latency, cold indexing and re-indexing after one change.
+pub async fn run_search(dir: &Path, exe: &Path) -> anyhow::Result<SearchReport> {
+    let tools_file = dir.join("tools.jsonl");
+    let tool_names: Vec<String> = read_jsonl(&tools_file)?
+        .iter()
+        .filter_map(|t| t["name"].as_str().map(str::to_owned))
+        .collect();
+    let queries: Vec<LabelledQuery> = read_jsonl(&dir.join("queries-dev.jsonl"))?
+        .into_iter()
+        .map(|q| LabelledQuery {
+            query: q["query"].as_str().unwrap_or_default().to_owned(),
+            relevant: q["relevant"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|r| r.as_str().map(str::to_owned))
+                .collect(),
+        })
+        .filter(|q| !q.query.is_empty() && !q.relevant.is_empty())
+        .collect();
+    let tools_arg = tools_file.display().to_string();
+    let upstream = start_child(exe, &["bench", "--mcp-echo-server", "--tools", &tools_arg]).await?;
+    let config =
+        std::env::temp_dir().join(format!("toolmesh-bench-search-{}.toml", std::process::id()));
+    std::fs::write(
+        &config,
+        format!(
+            "[builtin]\nreasoning = false\necho = false\n\n[[mcp.servers]]\nname = \"bench\"\ntransport = \"streamable-http\"\nurl = \"http://{}/mcp\"\nprefix = \"none\"\nping_interval_ms = 0\n",
+            upstream.addr
+        ),
+    )?;
+    struct RemoveOnDrop(std::path::PathBuf);
+    impl Drop for RemoveOnDrop {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _config = RemoveOnDrop(config.clone());
+    let config_arg = config.display().to_string();
+
+    // Cold: from starting toolmesh until every tool is searchable.
+    let started = Instant::now();
+    let toolmesh =
+        start_child(exe, &["serve", "--listen", "127.0.0.1:0", "--config", &config_arg]).await?;
+    let mut client = crate::client::connect(&toolmesh.addr.to_string()).await?;
+    let expected = tool_names.len() + 1; // and the touch tool
+    let search = |client: &mut ToolServiceClient<Channel>, query: String, top_k: u32| {
+        let mut client = client.clone();
+        async move {
+            let request =
+                toolmesh_proto::v1::SearchToolsRequest { query, top_k, ..Default::default() };
+            client.search_tools(request).await.map(tonic::Response::into_inner)
+        }
+    };
+    loop {
+        let response = search(&mut client, "tool".into(), 1).await?;
+        if response.indexed_tools as usize >= expected {
+            break;
+        }
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(300),
+            "only {} of {expected} tools indexed after 300 s",
+            response.indexed_tools
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let cold_index_s = started.elapsed().as_secs_f64();
+
+    let mut histogram = new_histogram();
+    let (mut recall, mut ndcg, mut complete) = ([0.0; 3], 0.0, 0usize);
+    let mut ranking = String::new();
+    for query in &queries {
+        let sent = Instant::now();
+        let response = search(&mut client, query.query.clone(), 10).await?;
+        histogram.saturating_record(sent.elapsed().as_nanos() as u64);
+        ranking = response.ranking.clone();
+        let ranked: Vec<String> =
+            response.hits.into_iter().filter_map(|h| h.tool.map(|t| t.name)).collect();
+        let (r, n, c) = score_ranking(&ranked, &query.relevant);
+        for (total, value) in recall.iter_mut().zip(r) {
+            *total += value;
+        }
+        ndcg += n;
+        complete += usize::from(c);
+    }
+    let count = queries.len().max(1) as f64;
+
+    // Re-index: change one tool's description on the MCP server, wait until search sees it.
+    let marker = format!("zqxmarker{}", std::process::id());
+    let changed = tool_names.first().context("no tools")?.clone();
+    let reindex_started = Instant::now();
+    let touch = CallToolRequest {
+        name: toolmesh_mcp::bench::TOUCH_TOOL.into(),
+        arguments_json: serde_json::json!({"name": changed, "marker": marker}).to_string(),
+        ..Default::default()
+    };
+    client.call_tool(touch).await?;
+    loop {
+        let response = search(&mut client, marker.clone(), 1).await?;
+        if response.hits.first().and_then(|h| h.tool.as_ref()).is_some_and(|t| t.name == changed) {
+            break;
+        }
+        anyhow::ensure!(
+            reindex_started.elapsed() < Duration::from_secs(60),
+            "the change was not searchable after 60 s"
+        );
+    }
+    let reindex_ms = reindex_started.elapsed().as_secs_f64() * 1e3;
+    drop(toolmesh);
+    drop(upstream);
+
+    Ok(SearchReport {
+        tools: tool_names.len(),
+        queries: queries.len(),
+        recall: recall.map(|r| r / count),
+        ndcg10: ndcg / count,
+        complete10: complete as f64 / count,
+        p50_ms: histogram.value_at_quantile(0.5) as f64 / 1e6,
+        p99_ms: histogram.value_at_quantile(0.99) as f64 / 1e6,
+        cold_index_s,
+        reindex_ms,
+        ranking,
+    })
+}
+
+/// Formats the report of `toolmesh bench --search`.
+pub fn render_search(report: &SearchReport) -> String {
+    format!(
+        "toolmesh bench --search: {} queries over the whole pool of {} tools (ranking: {})\n\n\
+         Recall@1   {:.3}\nRecall@5   {:.3}\nRecall@10  {:.3}\nNDCG@10    {:.3}\nComplete@10 {:.3}\n\n\
+         search latency p50 {:.3} ms, p99 {:.3} ms (gRPC round trip, one query at a time)\n\
+         cold start to all tools indexed: {:.2} s (toolmesh start, MCP connect, tools/list, publish, index)\n\
+         re-index after one tool changed: {:.1} ms (tools/list_changed, re-list, publish, index)\n",
+        report.queries,
+        report.tools,
+        report.ranking,
+        report.recall[0],
+        report.recall[1],
+        report.recall[2],
+        report.ndcg10,
+        report.complete10,
+        report.p50_ms,
+        report.p99_ms,
+        report.cold_index_s,
+        report.reindex_ms,
+    )
+}
+
 /// Formats the report of `toolmesh bench --mcp`.
 pub fn render_mcp(options: &BenchOptions, report: &McpReport) -> String {
     let mut out = format!(

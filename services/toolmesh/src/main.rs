@@ -133,6 +133,13 @@ struct BenchArgs {
     /// Serve the MCP echo server instead (used by the bench itself).
     #[arg(long, hide = true)]
     mcp_echo_server: bool,
+    /// Tools for the MCP echo server, as JSON Lines (used by the bench itself).
+    #[arg(long, hide = true)]
+    tools: Option<PathBuf>,
+    /// Measure SearchTools on the tool-search benchmark in this directory (tools.jsonl,
+    /// queries-dev.jsonl): recall, NDCG, latency, indexing time.
+    #[arg(long, value_name = "DIR")]
+    search: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -365,7 +372,11 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         println!("mcp echo listening on {}", listener.local_addr()?);
         std::io::stdout().flush()?;
-        toolmesh_mcp::bench::serve_echo(listener).await?;
+        let server = match &args.tools {
+            Some(path) => toolmesh_mcp::bench::EchoServer::from_file(path)?,
+            None => toolmesh_mcp::bench::EchoServer::default(),
+        };
+        toolmesh_mcp::bench::serve_echo(listener, server).await?;
         return Ok(ExitCode::SUCCESS);
     }
     let options = bench::BenchOptions {
@@ -381,6 +392,11 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         rounds: args.rounds.max(1),
     };
     let exe = std::env::current_exe()?;
+    if let Some(dir) = &args.search {
+        let report = bench::run_search(dir, &exe).await?;
+        print!("{}", bench::render_search(&report));
+        return Ok(ExitCode::SUCCESS);
+    }
     if args.mcp {
         let report = bench::run_mcp(&options, &exe).await?;
         print!("{}", bench::render_mcp(&options, &report));
