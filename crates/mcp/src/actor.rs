@@ -483,8 +483,10 @@ impl Actor for McpClientActor {
                 let Some(peer) = self.shared.peer.load_full() else { return Ok(()) };
                 let (actor, generation) = (myself.clone(), state.generation);
                 tokio::spawn(async move {
+                    let started = std::time::Instant::now();
                     match peer.list_all_tools().await {
                         Ok(tools) => {
+                            debug!(tools = tools.len(), elapsed_us = started.elapsed().as_micros() as u64, "tools re-listed");
                             let _ = actor.cast(McpMsg::ToolsListed { generation, tools });
                         }
                         Err(error) => warn!(%error, "re-listing tools after list_changed failed"),
@@ -493,7 +495,9 @@ impl Actor for McpClientActor {
             }
             McpMsg::ToolsListed { generation, tools } => {
                 if generation == state.generation {
+                    let started = std::time::Instant::now();
                     self.publish(tools, state).await;
+                    debug!(server, elapsed_us = started.elapsed().as_micros() as u64, "re-published");
                 }
             }
             McpMsg::Disconnected { generation, reason } => {
