@@ -486,7 +486,11 @@ impl Actor for McpClientActor {
                     let started = std::time::Instant::now();
                     match peer.list_all_tools().await {
                         Ok(tools) => {
-                            debug!(tools = tools.len(), elapsed_us = started.elapsed().as_micros() as u64, "tools re-listed");
+                            debug!(
+                                tools = tools.len(),
+                                elapsed_us = started.elapsed().as_micros() as u64,
+                                "tools re-listed"
+                            );
                             let _ = actor.cast(McpMsg::ToolsListed { generation, tools });
                         }
                         Err(error) => warn!(%error, "re-listing tools after list_changed failed"),
@@ -497,7 +501,11 @@ impl Actor for McpClientActor {
                 if generation == state.generation {
                     let started = std::time::Instant::now();
                     self.publish(tools, state).await;
-                    debug!(server, elapsed_us = started.elapsed().as_micros() as u64, "re-published");
+                    debug!(
+                        server,
+                        elapsed_us = started.elapsed().as_micros() as u64,
+                        "re-published"
+                    );
                 }
             }
             McpMsg::Disconnected { generation, reason } => {

