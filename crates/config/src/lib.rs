@@ -10,8 +10,8 @@ mod model;
 pub use error::ConfigError;
 pub use model::{
     BuiltinConfig, CommandToolConfig, Config, ConnectMode, HttpMethod, HttpToolConfig, McpConfig,
-    McpServerConfig, McpTransport, PrefixMode, ServerConfig, TelemetryConfig, ToolCommon,
-    ToolsConfig, WorkersConfig,
+    McpServerConfig, McpTransport, PrefixMode, SearchConfig, ServerConfig, TelemetryConfig,
+    ToolCommon, ToolsConfig, WorkersConfig,
 };
 
 use std::{collections::HashMap, path::Path};

@@ -30,6 +30,17 @@ pub struct Config {
     pub tools: ToolsConfig,
     /// MCP servers whose tools join the catalog.
     pub mcp: McpConfig,
+    /// Tool search.
+    pub search: SearchConfig,
+}
+
+/// `[search]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SearchConfig {
+    /// Use an embedding model beside BM25.
+    pub embeddings: bool,
+    /// Where the model is; `None`: look in the usual places.
+    pub model_dir: Option<PathBuf>,
 }
 
 /// `[mcp]`.
@@ -246,6 +257,14 @@ struct RawConfig {
     tools: RawTools,
     #[serde(default)]
     mcp: RawMcp,
+    search: RawSearch,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSearch {
+    embeddings: bool,
+    model_dir: String,
 }
 
 #[derive(Deserialize, Default)]
@@ -612,6 +631,11 @@ impl Config {
         }
 
         Ok(Config {
+            search: SearchConfig {
+                embeddings: raw.search.embeddings,
+                model_dir: Some(PathBuf::from(raw.search.model_dir))
+                    .filter(|p| !p.as_os_str().is_empty()),
+            },
             mcp,
             server,
             workers: WorkersConfig { size: raw.workers.size, queue: raw.workers.queue },

