@@ -668,13 +668,8 @@ fn common(
     max_concurrency: Option<NonZeroUsize>,
     key_error: &impl Fn(String, String) -> ConfigError,
 ) -> Result<ToolCommon, ConfigError> {
-    let valid_name = (1..=64).contains(&name.len())
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-    if !valid_name {
-        return Err(key_error(
-            format!("{key}.name"),
-            format!("{name:?} must match ^[a-zA-Z0-9_-]{{1,64}}$"),
-        ));
+    if let Err(invalid) = toolmesh_core::validate_tool_name(&name) {
+        return Err(key_error(format!("{key}.name"), invalid.to_string()));
     }
     let parameters = to_json(parameters).map_err(|r| key_error(format!("{key}.parameters"), r))?;
     if parameters.get("type").and_then(Json::as_str) != Some("object") {

@@ -216,15 +216,18 @@ impl McpManager {
 
     /// Makes the running servers match `servers`.
     pub async fn reload(&self, servers: Vec<McpServerConfig>) -> Result<(), String> {
-        match self
-            .actor
-            .call(
-                |reply| McpSupervisorMsg::Reload { servers, reply },
-                Some(Duration::from_secs(60)),
-            )
+        self.call(|reply| McpSupervisorMsg::Reload { servers, reply }, Duration::from_secs(60))
             .await
-        {
-            Ok(CallResult::Success(())) => Ok(()),
+    }
+
+    /// Asks the supervisor, turning ractor's call outcomes into one error message.
+    async fn call<T: Send + 'static>(
+        &self,
+        message: impl FnOnce(RpcReplyPort<T>) -> McpSupervisorMsg,
+        timeout: Duration,
+    ) -> Result<T, String> {
+        match self.actor.call(message, Some(timeout)).await {
+            Ok(CallResult::Success(value)) => Ok(value),
             Ok(CallResult::Timeout) => Err("the mcp supervisor did not answer in time".into()),
             Ok(CallResult::SenderError) | Err(_) => Err("the mcp supervisor is gone".into()),
         }
@@ -250,18 +253,8 @@ impl McpManager {
     /// such a server runs.
     pub async fn restart(&self, server: &str) -> Result<bool, String> {
         let server = server.to_owned();
-        match self
-            .actor
-            .call(
-                |reply| McpSupervisorMsg::Restart { server, reply },
-                Some(Duration::from_secs(10)),
-            )
+        self.call(|reply| McpSupervisorMsg::Restart { server, reply }, Duration::from_secs(10))
             .await
-        {
-            Ok(CallResult::Success(found)) => Ok(found),
-            Ok(CallResult::Timeout) => Err("the mcp supervisor did not answer in time".into()),
-            Ok(CallResult::SenderError) | Err(_) => Err("the mcp supervisor is gone".into()),
-        }
     }
 
     /// Waits until some server's health changes, or servers are added or removed.

@@ -53,7 +53,12 @@ struct ToolFilter<'a> {
     source_name: &'a str,
 }
 
-impl ToolFilter<'_> {
+impl<'a> ToolFilter<'a> {
+    fn new(toolkit: &'a str, tags: &'a [String], source_kind: i32, source_name: &'a str) -> Self {
+        let kind = v1::SourceKind::try_from(source_kind).unwrap_or(v1::SourceKind::Unspecified);
+        ToolFilter { toolkit, tags, kind, source_name }
+    }
+
     fn keeps(&self, spec: &toolmesh_core::ToolSpec) -> bool {
         (self.toolkit.is_empty() || spec.toolkit.as_deref() == Some(self.toolkit))
             && self.tags.iter().all(|tag| spec.tags.contains(tag))
@@ -114,13 +119,12 @@ impl ToolServiceImpl {
             0 => DEFAULT_TOP_K,
             n => n.min(MAX_TOP_K),
         };
-        let filter = ToolFilter {
-            toolkit: &request.toolkit,
-            tags: &request.tags,
-            kind: v1::SourceKind::try_from(request.source_kind)
-                .unwrap_or(v1::SourceKind::Unspecified),
-            source_name: &request.source_name,
-        };
+        let filter = ToolFilter::new(
+            &request.toolkit,
+            &request.tags,
+            request.source_kind,
+            &request.source_name,
+        );
         let hits = self
             .search
             .search(&request.query, top_k, |spec| filter.keeps(spec))
@@ -169,13 +173,12 @@ impl ToolService for ToolServiceImpl {
                 .to_status()
             })?),
         };
-        let filter = ToolFilter {
-            toolkit: &request.toolkit,
-            tags: &request.tags,
-            kind: v1::SourceKind::try_from(request.source_kind)
-                .unwrap_or(v1::SourceKind::Unspecified),
-            source_name: &request.source_name,
-        };
+        let filter = ToolFilter::new(
+            &request.toolkit,
+            &request.tags,
+            request.source_kind,
+            &request.source_name,
+        );
         let catalog = self.router.registry().snapshot();
         let range = match after {
             Some(after) => catalog

@@ -127,6 +127,15 @@ impl Drop for ChildServer {
     }
 }
 
+/// A temporary file, removed on drop (after the child that reads it is gone).
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// Starts `exe args…`, which must print `listening on ADDR` as its first stdout line.
 async fn start_child(exe: &Path, args: &[&str]) -> anyhow::Result<ChildServer> {
     let mut child = Command::new(exe)
@@ -406,12 +415,6 @@ pub async fn run_mcp(options: &BenchOptions, exe: &Path) -> anyhow::Result<McpRe
     let toolmesh =
         start_child(exe, &["serve", "--listen", "127.0.0.1:0", "--config", &config_arg]).await;
     // The server watches its config file: remove it only once the server is gone.
-    struct RemoveOnDrop(std::path::PathBuf);
-    impl Drop for RemoveOnDrop {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
     let _config = RemoveOnDrop(config);
     let toolmesh = toolmesh?;
     let addr = toolmesh.addr.to_string();
@@ -545,12 +548,6 @@ pub async fn run_search(dir: &Path, exe: &Path) -> anyhow::Result<SearchReport> 
             upstream.addr
         ),
     )?;
-    struct RemoveOnDrop(std::path::PathBuf);
-    impl Drop for RemoveOnDrop {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
     let _config = RemoveOnDrop(config.clone());
     let config_arg = config.display().to_string();
 
