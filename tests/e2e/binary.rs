@@ -55,7 +55,9 @@ async fn cli_lists_and_calls_the_embedded_default() {
     let list = run(&["tools", "list", "--server", &addr]).await;
     assert!(list.status.success(), "{}", stderr(&list));
     let out = stdout(&list);
-    for expected in ["think", "analyze", "echo", "reasoning", "3 tools, 1 toolkits"] {
+    for expected in
+        ["think", "analyze", "echo", "reasoning", "searchTools", "callTool", "5 tools, 1 toolkits"]
+    {
         assert!(out.contains(expected), "{expected} missing from:\n{out}");
     }
 
@@ -389,6 +391,101 @@ async fn traces_reach_an_otlp_receiver_as_one_tree_under_the_callers_span() {
     let failed = find("execute_tool think", None);
     assert_eq!(attr(failed, "error.type").as_deref(), Some("invalid_arguments"));
     assert_eq!(hex(&failed.trace_id), trace_id);
+}
+
+#[tokio::test]
+async fn call_tool_spans_link_to_the_search_that_returned_the_tool() {
+    let (receiver, otlp) = Receiver::start().await;
+    let metrics = MetricsReceiver::default();
+    let otlp_metrics = serve_on_loopback(
+        opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::MetricsServiceServer::new(
+            metrics.clone(),
+        ),
+    )
+    .await;
+    let mut server = BinaryServer::start(
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", otlp.as_str()),
+            ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", otlp_metrics.as_str()),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "200"),
+        ],
+    )
+    .await
+    .unwrap();
+    let mut client = toolmesh::client::connect(&server.addr.to_string()).await.unwrap();
+    let request = |name: &str, arguments: serde_json::Value| CallToolRequest {
+        name: name.into(),
+        arguments_json: arguments.to_string(),
+        session_id: "traced-session".into(),
+        ..Default::default()
+    };
+    let found = eventually(Duration::from_secs(10), || {
+        let mut client = client.clone();
+        let search =
+            request("searchTools", serde_json::json!({"query": "return my arguments unchanged"}));
+        async move {
+            let response = client.call_tool(search).await.unwrap().into_inner();
+            let result: serde_json::Value =
+                serde_json::from_str(response.structured_json.as_deref()?).unwrap();
+            let rank = result["tools"].as_array()?.iter().position(|t| t["name"] == "echo")? + 1;
+            Some((rank, result["searchToken"].as_str()?.to_owned()))
+        }
+    })
+    .await;
+    let (rank, token) = found.expect("searchTools returns echo");
+    let arguments = serde_json::json!({"name": "echo", "arguments": {}, "searchToken": token});
+    client.call_tool(request("callTool", arguments)).await.unwrap();
+    let unsearched = serde_json::json!({"name": "think", "arguments": {}});
+    client.call_tool(request("callTool", unsearched)).await.unwrap_err();
+
+    // Calls are counted by whether the tool was in the search result.
+    let counted = |in_result: &str| {
+        metrics.points.lock().unwrap().iter().rev().find_map(|(name, attributes, value)| {
+            let matches = name == "toolmesh.call_tool.calls"
+                && attributes
+                    .iter()
+                    .any(|(k, v)| k == "toolmesh.search.in_result" && v == in_result);
+            matches.then_some(*value)
+        })
+    };
+    let (yes, no) = ("Some(BoolValue(true))", "Some(BoolValue(false))");
+    let settled = eventually(Duration::from_secs(20), || async {
+        (counted(yes) == Some(1.0) && counted(no) == Some(1.0)).then_some(())
+    })
+    .await;
+    assert!(settled.is_some(), "in the result {:?}, not {:?}", counted(yes), counted(no));
+
+    server.signal(Signal::SIGTERM);
+    tokio::time::timeout(Duration::from_secs(15), server.child.wait()).await.unwrap().unwrap();
+    let spans = eventually(Duration::from_secs(10), || async {
+        let spans = receiver.spans.lock().unwrap().clone();
+        spans.iter().any(|(_, s)| s.name == "toolmesh.call_tool").then_some(spans)
+    })
+    .await
+    .expect("spans arrive at the receiver");
+    let spans: Vec<&Span> = spans.iter().map(|(_, s)| s).collect();
+    let call = spans.iter().find(|s| s.name == "toolmesh.call_tool").unwrap();
+    let link = call.links.first().expect("the callTool span links to a search");
+    let search = spans
+        .iter()
+        .find(|s| s.name == "toolmesh.search_tools" && s.span_id == link.span_id)
+        .expect("the linked span is a searchTools span");
+    assert_eq!(link.trace_id, search.trace_id);
+    assert_eq!(
+        attr(search, "toolmesh.search.query").as_deref(),
+        Some("return my arguments unchanged")
+    );
+    assert_eq!(attr(call, "toolmesh.search.in_result").as_deref(), Some("BoolValue(true)"));
+    assert_eq!(attr(call, "toolmesh.search.rank"), Some(format!("IntValue({rank})")));
+    let link_rank = link.attributes.iter().find(|a| a.key == "toolmesh.search.rank");
+    assert_eq!(
+        link_rank.and_then(|a| a.value.as_ref()?.value.clone()),
+        Some(any_value::Value::IntValue(rank as i64))
+    );
+    // The called tool runs under the callTool span.
+    let execute = spans.iter().find(|s| s.name == "execute_tool echo").unwrap();
+    assert_eq!(execute.parent_span_id, call.span_id);
 }
 
 fn grpcurl() -> String {

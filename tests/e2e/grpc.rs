@@ -88,7 +88,18 @@ async fn lists_tools_with_toolkits_filters_and_pages() {
 
     let all = client.list_tools(ListToolsRequest::default()).await.unwrap().into_inner();
     let names: Vec<_> = all.tools.iter().map(|t| t.name.as_str()).collect();
-    assert_eq!(names, ["analyze", "bad_output", "block", "echo", "panic", "progress", "think"]);
+    let expected = [
+        "analyze",
+        "bad_output",
+        "block",
+        "callTool",
+        "echo",
+        "panic",
+        "progress",
+        "searchTools",
+        "think",
+    ];
+    assert_eq!(names, expected);
     assert!(all.next_page_token.is_empty());
     let think = all.tools.iter().find(|t| t.name == "think").unwrap();
     assert_eq!(think.toolkit, "reasoning");
@@ -148,7 +159,7 @@ async fn lists_tools_with_toolkits_filters_and_pages() {
         }
         token = page.next_page_token;
     }
-    assert_eq!(paged, ["analyze", "bad_output", "block", "echo", "panic", "progress", "think"]);
+    assert_eq!(paged, expected);
 
     let bad = client
         .list_tools(ListToolsRequest { page_token: "garbage".into(), ..Default::default() })
@@ -536,7 +547,7 @@ async fn search_tools_ranks_the_live_catalog() {
     .await
     .expect("think ranks first");
     assert!(
-        found.ranking.starts_with("rrf(bm25, minilm"),
+        found.ranking.starts_with("rrf[k=60](bm25, minilm"),
         "hybrid ranking with the real model: {}",
         found.ranking
     );

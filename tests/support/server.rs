@@ -33,8 +33,13 @@ impl TestServer {
     }
 
     /// Parses a configuration over the defaults, with an empty environment.
+    /// Tool vectors go to a cache shared by the test processes of this run, not the user's.
     pub fn config(toml: &str) -> anyhow::Result<Config> {
-        Ok(toolmesh_config::load_str(Some(("test.toml", toml)), &HashMap::new())?)
+        let mut config = toolmesh_config::load_str(Some(("test.toml", toml)), &HashMap::new())?;
+        if !toml.contains("cache_dir") {
+            config.search.cache_dir = Some(std::env::temp_dir().join("toolmesh-e2e-cache"));
+        }
+        Ok(config)
     }
 
     /// Returns a connected client.

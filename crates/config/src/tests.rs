@@ -150,3 +150,64 @@ timeout_ms = 5000
     let err = load_str(Some(("f.toml", bad)), &env(&[])).unwrap_err();
     assert!(err.to_string().contains("mcp.servers[0].transport"), "{err}");
 }
+
+#[test]
+fn routing_profiles_parse_with_a_default_always_present() {
+    let config = load_str(None, &HashMap::new()).unwrap();
+    let default = &config.routing.profiles["default"];
+    assert_eq!(default.top_k, 5);
+    assert!(default.enforce_search_before_call);
+    assert!(default.expose.is_empty());
+    assert_eq!(config.routing.token_key, None);
+
+    let file = r#"
+[routing]
+token_ttl_s = 60
+
+[[routing.profiles]]
+name = "ops"
+expose = ["echo", "source:github", "tag:read*"]
+pool = ["toolkit:reasoning", "*_search"]
+top_k = 3
+enforce_search_before_call = false
+"#;
+    let config =
+        load_str(Some(("f.toml", file)), &env(&[("TOOLMESH__ROUTING__TOKEN_KEY", "k3y")])).unwrap();
+    assert_eq!(config.routing.token_key.as_deref(), Some("k3y"));
+    assert_eq!(config.routing.token_ttl, std::time::Duration::from_secs(60));
+    assert!(config.routing.profiles.contains_key("default"));
+    let ops = &config.routing.profiles["ops"];
+    assert_eq!(ops.top_k, 3);
+    assert!(!ops.enforce_search_before_call);
+    assert_eq!(ops.expose[1], Selector::Source("github".into()));
+    let tags = ["readonly".to_owned()];
+    assert!(ops.expose[2].matches("x", "builtin", None, &tags));
+    assert!(ops.pool[0].matches("think", "builtin", Some("reasoning"), &[]));
+    assert!(!ops.pool[0].matches("echo", "builtin", None, &[]));
+    assert!(ops.pool[1].matches("github_search", "github", None, &[]));
+    assert!(!ops.pool[1].matches("github_search_x", "github", None, &[]));
+
+    let bad = "[[routing.profiles]]\nname = \"x\"\npool = [\"server:github\"]\n";
+    let err = load_str(Some(("f.toml", bad)), &env(&[])).unwrap_err().to_string();
+    assert!(
+        err.contains("routing.profiles[0].pool") && err.contains("unknown selector kind"),
+        "{err}"
+    );
+    let twice = "[[routing.profiles]]\nname = \"x\"\n[[routing.profiles]]\nname = \"x\"\n";
+    let err = load_str(Some(("f.toml", twice)), &env(&[])).unwrap_err().to_string();
+    assert!(err.contains("defined twice"), "{err}");
+}
+
+#[test]
+fn globs_match_whole_names() {
+    let name =
+        |pattern: &str, text: &str| Selector::Name(pattern.into()).matches(text, "", None, &[]);
+    assert!(name("*", "anything"));
+    assert!(name("echo", "echo"));
+    assert!(!name("echo", "echo2"));
+    assert!(name("git*", "github_search"));
+    assert!(name("*search", "github_search"));
+    assert!(name("g*_*h", "github_search"));
+    assert!(!name("g*_*x", "github_search"));
+    assert!(!name("ab*ba", "aba"));
+}

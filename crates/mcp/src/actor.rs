@@ -115,7 +115,9 @@ impl McpClientActor {
         let config = &self.shared.config;
         let source = self.source();
         let catalog = self.registry.snapshot();
-        let mut entries: Vec<ToolEntry> = Vec::with_capacity(tools.len());
+        let mut entries: Vec<ToolEntry> = Vec::new();
+        let mut unchanged: Vec<String> = Vec::new();
+        let mut published = std::collections::HashSet::new();
         for tool in &tools {
             let name = publish_name(config.prefix, server, &tool.name);
             if let Some(existing) = catalog.get(&name).filter(|e| e.spec.source != source) {
@@ -125,16 +127,16 @@ impl McpClientActor {
                 );
                 continue;
             }
-            if let Some(previous) = entries.iter().find(|e| e.spec.name == name) {
-                error!(tool = %name, server, first = %previous.spec.name, "two tools of the server map to one name; the second is not published");
+            if !published.insert(name.clone()) {
+                error!(tool = %name, server, "two tools of the server map to one name; the second is not published");
                 continue;
             }
             // An unchanged tool keeps its entry: no conversion and no schema compilation when
             // one tool of thousands changes.
             if state.listed.get(tool.name.as_ref()) == Some(tool)
-                && let Some(existing) = catalog.get(&name).filter(|e| e.spec.source == source)
+                && catalog.get(&name).is_some_and(|e| e.spec.source == source)
             {
-                entries.push(ToolEntry::clone(existing));
+                unchanged.push(name);
                 continue;
             }
             let spec = convert::spec(server, name.clone(), tool, config.timeout);
@@ -150,9 +152,9 @@ impl McpClientActor {
                 Err(error) => warn!(tool = %name, server, %error, "tool not published"),
             }
         }
-        let count = entries.len();
+        let count = entries.len() + unchanged.len();
         state.listed = tools.into_iter().map(|t| (t.name.to_string(), t)).collect();
-        let update = SourceUpdate { source, tools: entries, toolkits: vec![] };
+        let update = SourceUpdate { source, tools: entries, toolkits: vec![], unchanged };
         match self.registry.replace_source(update).await {
             Ok(()) => info!(server, tools = count, "mcp tools published"),
             Err(error) => error!(server, %error, "publishing the mcp tools failed"),
@@ -374,7 +376,12 @@ impl Actor for McpClientActor {
         self.shared.peer.store(None);
         self.shared.lost.load().cancel();
         state.connection = None;
-        let update = SourceUpdate { source: self.source(), tools: vec![], toolkits: vec![] };
+        let update = SourceUpdate {
+            source: self.source(),
+            tools: vec![],
+            toolkits: vec![],
+            unchanged: vec![],
+        };
         let _ = self.registry.replace_source(update).await;
         Ok(())
     }

@@ -24,6 +24,10 @@ pub struct SourceUpdate {
     pub tools: Vec<ToolEntry>,
     /// Its toolkits, each with its tools.
     pub toolkits: Vec<(Toolkit, Vec<ToolEntry>)>,
+    /// Standalone tools of this source to keep exactly as published (the same entry, so
+    /// followers of the catalog can tell at once that they did not change), by name. A
+    /// name that the catalog holds under no such tool is ignored.
+    pub unchanged: Vec<String>,
 }
 
 /// Messages of the [`RegistryActor`](crate::RegistryActor).

@@ -40,6 +40,13 @@ impl RegistryState {
     }
 
     pub(crate) fn replace_source(&mut self, update: SourceUpdate) -> Result<(), RegistryError> {
+        let kept: Vec<Arc<ToolEntry>> = update
+            .unchanged
+            .iter()
+            .filter_map(|name| self.catalog.get(name))
+            .filter(|t| t.spec.source == update.source && t.spec.toolkit.is_none())
+            .cloned()
+            .collect();
         let mut next = self.catalog.clone();
         remove_source(&mut next, &update.source);
         let mut seen = BTreeSet::new();
@@ -47,6 +54,7 @@ impl RegistryState {
             .tools
             .iter()
             .chain(update.toolkits.iter().flat_map(|(_, tools)| tools))
+            .chain(kept.iter().map(|t| &**t))
             .map(|t| &t.spec.name);
         for name in names {
             if !seen.insert(name) {
@@ -62,6 +70,15 @@ impl RegistryState {
         for mut tool in update.tools {
             tool.spec.source = update.source.clone();
             insert_standalone(&mut next, tool)?;
+        }
+        for tool in kept {
+            if next.tools.get(&tool.spec.name).is_some_and(|t| t.spec.toolkit.is_some()) {
+                return Err(RegistryError::MemberOfToolkit {
+                    tool: tool.spec.name.clone(),
+                    toolkit: next.tools[&tool.spec.name].spec.toolkit.clone().unwrap_or_default(),
+                });
+            }
+            next.tools.insert(tool.spec.name.clone(), tool);
         }
         self.commit(next);
         Ok(())
@@ -238,6 +255,7 @@ mod tests {
             source: ToolSource::local("config"),
             tools,
             toolkits: vec![],
+            unchanged: vec![],
         };
         state.replace_source(update(vec![tool("a", "config"), tool("b", "config")])).unwrap();
         state.replace_source(update(vec![tool("b", "config"), tool("c", "config")])).unwrap();
@@ -248,6 +266,18 @@ mod tests {
         assert_eq!(err.unwrap_err(), RegistryError::Duplicate("d".into()));
         let names: Vec<_> = state.catalog().tools.keys().cloned().collect();
         assert_eq!(names, vec!["b", "c", "keep"], "a rejected update changes nothing");
+
+        // Unchanged tools keep their very entry; a name of another source is not taken.
+        let before = state.catalog().tools.clone();
+        let mut keep = update(vec![tool("d", "config")]);
+        keep.unchanged = vec!["b".into(), "keep".into()];
+        state.replace_source(keep).unwrap();
+        let after = &state.catalog().tools;
+        let names: Vec<_> = after.keys().cloned().collect();
+        assert_eq!(names, vec!["b", "d", "keep"]);
+        assert!(Arc::ptr_eq(&before["b"], &after["b"]));
+        assert!(Arc::ptr_eq(&before["keep"], &after["keep"]), "the other source's tool stays");
+        assert_eq!(after["keep"].spec.source, ToolSource::local("other"));
     }
 
     #[test]

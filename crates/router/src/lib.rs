@@ -8,6 +8,9 @@
 //! - [`ToolServiceImpl`] is the gRPC `toolmesh.v1.ToolService` on top of it: paging and
 //!   filters for `ListTools`, `CallTool`, and the `StreamCallTool` stream of progress,
 //!   partial outputs and the result.
+//! - [`MetaTools`] are the catalog tools `searchTools` and `callTool` with the routing
+//!   profiles: search within a profile's pool, and calls checked against a signed
+//!   `searchToken`, so no session state is kept anywhere.
 //! - [`RouterActor`] supervises the [`RegistryActor`](toolmesh_registry::RegistryActor); a
 //!   registry that dies is restarted from the last published catalog.
 //!
@@ -22,11 +25,14 @@ mod actor;
 mod convert;
 mod deadline;
 mod error;
+mod meta;
 mod router;
 mod service;
+mod token;
 
 pub use actor::{RouterActor, RouterMsg};
 pub use deadline::parse_grpc_timeout;
 pub use error::RouterError;
+pub use meta::{CALL_TOOL, DEFAULT_PROFILE, META_SOURCE, MetaTools, SEARCH_TOOLS, is_meta};
 pub use router::{CallRequest, Router, RouterOptions};
 pub use service::ToolServiceImpl;

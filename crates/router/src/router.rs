@@ -39,6 +39,8 @@ pub struct CallRequest {
     pub call_id: String,
     /// Agent session, if any.
     pub session_id: String,
+    /// Routing profile, for the meta-tools; empty: the default profile.
+    pub profile: String,
     /// The client's own deadline (from `grpc-timeout`), if any.
     pub client_timeout: Option<Duration>,
 }
@@ -152,6 +154,7 @@ impl Router {
         let ctx = CallContext {
             call_id: call_id.clone(),
             session_id: Some(request.session_id.clone()).filter(|s| !s.is_empty()),
+            profile: Some(request.profile.clone()).filter(|s| !s.is_empty()),
             tool: request.name.clone(),
             cancel: token.clone(),
             deadline,

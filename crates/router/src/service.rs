@@ -15,7 +15,9 @@ use toolmesh_search::SearchHandle;
 use toolmesh_telemetry::{names, set_parent_from_metadata};
 use tracing::{Instrument, Span, debug, info_span};
 
-use crate::{CallRequest, Router, RouterError, convert, parse_grpc_timeout};
+use crate::{
+    CallRequest, MetaTools, Router, RouterError, SEARCH_TOOLS, convert, is_meta, parse_grpc_timeout,
+};
 
 /// Default tools per `ListTools` page.
 const DEFAULT_PAGE_SIZE: usize = 100;
@@ -36,12 +38,33 @@ const MAX_TOP_K: usize = 50;
 pub struct ToolServiceImpl {
     router: Router,
     search: SearchHandle,
+    meta: MetaTools,
 }
 
 impl ToolServiceImpl {
-    /// Returns the service over `router`, searching with `search`.
-    pub fn new(router: Router, search: SearchHandle) -> Self {
-        ToolServiceImpl { router, search }
+    /// Returns the service over `router`, searching with `search`, with the routing
+    /// profiles of `meta`.
+    pub fn new(router: Router, search: SearchHandle, meta: MetaTools) -> Self {
+        ToolServiceImpl { router, search, meta }
+    }
+
+    /// Refuses a call that names a routing profile in which the tool is not visible: such a
+    /// tool is reached through `callTool`, after a search.
+    fn admit(&self, call: &CallRequest) -> Result<(), Status> {
+        if call.profile.is_empty() {
+            return Ok(());
+        }
+        let profile = self.meta.profile(&call.profile).map_err(|e| e.to_status())?;
+        match self.router.registry().resolve(&call.name) {
+            Some(entry) if !MetaTools::visible(profile, &entry.spec) => {
+                Err(Status::failed_precondition(format!(
+                    "tool {} is not visible in routing profile {}: find it with searchTools and \
+                     call it with callTool",
+                    call.name, call.profile
+                )))
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -99,6 +122,7 @@ fn call_request(
         arguments_json: message.arguments_json,
         call_id: message.call_id,
         session_id: message.session_id,
+        profile: message.profile,
         client_timeout,
     }
 }
@@ -125,9 +149,16 @@ impl ToolServiceImpl {
             request.source_kind,
             &request.source_name,
         );
+        let profile = match request.profile.as_str() {
+            "" => None,
+            name => Some(self.meta.profile(name).map_err(|e| e.to_status())?),
+        };
         let hits = self
             .search
-            .search(&request.query, top_k, |spec| filter.keeps(spec))
+            .search(&request.query, top_k, |spec| {
+                filter.keeps(spec)
+                    && profile.map_or(!is_meta(spec), |profile| MetaTools::in_pool(profile, spec))
+            })
             .await
             .map_err(|reason| {
                 tracing::error!(%reason, "search failed");
@@ -179,6 +210,10 @@ impl ToolService for ToolServiceImpl {
             request.source_kind,
             &request.source_name,
         );
+        let profile = match request.profile.as_str() {
+            "" => None,
+            name => Some(self.meta.profile(name).map_err(|e| e.to_status())?),
+        };
         let catalog = self.router.registry().snapshot();
         let range = match after {
             Some(after) => catalog
@@ -190,7 +225,8 @@ impl ToolService for ToolServiceImpl {
         let mut next_page_token = String::new();
         for (_, entry) in range {
             let spec = &entry.spec;
-            let matches = filter.keeps(spec);
+            let matches = filter.keeps(spec)
+                && profile.is_none_or(|profile| MetaTools::visible(profile, spec));
             if !matches {
                 continue;
             }
@@ -200,7 +236,15 @@ impl ToolService for ToolServiceImpl {
                 next_page_token = format!("{PAGE_TOKEN_PREFIX}{}", last.name);
                 break;
             }
-            tools.push(convert::tool(spec, entry.backend.status()));
+            let mut tool = convert::tool(spec, entry.backend.status());
+            if let Some(profile) = profile
+                && spec.name == SEARCH_TOOLS
+                && is_meta(spec)
+            {
+                // Described for this profile's pool.
+                tool.description = MetaTools::describe(profile, &catalog);
+            }
+            tools.push(tool);
         }
         let mut toolkit_names: Vec<&str> =
             tools.iter().map(|t| t.toolkit.as_str()).filter(|t| !t.is_empty()).collect();
@@ -221,6 +265,7 @@ impl ToolService for ToolServiceImpl {
         let span = rpc_span("CallTool", &request);
         let timeout = client_timeout(&request);
         let call = call_request(request.into_inner(), timeout);
+        self.admit(&call)?;
         let result = self
             .router
             .call(call, EventSink::disabled(), CancellationToken::new())
@@ -262,6 +307,7 @@ impl ToolService for ToolServiceImpl {
             }
         };
         let mut call = call_request(start, timeout);
+        self.admit(&call)?;
         if call.call_id.is_empty() {
             call.call_id = Router::new_call_id();
         }

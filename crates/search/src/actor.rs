@@ -1,61 +1,275 @@
 use std::{
-    collections::{HashMap, hash_map::DefaultHasher},
-    hash::{Hash, Hasher},
-    sync::{Arc, atomic::Ordering},
+    collections::{HashMap, HashSet},
+    path::PathBuf,
+    sync::{Arc, PoisonError, atomic::Ordering},
     time::Instant,
 };
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use toolmesh_embed::Embedder;
-use toolmesh_registry::RegistryHandle;
-use tracing::debug;
+use toolmesh_registry::{RegistryHandle, ToolEntry};
+use tracing::{debug, info, warn};
 
-use crate::{SearchHandle, handle::SearchShared, terms, tool_text};
+use crate::{
+    Fusion, SearchHandle,
+    handle::SearchShared,
+    store::{TextDigest, VectorStore, digest},
+    terms, tool_text,
+};
 
 /// Messages of the [`ToolSearchActor`].
 #[derive(Debug)]
 pub enum SearchMsg {
     /// The registry published a new catalog.
     CatalogChanged,
+    /// Embed the next batch of tools waiting for a vector.
+    EmbedNext,
+}
+
+/// How the search index is built.
+#[derive(Clone, Default)]
+pub struct SearchOptions {
+    /// The sentence-embedding model; without one, search is lexical.
+    pub embedder: Option<Arc<dyn Embedder>>,
+    /// Where tool vectors are kept between runs (a file per model); `None`: in memory only.
+    pub vector_cache: Option<PathBuf>,
+    /// How the lexical and the embedding ranking are combined.
+    pub fusion: Fusion,
+}
+
+impl std::fmt::Debug for SearchOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SearchOptions")
+            .field("embedder", &self.embedder.as_ref().map(|e| e.model_id().to_owned()))
+            .field("vector_cache", &self.vector_cache)
+            .field("fusion", &self.fusion)
+            .finish()
+    }
 }
 
 /// Keeps the search index in step with the catalog.
+///
+/// On each published catalog it compares entries by pointer (the registry keeps an
+/// unchanged tool's entry), hashes the text of new and changed tools only, and updates the
+/// BM25 index at once. Tools whose text has no vector yet wait in a queue that the actor
+/// works through one batch per message, shortest texts together, so catalog changes are
+/// indexed between batches even during a long first embedding.
 #[derive(Debug)]
 pub struct ToolSearchActor {
     registry: RegistryHandle,
     shared: Arc<SearchShared>,
+    vector_cache: Option<PathBuf>,
 }
 
-/// Texts embedded per batch; the index is updated after each batch, so searches see
-/// progress during a long first indexing.
-const EMBED_BATCH: usize = 32;
+/// Texts embedded per batch. Texts are sorted by length first, so a batch pads little.
+const EMBED_BATCH: usize = 16;
 
-/// The [`ToolSearchActor`]'s state: the hash of each indexed tool's text, and the vectors
-/// of texts already embedded (by hash; a tool whose text is unchanged is not re-embedded).
-#[derive(Debug, Default)]
+/// The [`ToolSearchActor`]'s state.
+#[derive(Debug)]
 pub struct ToolSearchState {
-    hashes: HashMap<String, u64>,
-    cache: HashMap<u64, Arc<[f32]>>,
+    /// What is indexed, by tool name: the entry and the digest of its text.
+    indexed: HashMap<String, (Arc<ToolEntry>, TextDigest)>,
+    /// Vectors by text digest (and on disk, when a cache directory is set).
+    store: VectorStore,
+    /// Tools waiting for a vector: text length, name, digest; shortest first.
+    pending: Vec<(usize, String, TextDigest)>,
+    /// Whether an `EmbedNext` is on its way.
+    embedding: bool,
+    /// When the current run of embedding started, and how many texts it embedded.
+    run: Option<(Instant, usize)>,
 }
 
 impl ToolSearchActor {
-    /// Starts the actor over `registry`, embedding with `embedder` when there is one;
-    /// returns the handle searches use.
+    /// Starts the actor over `registry`; returns the handle searches use.
     pub async fn start(
         registry: RegistryHandle,
-        embedder: Option<Arc<dyn Embedder>>,
+        options: SearchOptions,
     ) -> Result<(ActorRef<SearchMsg>, SearchHandle), ActorProcessingErr> {
-        let shared = Arc::new(SearchShared { embedder, ..Default::default() });
-        let actor = ToolSearchActor { registry: registry.clone(), shared: shared.clone() };
+        let shared = Arc::new(SearchShared {
+            embedder: options.embedder,
+            fusion: options.fusion,
+            ..Default::default()
+        });
+        let actor = ToolSearchActor {
+            registry: registry.clone(),
+            shared: shared.clone(),
+            vector_cache: options.vector_cache,
+        };
         let (actor, _) = Actor::spawn(None, actor, ()).await?;
         Ok((actor, SearchHandle { shared, registry }))
     }
-}
 
-fn hash(text: &str) -> u64 {
-    let mut hasher = DefaultHasher::new();
-    text.hash(&mut hasher);
-    hasher.finish()
+    fn reindex(&self, myself: &ActorRef<SearchMsg>, state: &mut ToolSearchState) {
+        let catalog = self.registry.snapshot();
+        if catalog.version == self.shared.version.load(Ordering::Acquire) && catalog.version != 0 {
+            return;
+        }
+        let started = Instant::now();
+        // Work out the changes before taking the write lock, so searches wait only for the
+        // updates themselves.
+        let mut upserts = Vec::new();
+        for (name, entry) in &catalog.tools {
+            let previous = state.indexed.get_mut(name);
+            if let Some((indexed, _)) = &previous
+                && Arc::ptr_eq(indexed, entry)
+            {
+                continue;
+            }
+            let text = tool_text(&entry.spec);
+            let text_digest = digest(&text);
+            match previous {
+                Some((indexed, old)) if *old == text_digest => *indexed = entry.clone(),
+                _ => upserts.push((name.clone(), entry.clone(), text, text_digest)),
+            }
+        }
+        // Every catalog tool is indexed or new: when the counts agree, nothing went.
+        let new = upserts.iter().filter(|(name, ..)| !state.indexed.contains_key(name)).count();
+        let removed: Vec<String> = if catalog.tools.len() == state.indexed.len() + new {
+            Vec::new()
+        } else {
+            state
+                .indexed
+                .keys()
+                .filter(|name| !catalog.tools.contains_key(*name))
+                .cloned()
+                .collect()
+        };
+        {
+            let mut index = self.shared.index.write().unwrap_or_else(PoisonError::into_inner);
+            for name in &removed {
+                index.remove(name);
+            }
+            for (name, _, text, _) in &upserts {
+                index.upsert(name, &terms(text));
+            }
+        }
+        for name in &removed {
+            state.indexed.remove(name);
+        }
+        let embedding = self.shared.embedder.is_some();
+        {
+            let mut vectors = self.shared.vectors.write().unwrap_or_else(PoisonError::into_inner);
+            for name in &removed {
+                vectors.remove(name);
+            }
+            for (name, _, text, text_digest) in &upserts {
+                match state.store.get(text_digest) {
+                    Some(vector) => {
+                        vectors.insert(name.clone(), vector);
+                    }
+                    None if embedding => {
+                        vectors.remove(name);
+                        state.pending.push((text.len(), name.clone(), *text_digest));
+                    }
+                    None => {}
+                }
+            }
+        }
+        let updated = upserts.len();
+        for (name, entry, _, text_digest) in upserts {
+            state.indexed.insert(name, (entry, text_digest));
+        }
+        self.shared.version.store(catalog.version, Ordering::Release);
+        if !removed.is_empty() {
+            let live: HashSet<TextDigest> = state.indexed.values().map(|(_, d)| *d).collect();
+            state.store.compact(&live);
+        }
+        if !state.pending.is_empty() {
+            state.pending.sort_unstable_by_key(|(len, ..)| *len);
+            if !state.embedding {
+                state.embedding = myself.cast(SearchMsg::EmbedNext).is_ok();
+                state.run.get_or_insert((Instant::now(), 0));
+            }
+        }
+        debug!(
+            version = catalog.version,
+            updated,
+            removed = removed.len(),
+            waiting_for_vectors = state.pending.len(),
+            elapsed_us = started.elapsed().as_micros() as u64,
+            "search index updated"
+        );
+    }
+
+    async fn embed_next(
+        &self,
+        myself: &ActorRef<SearchMsg>,
+        state: &mut ToolSearchState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.embedding = false;
+        let Some(embedder) = self.shared.embedder.clone() else { return Ok(()) };
+        let catalog = self.registry.snapshot();
+        // The shortest texts first; skip tools that changed or went since they were queued,
+        // and texts another tool already brought a vector for.
+        let mut batch: Vec<(String, TextDigest, String)> = Vec::with_capacity(EMBED_BATCH);
+        let mut drained = 0;
+        for (_, name, text_digest) in &state.pending {
+            if batch.len() == EMBED_BATCH {
+                break;
+            }
+            drained += 1;
+            if state.indexed.get(name).is_none_or(|(_, d)| d != text_digest) {
+                continue;
+            }
+            if let Some(vector) = state.store.get(text_digest) {
+                self.shared
+                    .vectors
+                    .write()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(name.clone(), vector);
+                continue;
+            }
+            let Some(entry) = catalog.get(name) else { continue };
+            let text = tool_text(&entry.spec);
+            if digest(&text) == *text_digest {
+                batch.push((name.clone(), *text_digest, text));
+            }
+        }
+        state.pending.drain(..drained);
+        if !batch.is_empty() {
+            let texts: Vec<String> = batch.iter().map(|(_, _, text)| text.clone()).collect();
+            let embedded = tokio::task::spawn_blocking(move || {
+                let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+                embedder.embed(&refs)
+            })
+            .await?;
+            match embedded {
+                Ok(embedded) => {
+                    let vectors = state
+                        .store
+                        .insert(batch.iter().map(|(_, d, _)| *d).zip(embedded).collect::<Vec<_>>());
+                    let mut shared =
+                        self.shared.vectors.write().unwrap_or_else(PoisonError::into_inner);
+                    for ((name, text_digest, _), vector) in batch.iter().zip(vectors) {
+                        // Still the text the tool has now?
+                        if state.indexed.get(name).is_some_and(|(_, d)| d == text_digest) {
+                            shared.insert(name.clone(), vector);
+                        }
+                    }
+                    if let Some((_, count)) = &mut state.run {
+                        *count += batch.len();
+                    }
+                }
+                Err(error) => {
+                    warn!(%error, tools = batch.len(), "embedding tools failed; they are searchable lexically only");
+                }
+            }
+        }
+        if state.pending.is_empty() {
+            if let Some((started, count)) = state.run.take()
+                && count > 0
+            {
+                info!(
+                    tools = count,
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "embedded tool texts"
+                );
+            }
+        } else {
+            state.embedding = myself.cast(SearchMsg::EmbedNext).is_ok();
+        }
+        Ok(())
+    }
 }
 
 impl Actor for ToolSearchActor {
@@ -77,115 +291,43 @@ impl Actor for ToolSearchActor {
                 }
             }
         });
+        let dimensions = self.shared.embedder.as_ref().map_or(0, |e| e.dimensions());
+        let store = match (&self.shared.embedder, &self.vector_cache) {
+            (Some(embedder), Some(dir)) => {
+                let (dir, model) = (dir.clone(), embedder.model_id().to_owned());
+                let opened = tokio::task::spawn_blocking(move || {
+                    VectorStore::open(&dir, &model, dimensions).map_err(|e| (dir, e))
+                })
+                .await?;
+                opened.unwrap_or_else(|(dir, error)| {
+                    warn!(dir = %dir.display(), %error, "cannot open the vector cache; tool vectors are kept in memory only");
+                    VectorStore::in_memory(dimensions)
+                })
+            }
+            _ => VectorStore::in_memory(dimensions),
+        };
         myself.cast(SearchMsg::CatalogChanged)?;
-        Ok(ToolSearchState::default())
+        Ok(ToolSearchState {
+            indexed: HashMap::new(),
+            store,
+            pending: Vec::new(),
+            embedding: false,
+            run: None,
+        })
     }
 
     async fn handle(
         &self,
-        _: ActorRef<SearchMsg>,
+        myself: ActorRef<SearchMsg>,
         message: SearchMsg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        let SearchMsg::CatalogChanged = message;
-        let catalog = self.registry.snapshot();
-        if catalog.version == self.shared.version.load(Ordering::Acquire) && catalog.version != 0 {
-            return Ok(());
-        }
-        let started = Instant::now();
-        // Work out the changes before taking the write lock, so searches wait only for the
-        // updates themselves.
-        let mut upserts = Vec::new();
-        for (name, entry) in &catalog.tools {
-            let text = tool_text(&entry.spec);
-            let digest = hash(&text);
-            if state.hashes.get(name) != Some(&digest) {
-                upserts.push((name.clone(), terms(&text), digest));
+        match message {
+            SearchMsg::CatalogChanged => {
+                self.reindex(&myself, state);
+                Ok(())
             }
+            SearchMsg::EmbedNext => self.embed_next(&myself, state).await,
         }
-        let removed: Vec<String> = state
-            .hashes
-            .keys()
-            .filter(|name| !catalog.tools.contains_key(*name))
-            .cloned()
-            .collect();
-        {
-            let mut index =
-                self.shared.index.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-            for name in &removed {
-                index.remove(name);
-            }
-            for (name, terms, _) in &upserts {
-                index.upsert(name, terms);
-            }
-        }
-        for name in &removed {
-            state.hashes.remove(name);
-        }
-        for (name, _, digest) in upserts.iter() {
-            state.hashes.insert(name.clone(), *digest);
-        }
-        self.shared.version.store(catalog.version, Ordering::Release);
-        {
-            let mut vectors =
-                self.shared.vectors.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-            for name in &removed {
-                vectors.remove(name);
-            }
-        }
-        if let Some(embedder) = self.shared.embedder.clone() {
-            // Texts already embedded (same text, same model) are reused; the rest are
-            // embedded in batches on a blocking thread.
-            let mut missing = Vec::new();
-            {
-                let mut vectors =
-                    self.shared.vectors.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-                for (name, _, digest) in &upserts {
-                    match state.cache.get(digest) {
-                        Some(vector) => {
-                            vectors.insert(name.clone(), vector.clone());
-                        }
-                        None => missing.push((name.clone(), *digest)),
-                    }
-                }
-            }
-            for batch in missing.chunks(EMBED_BATCH) {
-                let texts: Vec<String> = batch
-                    .iter()
-                    .filter_map(|(name, _)| catalog.get(name).map(|t| tool_text(&t.spec)))
-                    .collect();
-                if texts.len() != batch.len() {
-                    continue;
-                }
-                let embedder = embedder.clone();
-                let embedded = tokio::task::spawn_blocking(move || {
-                    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-                    embedder.embed(&refs)
-                })
-                .await?;
-                let embedded = match embedded {
-                    Ok(embedded) => embedded,
-                    Err(error) => {
-                        tracing::warn!(%error, "embedding tools failed; they are searchable lexically only");
-                        continue;
-                    }
-                };
-                let mut vectors =
-                    self.shared.vectors.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-                for ((name, digest), vector) in batch.iter().zip(embedded) {
-                    let vector: Arc<[f32]> = vector.into();
-                    state.cache.insert(*digest, vector.clone());
-                    vectors.insert(name.clone(), vector);
-                }
-            }
-        }
-        debug!(
-            version = catalog.version,
-            updated = upserts.len(),
-            removed = removed.len(),
-            elapsed_us = started.elapsed().as_micros() as u64,
-            "search index updated"
-        );
-        Ok(())
     }
 }

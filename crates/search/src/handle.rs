@@ -1,7 +1,7 @@
 use std::{
     collections::HashMap,
     sync::{
-        Arc, RwLock,
+        Arc, PoisonError, RwLock,
         atomic::{AtomicU64, Ordering},
     },
 };
@@ -11,7 +11,7 @@ use toolmesh_embed::Embedder;
 use toolmesh_core::ToolSpec;
 use toolmesh_registry::{RegistryHandle, ToolEntry};
 
-use crate::{Bm25Index, terms};
+use crate::{Bm25Index, Fusion, terms};
 
 /// One search result.
 #[derive(Debug, Clone)]
@@ -22,8 +22,6 @@ pub struct SearchHit {
     pub score: f64,
 }
 
-/// Reciprocal-rank-fusion constant (the usual 60).
-const RRF_K: f64 = 60.0;
 /// Candidates each ranking contributes to the fusion.
 const CANDIDATES: usize = 100;
 
@@ -34,6 +32,7 @@ pub(crate) struct SearchShared {
     /// Tool vectors by tool name (L2-normalised).
     pub(crate) vectors: RwLock<HashMap<String, Arc<[f32]>>>,
     pub(crate) embedder: Option<Arc<dyn Embedder>>,
+    pub(crate) fusion: Fusion,
     /// The catalog version the index reflects.
     pub(crate) version: AtomicU64,
 }
@@ -53,8 +52,8 @@ pub struct SearchHandle {
 
 impl SearchHandle {
     /// Returns the `top_k` tools that best match `query` among those `keep` accepts: BM25 and,
-    /// with an embedding model, cosine similarity of sentence embeddings, fused by reciprocal
-    /// rank. The query is embedded on a blocking thread.
+    /// with an embedding model, cosine similarity of sentence embeddings, fused as the
+    /// [`Fusion`] of the index says. The query is embedded on a blocking thread.
     pub async fn search(
         &self,
         query: &str,
@@ -62,24 +61,28 @@ impl SearchHandle {
         keep: impl Fn(&ToolSpec) -> bool,
     ) -> Result<Vec<SearchHit>, String> {
         let catalog = self.registry.snapshot();
+        let kept = |name: &str| catalog.get(name).is_some_and(|t| keep(&t.spec));
         let lexical: Vec<(String, f64)> = {
-            let index = self.shared.index.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let index = self.shared.index.read().unwrap_or_else(PoisonError::into_inner);
             index
                 .search(&terms(query))
                 .into_iter()
-                .filter(|(name, _)| catalog.get(name).is_some_and(|t| keep(&t.spec)))
+                .filter(|(name, _)| kept(name))
                 .take(CANDIDATES)
                 .map(|(name, score)| (name.to_owned(), score))
                 .collect()
         };
-        let Some(embedder) = self.shared.embedder.clone() else {
-            return Ok(lexical
+        let hits = |ranked: Vec<(String, f64)>| {
+            ranked
                 .into_iter()
                 .filter_map(|(name, score)| {
                     catalog.get(&name).map(|tool| SearchHit { tool: tool.clone(), score })
                 })
                 .take(top_k)
-                .collect());
+                .collect()
+        };
+        let Some(embedder) = self.shared.embedder.clone() else {
+            return Ok(hits(lexical));
         };
         let text = query.to_owned();
         let query_vector = tokio::task::spawn_blocking(move || embedder.embed(&[text.as_str()]))
@@ -88,57 +91,50 @@ impl SearchHandle {
             .map_err(|e| e.to_string())?
             .pop()
             .unwrap_or_default();
-        let mut dense: Vec<(String, f32)> = {
-            let vectors =
-                self.shared.vectors.read().unwrap_or_else(std::sync::PoisonError::into_inner);
-            vectors
+        let dense: Vec<(String, f64)> = {
+            let vectors = self.shared.vectors.read().unwrap_or_else(PoisonError::into_inner);
+            let mut scored: Vec<(&str, f32)> = vectors
                 .iter()
-                .filter(|(name, _)| catalog.get(name.as_str()).is_some_and(|t| keep(&t.spec)))
                 .map(|(name, v)| {
-                    (name.clone(), v.iter().zip(&query_vector).map(|(a, b)| a * b).sum())
+                    (name.as_str(), v.iter().zip(&query_vector).map(|(a, b)| a * b).sum())
                 })
+                .collect();
+            scored.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+            scored
+                .into_iter()
+                .filter(|(name, _)| kept(name))
+                .take(CANDIDATES)
+                .map(|(name, score)| (name.to_owned(), f64::from(score)))
                 .collect()
         };
-        dense.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        dense.truncate(CANDIDATES);
-        let mut fused: HashMap<String, f64> = HashMap::new();
-        for (rank, (name, _)) in lexical.iter().enumerate() {
-            *fused.entry(name.clone()).or_default() += 1.0 / (RRF_K + rank as f64 + 1.0);
-        }
-        for (rank, (name, _)) in dense.iter().enumerate() {
-            *fused.entry(name.clone()).or_default() += 1.0 / (RRF_K + rank as f64 + 1.0);
-        }
-        let mut ranked: Vec<(String, f64)> = fused.into_iter().collect();
-        ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        Ok(ranked
-            .into_iter()
-            .filter_map(|(name, score)| {
-                catalog.get(&name).map(|tool| SearchHit { tool: tool.clone(), score })
-            })
-            .take(top_k)
-            .collect())
+        Ok(hits(self.shared.fusion.fuse(&lexical, &dense)))
     }
 
     /// Names the ranking in use.
     pub fn ranking(&self) -> String {
         match &self.shared.embedder {
-            Some(embedder) => format!("rrf(bm25, {})", embedder.model_id()),
+            Some(embedder) => format!("{}(bm25, {})", self.shared.fusion, embedder.model_id()),
             None => "bm25".into(),
         }
     }
 
     /// Returns how many tools are indexed lexically.
     pub fn indexed(&self) -> usize {
-        self.shared.index.read().unwrap_or_else(std::sync::PoisonError::into_inner).len()
+        self.shared.index.read().unwrap_or_else(PoisonError::into_inner).len()
     }
 
     /// Returns how many tools have an embedding.
     pub fn embedded(&self) -> usize {
-        self.shared.vectors.read().unwrap_or_else(std::sync::PoisonError::into_inner).len()
+        self.shared.vectors.read().unwrap_or_else(PoisonError::into_inner).len()
     }
 
     /// Returns the catalog version the index reflects.
     pub fn version(&self) -> u64 {
         self.shared.version.load(Ordering::Acquire)
+    }
+
+    /// Returns whether search ranks with sentence embeddings as well as BM25.
+    pub fn has_embeddings(&self) -> bool {
+        self.shared.embedder.is_some()
     }
 }

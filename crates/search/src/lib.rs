@@ -5,14 +5,21 @@
 //! updates only new, changed and removed tools. Searches read the index directly through a
 //! [`SearchHandle`]; they never wait on the actor's mailbox, and indexing never blocks calls.
 //!
-//! The ranking today is lexical: BM25 over the tool text ([`Bm25Index`]).
+//! Ranking is BM25 over the tool text ([`Bm25Index`]) and, with an embedding model, the
+//! cosine similarity of sentence embeddings, fused. Tool vectors are kept by the digest of
+//! their text in a [`VectorStore`], on disk when a cache directory is set, so a restart
+//! embeds only texts it has not seen.
 
 mod actor;
 mod bm25;
+mod fusion;
 mod handle;
+mod store;
 mod text;
 
-pub use actor::{SearchMsg, ToolSearchActor, ToolSearchState};
+pub use actor::{SearchMsg, SearchOptions, ToolSearchActor, ToolSearchState};
 pub use bm25::Bm25Index;
+pub use fusion::Fusion;
 pub use handle::{SearchHandle, SearchHit};
+pub use store::{TextDigest, VectorStore, digest};
 pub use text::{terms, tool_text};

@@ -11,5 +11,6 @@ mod propagation;
 
 pub use init::{TelemetryError, TelemetryGuard, TelemetryOptions, init};
 pub use propagation::{
-    MetadataExtractor, MetadataInjector, context_headers, inject_context, set_parent_from_metadata,
+    MetadataExtractor, MetadataInjector, SpanIds, add_link, context_headers, inject_context,
+    set_parent_from_metadata, span_ids,
 };

@@ -43,3 +43,24 @@ pub const METRIC_MCP_SERVER_UP: &str = "toolmesh.mcp.server.up";
 pub const METRIC_MCP_CONNECTION_FAILURES: &str = "toolmesh.mcp.connection.failures";
 /// `mcp.server`: the configured name of an MCP server.
 pub const MCP_SERVER: &str = "mcp.server";
+
+/// `toolmesh.profile`: the routing profile of a meta-tool call.
+pub const TOOLMESH_PROFILE: &str = "toolmesh.profile";
+/// `toolmesh.search.query`: what searchTools was asked.
+pub const TOOLMESH_SEARCH_QUERY: &str = "toolmesh.search.query";
+/// `toolmesh.search.results`: how many tools searchTools returned.
+pub const TOOLMESH_SEARCH_RESULTS: &str = "toolmesh.search.results";
+/// `toolmesh.search.in_result`: whether the tool callTool called was in the linked search
+/// result.
+pub const TOOLMESH_SEARCH_IN_RESULT: &str = "toolmesh.search.in_result";
+/// `toolmesh.search.rank`: the 1-based rank at which the linked search returned the tool.
+pub const TOOLMESH_SEARCH_RANK: &str = "toolmesh.search.rank";
+/// `toolmesh.exposed`: the tool callTool called is exposed by the profile (visible without
+/// a search).
+pub const TOOLMESH_EXPOSED: &str = "toolmesh.exposed";
+/// Counter: callTool calls; attributes `toolmesh.profile`, `toolmesh.search.in_result`,
+/// `toolmesh.exposed`.
+pub const METRIC_CALL_TOOL_CALLS: &str = "toolmesh.call_tool.calls";
+/// Histogram: the rank at which the linked search returned the tool callTool called;
+/// attribute `toolmesh.profile`.
+pub const METRIC_CALL_TOOL_SEARCH_RANK: &str = "toolmesh.call_tool.search_rank";

@@ -68,3 +68,39 @@ pub fn context_headers(span: &tracing::Span) -> std::collections::HashMap<String
     });
     headers
 }
+
+/// The ids of a recorded span: its trace id and span id, as they appear on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpanIds {
+    /// The trace id.
+    pub trace_id: [u8; 16],
+    /// The span id.
+    pub span_id: [u8; 8],
+}
+
+/// Returns the ids of `span`, or `None` when it is not recorded (no exporter).
+pub fn span_ids(span: &tracing::Span) -> Option<SpanIds> {
+    use opentelemetry::trace::TraceContextExt;
+    let context = span.context();
+    let span_context = context.span().span_context().clone();
+    span_context.is_valid().then(|| SpanIds {
+        trace_id: span_context.trace_id().to_bytes(),
+        span_id: span_context.span_id().to_bytes(),
+    })
+}
+
+/// Links `span` to the span with `ids` (possibly of another trace or process), with
+/// `attributes` on the link.
+pub fn add_link(span: &tracing::Span, ids: SpanIds, attributes: Vec<opentelemetry::KeyValue>) {
+    use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
+    let linked = SpanContext::new(
+        TraceId::from_bytes(ids.trace_id),
+        SpanId::from_bytes(ids.span_id),
+        TraceFlags::SAMPLED,
+        true,
+        TraceState::default(),
+    );
+    if linked.is_valid() {
+        span.add_link_with_attributes(linked, attributes);
+    }
+}

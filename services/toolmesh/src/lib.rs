@@ -17,4 +17,4 @@ pub mod client;
 mod server;
 
 pub use app::{App, AppOptions};
-pub use server::{MCP_HEALTH_PREFIX, ServeOptions, serve};
+pub use server::{MCP_HEALTH_PREFIX, SEARCH_EMBEDDINGS_HEALTH, ServeOptions, serve};

@@ -70,6 +70,10 @@ enum ToolsCommand {
         /// Print the full definitions as JSON.
         #[arg(long)]
         json: bool,
+        /// List what an agent of this routing profile sees: its exposed tools and the
+        /// meta-tools searchTools and callTool.
+        #[arg(long, default_value = "")]
+        profile: String,
     },
 }
 
@@ -89,6 +93,9 @@ struct CallArgs {
     /// The agent session the call belongs to.
     #[arg(long, default_value = "")]
     session: String,
+    /// The routing profile (for searchTools and callTool; empty: the default profile).
+    #[arg(long, default_value = "")]
+    profile: String,
 }
 
 #[derive(Args)]
@@ -174,8 +181,8 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Serve(args) => serve(args).await,
-        Command::Tools { command: ToolsCommand::List { server, json } } => {
-            list(&server, json).await
+        Command::Tools { command: ToolsCommand::List { server, json, profile } } => {
+            list(&server, json, &profile).await
         }
         Command::Call(args) => call(args).await,
         Command::Bench(args) => run_bench(args).await,
@@ -295,9 +302,9 @@ async fn watch_config(
     }
 }
 
-async fn list(server: &str, json: bool) -> anyhow::Result<ExitCode> {
+async fn list(server: &str, json: bool, profile: &str) -> anyhow::Result<ExitCode> {
     let mut client = client::connect(server).await?;
-    let (tools, toolkits) = client::list_all(&mut client)
+    let (tools, toolkits) = client::list_profile(&mut client, profile)
         .await
         .map_err(|s| anyhow::anyhow!("ListTools failed: {}", s.message()))?;
     if json {
@@ -344,6 +351,7 @@ async fn call(args: CallArgs) -> anyhow::Result<ExitCode> {
         arguments_json: args.arguments,
         call_id: String::new(),
         session_id: args.session,
+        profile: args.profile,
     };
     let timeout = args.timeout_ms.map(Duration::from_millis);
     match client::call_streaming(&mut client, request, timeout, |line| eprintln!("{line}")).await {

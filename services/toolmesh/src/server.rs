@@ -7,6 +7,10 @@ use tracing::{info, warn};
 
 use crate::App;
 
+/// The health service that is SERVING while tool search ranks with embeddings, and
+/// NOT_SERVING when it is lexical only.
+pub const SEARCH_EMBEDDINGS_HEALTH: &str = "toolmesh.search.embeddings";
+
 /// How [`serve`] behaves.
 #[derive(Debug, Clone, Copy)]
 pub struct ServeOptions {
@@ -25,6 +29,13 @@ pub async fn serve(
 ) -> anyhow::Result<bool> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<ToolServiceServer<ToolServiceImpl>>().await;
+    // Search works without a model, lexically; this service tells that apart.
+    let embeddings = if app.search().has_embeddings() {
+        tonic_health::ServingStatus::Serving
+    } else {
+        tonic_health::ServingStatus::NotServing
+    };
+    health.set_service_status(SEARCH_EMBEDDINGS_HEALTH, embeddings).await;
 
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(toolmesh_proto::FILE_DESCRIPTOR_SET)
@@ -52,6 +63,7 @@ pub async fn serve(
         .add_service(ToolServiceServer::new(ToolServiceImpl::new(
             app.router().clone(),
             app.search().clone(),
+            app.meta().clone(),
         )))
         .serve_with_incoming_shutdown(incoming, signal);
     tokio::pin!(server);

@@ -1,0 +1,266 @@
+//! The meta-tools searchTools and callTool through CallTool, with routing profiles and
+//! stateless search-before-call enforcement.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tonic::Code;
+use toolmesh::AppOptions;
+use toolmesh_e2e::{TestServer, eventually};
+use toolmesh_proto::v1::{CallToolRequest, CallToolResponse, ListToolsRequest};
+
+/// Calls `name` with `arguments` in `session` under `profile`.
+async fn call(
+    server: &TestServer,
+    name: &str,
+    arguments: Value,
+    session: &str,
+    profile: &str,
+) -> Result<CallToolResponse, tonic::Status> {
+    let request = CallToolRequest {
+        name: name.into(),
+        arguments_json: arguments.to_string(),
+        session_id: session.into(),
+        profile: profile.into(),
+        ..Default::default()
+    };
+    server.client().await.call_tool(request).await.map(tonic::Response::into_inner)
+}
+
+/// Runs searchTools until the index holds what it needs; returns the tool names, best
+/// first, and the searchToken.
+async fn search(
+    server: &TestServer,
+    query: &str,
+    top_k: u64,
+    session: &str,
+    profile: &str,
+    expect: &str,
+) -> (Vec<String>, String) {
+    eventually(Duration::from_secs(10), || async {
+        let response =
+            call(server, "searchTools", json!({"query": query, "topK": top_k}), session, profile)
+                .await
+                .unwrap();
+        let result: Value = serde_json::from_str(response.structured_json.as_deref()?).unwrap();
+        let names: Vec<String> = result["tools"]
+            .as_array()?
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_owned())
+            .collect();
+        names
+            .iter()
+            .any(|n| n == expect)
+            .then(|| (names, result["searchToken"].as_str().unwrap().to_owned()))
+    })
+    .await
+    .unwrap_or_else(|| panic!("searchTools finds {expect} for {query:?}"))
+}
+
+async fn list(server: &TestServer, profile: &str) -> Vec<toolmesh_proto::v1::Tool> {
+    let request = ListToolsRequest { profile: profile.into(), ..Default::default() };
+    server.client().await.list_tools(request).await.unwrap().into_inner().tools
+}
+
+#[tokio::test]
+async fn search_then_call_through_the_meta_tools() {
+    let server = TestServer::start("", AppOptions::default()).await.unwrap();
+
+    // An agent of the default profile sees only the two meta-tools; searchTools says what
+    // is behind it.
+    let visible = list(&server, "default").await;
+    let names: Vec<&str> = visible.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["callTool", "searchTools"]);
+    let description = &visible[1].description;
+    assert!(description.contains("among 3 tools"), "{description}");
+    assert!(description.contains("local builtin (3 tools)"), "{description}");
+    assert!(description.contains("Toolkits: reasoning"), "{description}");
+    assert!(description.contains("For example: "), "{description}");
+    assert!(visible[1].input_schema_json.contains("query"));
+    // They are tools of the whole catalog too.
+    let all = list(&server, "").await;
+    assert!(all.iter().any(|t| t.name == "searchTools") && all.iter().any(|t| t.name == "echo"));
+
+    let (found, token) =
+        search(&server, "return my arguments unchanged", 2, "s1", "", "echo").await;
+    assert!(found.len() <= 2, "topK is honoured: {found:?}");
+    assert!(!found.iter().any(|n| n == "searchTools" || n == "callTool"), "{found:?}");
+
+    let echoed = call(
+        &server,
+        "callTool",
+        json!({"name": "echo", "arguments": {"greeting": "hello"}, "searchToken": token}),
+        "s1",
+        "",
+    )
+    .await
+    .unwrap();
+    assert!(!echoed.is_error);
+    assert!(toolmesh_e2e::text(&echoed).contains("hello"), "{}", toolmesh_e2e::text(&echoed));
+
+    // Search first: no token, another session's token, or a tool the search did not return.
+    let refused = |result: Result<CallToolResponse, tonic::Status>, why: &str| {
+        let status = result.unwrap_err();
+        assert_eq!(status.code(), Code::FailedPrecondition, "{why}: {}", status.message());
+        assert!(status.message().contains("Call searchTools"), "{}", status.message());
+        status.message().to_owned()
+    };
+    let message =
+        refused(call(&server, "callTool", json!({"name": "echo"}), "s1", "").await, "no token");
+    assert!(message.contains("no searchToken"), "{message}");
+    let other_session = call(
+        &server,
+        "callTool",
+        json!({"name": "echo", "arguments": {}, "searchToken": token}),
+        "s2",
+        "",
+    )
+    .await;
+    refused(other_session, "another session");
+    let unlisted =
+        ["think", "analyze"].into_iter().find(|n| !found.iter().any(|f| f == n)).unwrap();
+    let message = refused(
+        call(&server, "callTool", json!({"name": unlisted, "searchToken": token}), "s1", "").await,
+        "not in the result",
+    );
+    assert!(message.contains(&format!("did not return {unlisted}")), "{message}");
+    let forged = format!("{}A", &token[..token.len() - 1]);
+    refused(
+        call(&server, "callTool", json!({"name": "echo", "searchToken": forged}), "s1", "").await,
+        "forged token",
+    );
+
+    // No recursion through callTool.
+    for meta in ["callTool", "searchTools"] {
+        let status =
+            call(&server, "callTool", json!({"name": meta, "searchToken": token}), "s1", "")
+                .await
+                .unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{}", status.message());
+    }
+
+    // Arguments are still checked against the called tool's schema.
+    let (_, token) = search(&server, "record one reasoning step", 3, "s1", "", "think").await;
+    let status = call(
+        &server,
+        "callTool",
+        json!({"name": "think", "arguments": {}, "searchToken": token}),
+        "s1",
+        "",
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{}", status.message());
+    assert!(status.message().contains("thought"), "{}", status.message());
+
+    // Naming the profile, hidden tools cannot be called directly either.
+    let status = call(&server, "echo", json!({}), "s1", "default").await.unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert!(status.message().contains("callTool"), "{}", status.message());
+    let status =
+        call(&server, "searchTools", json!({"query": "x"}), "s1", "nope").await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().contains("no routing profile `nope`"), "{}", status.message());
+}
+
+#[tokio::test]
+async fn replicas_sharing_a_key_accept_each_others_searches() {
+    let keyed = |key: &str| format!("[routing]\ntoken_key = \"{key}\"\n");
+    let a = TestServer::start(&keyed("shared-secret"), AppOptions::default()).await.unwrap();
+    let b = TestServer::start(&keyed("shared-secret"), AppOptions::default()).await.unwrap();
+    let c = TestServer::start(&keyed("another-secret"), AppOptions::default()).await.unwrap();
+
+    let (_, token) = search(&a, "return my arguments unchanged", 3, "agent-7", "", "echo").await;
+    let arguments = json!({"name": "echo", "arguments": {"n": 1}, "searchToken": token});
+    let on_b = call(&b, "callTool", arguments.clone(), "agent-7", "").await.unwrap();
+    assert!(toolmesh_e2e::text(&on_b).contains("\"n\""));
+    let on_c = call(&c, "callTool", arguments, "agent-7", "").await.unwrap_err();
+    assert_eq!(on_c.code(), Code::FailedPrecondition);
+    assert!(on_c.message().contains("not one that searchTools returned"), "{}", on_c.message());
+}
+
+#[tokio::test]
+async fn profiles_set_what_is_exposed_searchable_and_enforced() {
+    let config = r#"
+[[routing.profiles]]
+name = "ops"
+expose = ["echo"]
+pool = ["toolkit:reasoning"]
+top_k = 1
+
+[[routing.profiles]]
+name = "open"
+pool = ["th*"]
+enforce_search_before_call = false
+"#;
+    let server = TestServer::start(config, AppOptions::default()).await.unwrap();
+
+    let visible = list(&server, "ops").await;
+    let names: Vec<&str> = visible.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["callTool", "echo", "searchTools"]);
+    let description = &visible.iter().find(|t| t.name == "searchTools").unwrap().description;
+    assert!(description.contains("among 2 tools"), "the ops pool: {description}");
+
+    // The pool bounds the search; top_k is the profile's when the model gives none.
+    let found = eventually(Duration::from_secs(10), || async {
+        let response = call(
+            &server,
+            "searchTools",
+            json!({"query": "return my arguments unchanged"}),
+            "",
+            "ops",
+        )
+        .await
+        .unwrap();
+        let result: Value = serde_json::from_str(response.structured_json.as_deref()?).unwrap();
+        let tools = result["tools"].as_array()?.clone();
+        (!tools.is_empty()).then_some(tools)
+    })
+    .await
+    .unwrap();
+    assert_eq!(found.len(), 1);
+    assert!(["think", "analyze"].contains(&found[0]["name"].as_str().unwrap()), "{found:?}");
+
+    // An exposed tool is callable directly and through callTool without a search.
+    assert!(call(&server, "echo", json!({}), "", "ops").await.is_ok());
+    assert!(call(&server, "callTool", json!({"name": "echo"}), "", "ops").await.is_ok());
+
+    // Without enforcement, callTool calls any tool of the pool, and only of the pool.
+    let thought = call(
+        &server,
+        "callTool",
+        json!({"name": "think", "arguments": {"title": "Plan", "thought": "List the files first."}}),
+        "",
+        "open",
+    )
+    .await
+    .unwrap();
+    assert!(!thought.is_error);
+    let outside = call(&server, "callTool", json!({"name": "echo"}), "", "open").await.unwrap_err();
+    assert_eq!(outside.code(), Code::NotFound);
+}
+
+#[tokio::test]
+async fn health_says_whether_search_ranks_with_embeddings() {
+    use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
+    let status = |server: &TestServer| {
+        let addr = format!("http://{}", server.addr);
+        async move {
+            let channel =
+                tonic::transport::Endpoint::from_shared(addr).unwrap().connect().await.unwrap();
+            let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+            let request = HealthCheckRequest { service: toolmesh::SEARCH_EMBEDDINGS_HEALTH.into() };
+            health.check(request).await.unwrap().into_inner().status()
+        }
+    };
+    let hybrid = TestServer::start("", AppOptions::default()).await.unwrap();
+    assert_eq!(status(&hybrid).await, ServingStatus::Serving);
+    let lexical =
+        TestServer::start("[search]\nembeddings = false\n", AppOptions::default()).await.unwrap();
+    assert_eq!(status(&lexical).await, ServingStatus::NotServing);
+    // Lexical search still answers.
+    let (found, _) = search(&lexical, "echo arguments unchanged", 3, "", "", "echo").await;
+    assert!(!found.is_empty());
+}
