@@ -547,7 +547,7 @@ async fn search_tools_ranks_the_live_catalog() {
     .await
     .expect("think ranks first");
     assert!(
-        found.ranking.starts_with("rrf[k=60](bm25, minilm"),
+        found.ranking.starts_with("convex[dense=0.5](bm25, minilm"),
         "hybrid ranking with the real model: {}",
         found.ranking
     );

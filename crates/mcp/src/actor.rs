@@ -153,7 +153,12 @@ impl McpClientActor {
             }
         }
         let count = entries.len() + unchanged.len();
-        state.listed = tools.into_iter().map(|t| (t.name.to_string(), t)).collect();
+        let previous = std::mem::replace(
+            &mut state.listed,
+            tools.into_iter().map(|t| (t.name.to_string(), t)).collect(),
+        );
+        // Freeing thousands of schemas takes a while; not on the way to the catalog.
+        tokio::task::spawn_blocking(move || drop(previous));
         let update = SourceUpdate { source, tools: entries, toolkits: vec![], unchanged };
         match self.registry.replace_source(update).await {
             Ok(()) => info!(server, tools = count, "mcp tools published"),

@@ -1,7 +1,7 @@
 use std::{
     collections::HashMap,
     sync::{
-        Arc, PoisonError, RwLock,
+        Arc, Mutex, PoisonError, RwLock,
         atomic::{AtomicU64, Ordering},
     },
 };
@@ -11,7 +11,7 @@ use toolmesh_embed::Embedder;
 use toolmesh_core::ToolSpec;
 use toolmesh_registry::{RegistryHandle, ToolEntry};
 
-use crate::{Bm25Index, Fusion, terms};
+use crate::{Bm25Index, Fusion, recent::RecentQueries, terms};
 
 /// One search result.
 #[derive(Debug, Clone)]
@@ -26,15 +26,32 @@ pub struct SearchHit {
 const CANDIDATES: usize = 100;
 
 /// State the actor writes and searches read.
-#[derive(Default)]
 pub(crate) struct SearchShared {
     pub(crate) index: RwLock<Bm25Index>,
     /// Tool vectors by tool name (L2-normalised).
     pub(crate) vectors: RwLock<HashMap<String, Arc<[f32]>>>,
     pub(crate) embedder: Option<Arc<dyn Embedder>>,
+    /// Vectors of recent queries.
+    pub(crate) recent: Mutex<RecentQueries>,
     pub(crate) fusion: Fusion,
     /// The catalog version the index reflects.
     pub(crate) version: AtomicU64,
+}
+
+/// Query vectors kept for repeated searches.
+const RECENT_QUERIES: usize = 1024;
+
+impl Default for SearchShared {
+    fn default() -> Self {
+        SearchShared {
+            index: RwLock::default(),
+            vectors: RwLock::default(),
+            embedder: None,
+            recent: Mutex::new(RecentQueries::new(RECENT_QUERIES)),
+            fusion: Fusion::default(),
+            version: AtomicU64::default(),
+        }
+    }
 }
 
 impl std::fmt::Debug for SearchShared {
@@ -84,19 +101,30 @@ impl SearchHandle {
         let Some(embedder) = self.shared.embedder.clone() else {
             return Ok(hits(lexical));
         };
-        let text = query.to_owned();
-        let query_vector = tokio::task::spawn_blocking(move || embedder.embed(&[text.as_str()]))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?
-            .pop()
-            .unwrap_or_default();
+        let recent = self.shared.recent.lock().unwrap_or_else(PoisonError::into_inner).get(query);
+        let query_vector = match recent {
+            Some(vector) => vector,
+            None => {
+                let text = query.to_owned();
+                let vector: Arc<[f32]> =
+                    tokio::task::spawn_blocking(move || embedder.embed(&[text.as_str()]))
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .map_err(|e| e.to_string())?
+                        .pop()
+                        .unwrap_or_default()
+                        .into();
+                let mut recent = self.shared.recent.lock().unwrap_or_else(PoisonError::into_inner);
+                recent.insert(query, vector.clone());
+                vector
+            }
+        };
         let dense: Vec<(String, f64)> = {
             let vectors = self.shared.vectors.read().unwrap_or_else(PoisonError::into_inner);
             let mut scored: Vec<(&str, f32)> = vectors
                 .iter()
                 .map(|(name, v)| {
-                    (name.as_str(), v.iter().zip(&query_vector).map(|(a, b)| a * b).sum())
+                    (name.as_str(), v.iter().zip(query_vector.iter()).map(|(a, b)| a * b).sum())
                 })
                 .collect();
             scored.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(b.0)));

@@ -14,6 +14,7 @@ mod actor;
 mod bm25;
 mod fusion;
 mod handle;
+mod recent;
 mod store;
 mod text;
 

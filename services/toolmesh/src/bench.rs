@@ -132,7 +132,11 @@ struct RemoveOnDrop(std::path::PathBuf);
 
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        let _ = if self.0.is_dir() {
+            std::fs::remove_dir_all(&self.0)
+        } else {
+            std::fs::remove_file(&self.0)
+        };
     }
 }
 
@@ -518,7 +522,7 @@ fn score_ranking(ranked: &[String], relevant: &[String]) -> ([f64; 3], f64, bool
 /// Loads the benchmark's tools into a toolmesh the way real tools arrive (as the tools of
 /// an MCP server), runs every dev query through SearchTools over the whole pool, and
 /// measures quality, latency, cold indexing and re-indexing after one change.
-pub async fn run_search(dir: &Path, exe: &Path) -> anyhow::Result<SearchReport> {
+pub async fn run_search(dir: &Path, exe: &Path, fresh_cache: bool) -> anyhow::Result<SearchReport> {
     let tools_file = dir.join("tools.jsonl");
     let tool_names: Vec<String> = read_jsonl(&tools_file)?
         .iter()
@@ -549,6 +553,13 @@ pub async fn run_search(dir: &Path, exe: &Path) -> anyhow::Result<SearchReport> 
         ),
     )?;
     let _config = RemoveOnDrop(config.clone());
+    let cache = std::env::temp_dir().join(format!("toolmesh-bench-cache-{}", std::process::id()));
+    let _cache = RemoveOnDrop(cache.clone());
+    if fresh_cache {
+        let mut text = std::fs::read_to_string(&config)?;
+        text.push_str(&format!("\n[search]\ncache_dir = {:?}\n", cache.display().to_string()));
+        std::fs::write(&config, text)?;
+    }
     let config_arg = config.display().to_string();
 
     // Cold: from starting toolmesh until every tool is searchable.

@@ -147,6 +147,10 @@ struct BenchArgs {
     /// queries-dev.jsonl): recall, NDCG, latency, indexing time.
     #[arg(long, value_name = "DIR")]
     search: Option<PathBuf>,
+    /// With --search: index into an empty cache directory, so that every tool is embedded
+    /// (the first start ever); without it, vectors cached by earlier runs are reused.
+    #[arg(long, requires = "search")]
+    fresh_cache: bool,
 }
 
 #[derive(Subcommand)]
@@ -401,7 +405,7 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
     };
     let exe = std::env::current_exe()?;
     if let Some(dir) = &args.search {
-        let report = bench::run_search(dir, &exe).await?;
+        let report = bench::run_search(dir, &exe, args.fresh_cache).await?;
         print!("{}", bench::render_search(&report));
         return Ok(ExitCode::SUCCESS);
     }
