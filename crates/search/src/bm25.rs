@@ -75,15 +75,17 @@ impl Bm25Index {
         self.free.push(slot);
     }
 
-    /// Returns every document matching at least one query term with its BM25 score, best
-    /// first (ties by name, so results are stable).
-    pub fn search(&self, query: &[String]) -> Vec<(&str, f64)> {
+    /// Returns every document matching at least one query term with its BM25 score, in
+    /// no particular order.
+    pub fn scores(&self, query: &[String]) -> Vec<(&str, f64)> {
         let n = self.slots.len() as f64;
         if n == 0.0 {
             return Vec::new();
         }
         let avg_len = self.total_len as f64 / n;
-        let mut scores: HashMap<u32, f64> = HashMap::new();
+        // Dense accumulators: a few thousand floats are cheaper than a hash map per query.
+        let mut scores = vec![0.0f64; self.docs.len()];
+        let mut touched = Vec::new();
         let mut seen = std::collections::HashSet::new();
         for term in query {
             if !seen.insert(term) {
@@ -96,18 +98,51 @@ impl Bm25Index {
                 let Some(doc) = &self.docs[*slot as usize] else { continue };
                 let tf = f64::from(*tf);
                 let norm = K1 * (1.0 - B + B * f64::from(doc.len) / avg_len);
-                *scores.entry(*slot).or_default() += idf * tf * (K1 + 1.0) / (tf + norm);
+                let score = &mut scores[*slot as usize];
+                if *score == 0.0 {
+                    touched.push(*slot);
+                }
+                *score += idf * tf * (K1 + 1.0) / (tf + norm);
             }
         }
-        let mut ranked: Vec<(&str, f64)> = scores
+        touched
             .into_iter()
-            .filter_map(|(slot, score)| {
-                self.docs[slot as usize].as_ref().map(|d| (d.name.as_str(), score))
+            .filter_map(|slot| {
+                self.docs[slot as usize].as_ref().map(|d| (d.name.as_str(), scores[slot as usize]))
             })
-            .collect();
+            .collect()
+    }
+
+    /// Returns every document matching at least one query term with its BM25 score, best
+    /// first (ties by name, so results are stable).
+    pub fn search(&self, query: &[String]) -> Vec<(&str, f64)> {
+        let mut ranked = self.scores(query);
         ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(b.0)));
         ranked
     }
+}
+
+/// Returns the `n` best of `scored` that `keep` accepts, best first (ties by name). Only
+/// the head of the list is sorted, unless `keep` turns too many of it down.
+pub(crate) fn best(
+    mut scored: Vec<(&str, f64)>,
+    n: usize,
+    keep: impl Fn(&str) -> bool,
+) -> Vec<(&str, f64)> {
+    let order = |a: &(&str, f64), b: &(&str, f64)| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(b.0));
+    let head = (4 * n).min(scored.len());
+    if head > 0 && head < scored.len() {
+        scored.select_nth_unstable_by(head - 1, order);
+        let mut first: Vec<(&str, f64)> = scored[..head].to_vec();
+        first.sort_unstable_by(order);
+        let kept: Vec<(&str, f64)> =
+            first.into_iter().filter(|(name, _)| keep(name)).take(n).collect();
+        if kept.len() == n {
+            return kept;
+        }
+    }
+    scored.sort_unstable_by(order);
+    scored.into_iter().filter(|(name, _)| keep(name)).take(n).collect()
 }
 
 #[cfg(test)]
@@ -134,5 +169,17 @@ mod tests {
         index.upsert("weather", &terms("weather"));
         assert_eq!(index.len(), 3);
         assert_eq!(index.search(&terms("weather"))[0].0, "weather");
+    }
+
+    #[test]
+    fn best_selects_the_head_and_falls_back_when_keep_is_picky() {
+        let names: Vec<String> = (0..100).map(|i| format!("t{i:03}")).collect();
+        let scored: Vec<(&str, f64)> =
+            names.iter().enumerate().map(|(i, n)| (n.as_str(), f64::from(i as u32))).collect();
+        let top = best(scored.clone(), 3, |_| true);
+        assert_eq!(top.iter().map(|t| t.0).collect::<Vec<_>>(), ["t099", "t098", "t097"]);
+        // Only every tenth is kept: the head of 12 holds one, so the whole list is sorted.
+        let picky = best(scored, 3, |name| name.ends_with('0'));
+        assert_eq!(picky.iter().map(|t| t.0).collect::<Vec<_>>(), ["t090", "t080", "t070"]);
     }
 }
