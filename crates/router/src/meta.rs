@@ -20,6 +20,7 @@ use opentelemetry::{
 };
 use serde_json::{Value, json};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use toolmesh_config::{ProfileConfig, RoutingConfig, Selector};
 use toolmesh_core::{
     Backend, BackendError, CallContext, ContentPart, ErrorCode, ToolAnnotations, ToolOutput,
@@ -68,6 +69,14 @@ struct MetaInner {
     search: SearchHandle,
     profiles: BTreeMap<String, ProfileConfig>,
     signer: TokenSigner,
+    /// Cancelled when the meta-tools are dropped: ends the description follower.
+    stop: CancellationToken,
+}
+
+impl Drop for MetaInner {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
 }
 
 impl MetaTools {
@@ -95,6 +104,7 @@ impl MetaTools {
                 search,
                 profiles,
                 signer: TokenSigner::new(&key, routing.token_ttl),
+                stop: CancellationToken::new(),
             }),
         }
     }
@@ -272,9 +282,14 @@ impl MetaTools {
             .await
             .map_err(|e| format!("cannot publish the meta-tools: {e}"))?;
         let (weak, registry) = (Arc::downgrade(&self.inner), registry.clone());
+        let stop = self.inner.stop.clone();
         let mut changes = registry.subscribe();
         tokio::spawn(async move {
-            while changes.changed().await.is_ok() {
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    changed = changes.changed() => if changed.is_err() { return },
+                }
                 // Let a burst of changes settle before describing the catalog again.
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 changes.borrow_and_update();
