@@ -1,4 +1,7 @@
-use std::{collections::BTreeSet, sync::Arc};
+use std::{
+    collections::{BTreeSet, HashSet},
+    sync::Arc,
+};
 
 use toolmesh_core::{ToolSource, Toolkit};
 use tracing::warn;
@@ -40,27 +43,33 @@ impl RegistryState {
     }
 
     pub(crate) fn replace_source(&mut self, update: SourceUpdate) -> Result<(), RegistryError> {
-        let kept: Vec<Arc<ToolEntry>> = update
+        // Unchanged tools stay where they are, the same entries: a source of thousands of
+        // tools of which one changed costs a catalog copy, not thousands of re-insertions.
+        let unchanged: HashSet<&str> = update
             .unchanged
             .iter()
-            .filter_map(|name| self.catalog.get(name))
-            .filter(|t| t.spec.source == update.source && t.spec.toolkit.is_none())
-            .cloned()
+            .map(String::as_str)
+            .filter(|name| {
+                self.catalog
+                    .get(name)
+                    .is_some_and(|t| t.spec.source == update.source && t.spec.toolkit.is_none())
+            })
             .collect();
-        let mut next = self.catalog.clone();
-        remove_source(&mut next, &update.source);
-        let mut seen = BTreeSet::new();
-        let names = update
-            .tools
-            .iter()
-            .chain(update.toolkits.iter().flat_map(|(_, tools)| tools))
-            .chain(kept.iter().map(|t| &**t))
-            .map(|t| &t.spec.name);
-        for name in names {
-            if !seen.insert(name) {
-                return Err(RegistryError::Duplicate(name.clone()));
+        {
+            let mut seen = HashSet::new();
+            let names = update
+                .tools
+                .iter()
+                .chain(update.toolkits.iter().flat_map(|(_, tools)| tools))
+                .map(|t| t.spec.name.as_str());
+            for name in names {
+                if unchanged.contains(name) || !seen.insert(name) {
+                    return Err(RegistryError::Duplicate(name.to_owned()));
+                }
             }
         }
+        let mut next = self.catalog.clone();
+        remove_source(&mut next, &update.source, &unchanged);
         for (toolkit, mut tools) in update.toolkits {
             for tool in &mut tools {
                 tool.spec.source = update.source.clone();
@@ -70,15 +79,6 @@ impl RegistryState {
         for mut tool in update.tools {
             tool.spec.source = update.source.clone();
             insert_standalone(&mut next, tool)?;
-        }
-        for tool in kept {
-            if next.tools.get(&tool.spec.name).is_some_and(|t| t.spec.toolkit.is_some()) {
-                return Err(RegistryError::MemberOfToolkit {
-                    tool: tool.spec.name.clone(),
-                    toolkit: next.tools[&tool.spec.name].spec.toolkit.clone().unwrap_or_default(),
-                });
-            }
-            next.tools.insert(tool.spec.name.clone(), tool);
         }
         self.commit(next);
         Ok(())
@@ -160,8 +160,9 @@ fn insert_toolkit(
     Ok(())
 }
 
-fn remove_source(catalog: &mut Catalog, source: &ToolSource) {
-    catalog.tools.retain(|_, tool| tool.spec.source != *source);
+/// Removes the tools of `source` but those named in `keep`.
+fn remove_source(catalog: &mut Catalog, source: &ToolSource, keep: &HashSet<&str>) {
+    catalog.tools.retain(|name, tool| tool.spec.source != *source || keep.contains(name.as_str()));
     // A toolkit belongs to the source of its tools; one left without tools is gone too.
     let tools = &catalog.tools;
     catalog.toolkits.retain(|_, toolkit| toolkit.tools.iter().any(|t| tools.contains_key(t)));
