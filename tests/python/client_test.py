@@ -3,13 +3,16 @@
 Usage: python3 tests/python/client_test.py HOST:PORT
 
 Generates the stubs from proto/ into a temporary directory (grpcio-tools), then lists the
-tools, calls one, checks the error mapping and gRPC health. Exits non-zero on any failure.
+tools, calls one, checks the error mapping, streams a call, and runs the searchTools /
+callTool flow of an agent whose model sees only the meta-tools. Exits non-zero on any
+failure.
 """
 
 import json
 import pathlib
 import sys
 import tempfile
+import time
 
 import grpc
 from grpc_tools import protoc
@@ -80,6 +83,39 @@ def main(addr: str) -> None:
         assert messages[0].WhichOneof("message") == "started"
         assert messages[-1].WhichOneof("message") == "result"
         assert json.loads(messages[-1].result.structured_json) == {"streamed": True}
+
+        # An agent whose model sees only the meta-tools: hand their schemas to the model,
+        # forward its calls.
+        meta = stub.ListTools(tools_pb2.ListToolsRequest(profile="default"), timeout=10).tools
+        assert sorted(t.name for t in meta) == ["callTool", "searchTools"], [t.name for t in meta]
+        search_tools = next(t for t in meta if t.name == "searchTools")
+        assert "query" in json.loads(search_tools.input_schema_json)["properties"]
+
+        def meta_call(name, arguments):
+            request = tools_pb2.CallToolRequest(
+                name=name, arguments_json=json.dumps(arguments), session_id="py-agent",
+                profile="default",
+            )
+            return stub.CallTool(request, timeout=10)
+
+        for _ in range(100):  # the index follows the catalog within moments of a start
+            reply = meta_call("searchTools", {"query": "return my arguments unchanged"})
+            found = json.loads(reply.structured_json)
+            if "echo" in [t["name"] for t in found["tools"]]:
+                break
+            time.sleep(0.05)
+        assert "echo" in [t["name"] for t in found["tools"]], found
+        called = meta_call(
+            "callTool",
+            {"name": "echo", "arguments": {"via": "callTool"}, "searchToken": found["searchToken"]},
+        )
+        assert json.loads(called.structured_json) == {"via": "callTool"}
+        try:
+            meta_call("callTool", {"name": "echo", "arguments": {}})
+            raise AssertionError("callTool without a search was accepted")
+        except grpc.RpcError as error:
+            assert error.code() == grpc.StatusCode.FAILED_PRECONDITION, error.code()
+            assert "searchTools" in error.details(), error.details()
 
     print(f"python client: {len(names)} tools listed, calls and errors as expected")
 
