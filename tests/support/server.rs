@@ -36,9 +36,7 @@ impl TestServer {
     /// Tool vectors go to a cache shared by the test processes of this run, not the user's.
     pub fn config(toml: &str) -> anyhow::Result<Config> {
         let mut config = toolmesh_config::load_str(Some(("test.toml", toml)), &HashMap::new())?;
-        if !toml.contains("cache_dir") {
-            config.search.cache_dir = Some(std::env::temp_dir().join("toolmesh-e2e-cache"));
-        }
+        config.search.cache_dir = Some(std::env::temp_dir().join("toolmesh-e2e-cache"));
         Ok(config)
     }
 

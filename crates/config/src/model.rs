@@ -171,8 +171,9 @@ pub enum FusionConfig {
     },
 }
 
-fn default_cache_dir() -> Option<PathBuf> {
-    let non_empty = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+/// `$XDG_CACHE_HOME/toolmesh`, else `$HOME/.cache/toolmesh`, from `env`.
+fn default_cache_dir(env: &HashMap<String, String>) -> Option<PathBuf> {
+    let non_empty = |name: &str| env.get(name).filter(|v| !v.is_empty());
     non_empty("XDG_CACHE_HOME")
         .map(|dir| PathBuf::from(dir).join("toolmesh"))
         .or_else(|| non_empty("HOME").map(|home| PathBuf::from(home).join(".cache/toolmesh")))
@@ -875,7 +876,7 @@ impl Config {
                 fusion,
                 cache_dir: Some(PathBuf::from(raw.search.cache_dir))
                     .filter(|p| !p.as_os_str().is_empty())
-                    .or_else(default_cache_dir),
+                    .or_else(|| default_cache_dir(env)),
             },
             mcp,
             server,

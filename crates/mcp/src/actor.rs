@@ -120,7 +120,8 @@ impl McpClientActor {
         let mut published = std::collections::HashSet::new();
         for tool in &tools {
             let name = publish_name(config.prefix, server, &tool.name);
-            if let Some(existing) = catalog.get(&name).filter(|e| e.spec.source != source) {
+            let existing = catalog.get(&name);
+            if let Some(existing) = existing.filter(|e| e.spec.source != source) {
                 error!(
                     tool = %name, server, other = %existing.spec.source,
                     "tool name collides with a tool of another source; not published (set prefix = \"always\")"
@@ -133,9 +134,7 @@ impl McpClientActor {
             }
             // An unchanged tool keeps its entry: no conversion and no schema compilation when
             // one tool of thousands changes.
-            if state.listed.get(tool.name.as_ref()) == Some(tool)
-                && catalog.get(&name).is_some_and(|e| e.spec.source == source)
-            {
+            if existing.is_some() && state.listed.get(tool.name.as_ref()) == Some(tool) {
                 unchanged.push(name);
                 continue;
             }

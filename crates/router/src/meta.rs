@@ -111,7 +111,7 @@ impl MetaTools {
 
     /// Returns the profile named `name` (`default` when empty).
     pub fn profile(&self, name: &str) -> Result<&ProfileConfig, RouterError> {
-        let name = if name.is_empty() { DEFAULT_PROFILE } else { name };
+        let name = profile_name(name);
         self.inner.profiles.get(name).ok_or_else(|| RouterError::InvalidRequest {
             field: "profile",
             reason: format!(
@@ -204,9 +204,14 @@ impl MetaTools {
         text
     }
 
-    /// Returns the two catalog entries, described for the default profile over `catalog`.
-    pub fn entries(&self, catalog: &Catalog) -> Vec<ToolEntry> {
-        let default = self.profile("").cloned().unwrap_or_default();
+    /// Returns `searchTools`'s description for the default profile over `catalog`, the one
+    /// the catalog entry carries.
+    fn default_description(&self, catalog: &Catalog) -> String {
+        Self::describe(&self.inner.profiles[DEFAULT_PROFILE], catalog)
+    }
+
+    /// Returns the two catalog entries, `searchTools` described by `description`.
+    fn entries(&self, description: String) -> Vec<ToolEntry> {
         let weak = Arc::downgrade(&self.inner);
         let source = ToolSource::local(META_SOURCE);
         let search = ToolSpec {
@@ -218,7 +223,7 @@ impl MetaTools {
             },
             ..ToolSpec::new(
                 SEARCH_TOOLS,
-                Self::describe(&default, catalog),
+                description,
                 json!({
                     "type": "object",
                     "properties": {
@@ -271,14 +276,14 @@ impl MetaTools {
     /// Publishes the meta-tools, and keeps `searchTools`'s description in step with the
     /// catalog until the meta-tools are dropped. Returns once they are published.
     pub async fn publish(&self, registry: &RegistryHandle) -> Result<(), String> {
-        let update = |meta: &MetaTools, catalog: &Catalog| SourceUpdate {
+        let update = |meta: &MetaTools, description: String| SourceUpdate {
             source: ToolSource::local(META_SOURCE),
-            tools: meta.entries(catalog),
+            tools: meta.entries(description),
             toolkits: vec![],
             unchanged: vec![],
         };
         registry
-            .replace_source(update(self, &registry.snapshot()))
+            .replace_source(update(self, self.default_description(&registry.snapshot())))
             .await
             .map_err(|e| format!("cannot publish the meta-tools: {e}"))?;
         let (weak, registry) = (Arc::downgrade(&self.inner), registry.clone());
@@ -296,10 +301,9 @@ impl MetaTools {
                 let Some(inner) = weak.upgrade() else { return };
                 let meta = MetaTools { inner };
                 let catalog = registry.snapshot();
-                let default = meta.profile("").cloned().unwrap_or_default();
-                let description = Self::describe(&default, &catalog);
+                let description = meta.default_description(&catalog);
                 if catalog.get(SEARCH_TOOLS).is_some_and(|e| e.spec.description != description)
-                    && let Err(error) = registry.replace_source(update(&meta, &catalog)).await
+                    && let Err(error) = registry.replace_source(update(&meta, description)).await
                 {
                     warn!(%error, "cannot update the description of searchTools");
                 }
@@ -307,6 +311,11 @@ impl MetaTools {
         });
         Ok(())
     }
+}
+
+/// The profile a request means: the one it names, or `default`.
+fn profile_name(name: &str) -> &str {
+    if name.is_empty() { DEFAULT_PROFILE } else { name }
 }
 
 fn selects(selectors: &[Selector], spec: &ToolSpec) -> bool {
@@ -350,16 +359,13 @@ impl Backend for MetaBackend {
             reason: "toolmesh is shutting down".into(),
         })?;
         let meta = MetaTools { inner };
-        let profile_name = ctx.profile.clone().unwrap_or_default();
-        let profile_name =
-            if profile_name.is_empty() { DEFAULT_PROFILE.to_owned() } else { profile_name };
+        let profile_name = profile_name(ctx.profile.as_deref().unwrap_or_default()).to_owned();
         let profile = meta
             .profile(&profile_name)
-            .map_err(|e| refuse(ErrorCode::InvalidArgument, e.to_string()))?
-            .clone();
+            .map_err(|e| refuse(ErrorCode::InvalidArgument, e.to_string()))?;
         match self.which {
-            Which::Search => meta.search_tools(&ctx, &profile_name, &profile, &arguments).await,
-            Which::Call => meta.call_tool(ctx, &profile_name, &profile, arguments).await,
+            Which::Search => meta.search_tools(&ctx, &profile_name, profile, &arguments).await,
+            Which::Call => meta.call_tool(ctx, &profile_name, profile, arguments).await,
         }
     }
 }

@@ -5,6 +5,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
+use toolmesh_config::ProfileConfig;
 use toolmesh_core::{ElicitationAnswer, EventSink};
 use toolmesh_proto::v1::{
     self, CallToolClientMessage, CallToolRequest, CallToolResponse, CallToolServerMessage,
@@ -48,13 +49,18 @@ impl ToolServiceImpl {
         ToolServiceImpl { router, search, meta }
     }
 
+    /// Returns the routing profile a request names; `None` when it names none.
+    fn profile(&self, name: &str) -> Result<Option<&ProfileConfig>, Status> {
+        match name {
+            "" => Ok(None),
+            name => self.meta.profile(name).map(Some).map_err(|e| e.to_status()),
+        }
+    }
+
     /// Refuses a call that names a routing profile in which the tool is not visible: such a
     /// tool is reached through `callTool`, after a search.
     fn admit(&self, call: &CallRequest) -> Result<(), Status> {
-        if call.profile.is_empty() {
-            return Ok(());
-        }
-        let profile = self.meta.profile(&call.profile).map_err(|e| e.to_status())?;
+        let Some(profile) = self.profile(&call.profile)? else { return Ok(()) };
         match self.router.registry().resolve(&call.name) {
             Some(entry) if !MetaTools::visible(profile, &entry.spec) => {
                 Err(Status::failed_precondition(format!(
@@ -149,10 +155,7 @@ impl ToolServiceImpl {
             request.source_kind,
             &request.source_name,
         );
-        let profile = match request.profile.as_str() {
-            "" => None,
-            name => Some(self.meta.profile(name).map_err(|e| e.to_status())?),
-        };
+        let profile = self.profile(&request.profile)?;
         let hits = self
             .search
             .search(&request.query, top_k, |spec| {
@@ -210,10 +213,7 @@ impl ToolService for ToolServiceImpl {
             request.source_kind,
             &request.source_name,
         );
-        let profile = match request.profile.as_str() {
-            "" => None,
-            name => Some(self.meta.profile(name).map_err(|e| e.to_status())?),
-        };
+        let profile = self.profile(&request.profile)?;
         let catalog = self.router.registry().snapshot();
         let range = match after {
             Some(after) => catalog

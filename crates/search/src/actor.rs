@@ -1,5 +1,5 @@
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{HashMap, HashSet, VecDeque},
     path::PathBuf,
     sync::{Arc, PoisonError, atomic::Ordering},
     time::Instant,
@@ -61,6 +61,14 @@ pub struct ToolSearchActor {
     vector_cache: Option<PathBuf>,
 }
 
+/// A tool waiting for the vector of its text.
+#[derive(Debug)]
+struct Pending {
+    name: String,
+    digest: TextDigest,
+    text: String,
+}
+
 /// Texts embedded per batch. Texts are sorted by length first, so a batch pads little.
 const EMBED_BATCH: usize = 16;
 
@@ -71,8 +79,8 @@ pub struct ToolSearchState {
     indexed: HashMap<String, (Arc<ToolEntry>, TextDigest)>,
     /// Vectors by text digest (and on disk, when a cache directory is set).
     store: VectorStore,
-    /// Tools waiting for a vector: text length, name, digest; shortest first.
-    pending: Vec<(usize, String, TextDigest)>,
+    /// Tools waiting for a vector, shortest text first.
+    pending: VecDeque<Pending>,
     /// Whether an `EmbedNext` is on its way.
     embedding: bool,
     /// When the current run of embedding started, and how many texts it embedded.
@@ -147,27 +155,29 @@ impl ToolSearchActor {
             state.indexed.remove(name);
         }
         let embedding = self.shared.embedder.is_some();
+        let updated = upserts.len();
         {
             let mut vectors = self.shared.vectors.write().unwrap_or_else(PoisonError::into_inner);
             for name in &removed {
                 vectors.remove(name);
             }
-            for (name, _, text, text_digest) in &upserts {
-                match state.store.get(text_digest) {
+            for (name, entry, text, text_digest) in upserts {
+                match state.store.get(&text_digest) {
                     Some(vector) => {
                         vectors.insert(name.clone(), vector);
                     }
                     None if embedding => {
-                        vectors.remove(name);
-                        state.pending.push((text.len(), name.clone(), *text_digest));
+                        vectors.remove(&name);
+                        state.pending.push_back(Pending {
+                            name: name.clone(),
+                            digest: text_digest,
+                            text,
+                        });
                     }
                     None => {}
                 }
+                state.indexed.insert(name, (entry, text_digest));
             }
-        }
-        let updated = upserts.len();
-        for (name, entry, _, text_digest) in upserts {
-            state.indexed.insert(name, (entry, text_digest));
         }
         self.shared.version.store(catalog.version, Ordering::Release);
         if !removed.is_empty() {
@@ -175,7 +185,7 @@ impl ToolSearchActor {
             state.store.compact(&live);
         }
         if !state.pending.is_empty() {
-            state.pending.sort_unstable_by_key(|(len, ..)| *len);
+            state.pending.make_contiguous().sort_unstable_by_key(|p| p.text.len());
             if !state.embedding {
                 state.embedding = myself.cast(SearchMsg::EmbedNext).is_ok();
                 state.run.get_or_insert((Instant::now(), 0));
@@ -198,36 +208,30 @@ impl ToolSearchActor {
     ) -> Result<(), ActorProcessingErr> {
         state.embedding = false;
         let Some(embedder) = self.shared.embedder.clone() else { return Ok(()) };
-        let catalog = self.registry.snapshot();
         // The shortest texts first; skip tools that changed or went since they were queued,
         // and texts another tool already brought a vector for.
-        let mut batch: Vec<(String, TextDigest, String)> = Vec::with_capacity(EMBED_BATCH);
-        let mut drained = 0;
-        for (_, name, text_digest) in &state.pending {
-            if batch.len() == EMBED_BATCH {
-                break;
-            }
-            drained += 1;
-            if state.indexed.get(name).is_none_or(|(_, d)| d != text_digest) {
+        let mut batch: Vec<Pending> = Vec::with_capacity(EMBED_BATCH);
+        while batch.len() < EMBED_BATCH
+            && let Some(pending) = state.pending.pop_front()
+        {
+            if state.indexed.get(&pending.name).is_none_or(|(_, d)| *d != pending.digest) {
                 continue;
             }
-            if let Some(vector) = state.store.get(text_digest) {
-                self.shared
-                    .vectors
-                    .write()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .insert(name.clone(), vector);
-                continue;
-            }
-            let Some(entry) = catalog.get(name) else { continue };
-            let text = tool_text(&entry.spec);
-            if digest(&text) == *text_digest {
-                batch.push((name.clone(), *text_digest, text));
+            match state.store.get(&pending.digest) {
+                Some(vector) => {
+                    self.shared
+                        .vectors
+                        .write()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .insert(pending.name, vector);
+                }
+                None => batch.push(pending),
             }
         }
-        state.pending.drain(..drained);
         if !batch.is_empty() {
-            let texts: Vec<String> = batch.iter().map(|(_, _, text)| text.clone()).collect();
+            // The texts go to the model; the batch keeps name and digest.
+            let texts: Vec<String> =
+                batch.iter_mut().map(|p| std::mem::take(&mut p.text)).collect();
             let embedded = tokio::task::spawn_blocking(move || {
                 let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
                 embedder.embed(&refs)
@@ -237,17 +241,21 @@ impl ToolSearchActor {
                 Ok(embedded) => {
                     let vectors = state
                         .store
-                        .insert(batch.iter().map(|(_, d, _)| *d).zip(embedded).collect::<Vec<_>>());
-                    let mut shared =
-                        self.shared.vectors.write().unwrap_or_else(PoisonError::into_inner);
-                    for ((name, text_digest, _), vector) in batch.iter().zip(vectors) {
-                        // Still the text the tool has now?
-                        if state.indexed.get(name).is_some_and(|(_, d)| d == text_digest) {
-                            shared.insert(name.clone(), vector);
-                        }
-                    }
+                        .insert(batch.iter().map(|p| p.digest).zip(embedded).collect::<Vec<_>>());
                     if let Some((_, count)) = &mut state.run {
                         *count += batch.len();
+                    }
+                    let mut shared =
+                        self.shared.vectors.write().unwrap_or_else(PoisonError::into_inner);
+                    for (pending, vector) in batch.into_iter().zip(vectors) {
+                        // Still the text the tool has now?
+                        if state
+                            .indexed
+                            .get(&pending.name)
+                            .is_some_and(|(_, d)| *d == pending.digest)
+                        {
+                            shared.insert(pending.name, vector);
+                        }
                     }
                 }
                 Err(error) => {
@@ -310,7 +318,7 @@ impl Actor for ToolSearchActor {
         Ok(ToolSearchState {
             indexed: HashMap::new(),
             store,
-            pending: Vec::new(),
+            pending: VecDeque::new(),
             embedding: false,
             run: None,
         })

@@ -26,6 +26,7 @@ pub struct SearchHit {
 const CANDIDATES: usize = 100;
 
 /// State the actor writes and searches read.
+#[derive(Default)]
 pub(crate) struct SearchShared {
     pub(crate) index: RwLock<Bm25Index>,
     /// Tool vectors by tool name (L2-normalised).
@@ -36,22 +37,6 @@ pub(crate) struct SearchShared {
     pub(crate) fusion: Fusion,
     /// The catalog version the index reflects.
     pub(crate) version: AtomicU64,
-}
-
-/// Query vectors kept for repeated searches.
-const RECENT_QUERIES: usize = 1024;
-
-impl Default for SearchShared {
-    fn default() -> Self {
-        SearchShared {
-            index: RwLock::default(),
-            vectors: RwLock::default(),
-            embedder: None,
-            recent: Mutex::new(RecentQueries::new(RECENT_QUERIES)),
-            fusion: Fusion::default(),
-            version: AtomicU64::default(),
-        }
-    }
 }
 
 impl std::fmt::Debug for SearchShared {

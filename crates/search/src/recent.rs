@@ -11,6 +11,15 @@ pub(crate) struct RecentQueries {
     entries: HashMap<String, (Arc<[f32]>, u64)>,
 }
 
+/// Query vectors kept for repeated searches.
+const RECENT_QUERIES: usize = 1024;
+
+impl Default for RecentQueries {
+    fn default() -> Self {
+        RecentQueries::new(RECENT_QUERIES)
+    }
+}
+
 impl RecentQueries {
     pub(crate) fn new(capacity: usize) -> Self {
         RecentQueries { capacity, tick: 0, entries: HashMap::new() }

@@ -63,8 +63,7 @@ impl VectorStore {
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes)?;
         let record = 16 + 4 * dimensions;
-        let mut header = MAGIC.to_vec();
-        header.extend_from_slice(&(dimensions as u32).to_le_bytes());
+        let header = header(dimensions);
         let mut vectors = HashMap::new();
         if bytes.len() < HEADER || bytes[..HEADER] != header[..] {
             if !bytes.is_empty() {
@@ -113,10 +112,7 @@ impl VectorStore {
                 shared.push(Arc::from(vector));
                 continue;
             }
-            bytes.extend_from_slice(&digest);
-            for x in &vector {
-                bytes.extend_from_slice(&x.to_le_bytes());
-            }
+            encode(&mut bytes, &digest, &vector);
             let vector: Arc<[f32]> = vector.into();
             self.vectors.insert(digest, vector.clone());
             shared.push(vector);
@@ -138,13 +134,9 @@ impl VectorStore {
         }
         self.vectors.retain(|digest, _| live.contains(digest));
         let Some((path, file)) = &mut self.file else { return };
-        let mut bytes = MAGIC.to_vec();
-        bytes.extend_from_slice(&(self.dimensions as u32).to_le_bytes());
+        let mut bytes = header(self.dimensions);
         for (digest, vector) in &self.vectors {
-            bytes.extend_from_slice(digest);
-            for x in vector.iter() {
-                bytes.extend_from_slice(&x.to_le_bytes());
-            }
+            encode(&mut bytes, digest, vector);
         }
         let rewrite = |file: &mut File| -> io::Result<()> {
             file.lock()?;
@@ -161,6 +153,21 @@ impl VectorStore {
                 self.file = None;
             }
         }
+    }
+}
+
+/// The file's first bytes: the magic and the dimension count.
+fn header(dimensions: usize) -> Vec<u8> {
+    let mut header = MAGIC.to_vec();
+    header.extend_from_slice(&(dimensions as u32).to_le_bytes());
+    header
+}
+
+/// Appends one record to `bytes`.
+fn encode(bytes: &mut Vec<u8>, digest: &TextDigest, vector: &[f32]) {
+    bytes.extend_from_slice(digest);
+    for x in vector {
+        bytes.extend_from_slice(&x.to_le_bytes());
     }
 }
 

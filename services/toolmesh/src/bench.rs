@@ -545,21 +545,22 @@ pub async fn run_search(dir: &Path, exe: &Path, fresh_cache: bool) -> anyhow::Re
     let upstream = start_child(exe, &["bench", "--mcp-echo-server", "--tools", &tools_arg]).await?;
     let config =
         std::env::temp_dir().join(format!("toolmesh-bench-search-{}.toml", std::process::id()));
+    // A first-ever start indexes into an empty cache, removed afterwards.
+    let cache = std::env::temp_dir().join(format!("toolmesh-bench-cache-{}", std::process::id()));
+    let _cache = RemoveOnDrop(cache.clone());
+    let search = if fresh_cache {
+        format!("\n[search]\ncache_dir = {:?}\n", cache.display().to_string())
+    } else {
+        String::new()
+    };
     std::fs::write(
         &config,
         format!(
-            "[builtin]\nreasoning = false\necho = false\n\n[[mcp.servers]]\nname = \"bench\"\ntransport = \"streamable-http\"\nurl = \"http://{}/mcp\"\nprefix = \"none\"\nping_interval_ms = 0\n",
+            "[builtin]\nreasoning = false\necho = false\n\n[[mcp.servers]]\nname = \"bench\"\ntransport = \"streamable-http\"\nurl = \"http://{}/mcp\"\nprefix = \"none\"\nping_interval_ms = 0\n{search}",
             upstream.addr
         ),
     )?;
     let _config = RemoveOnDrop(config.clone());
-    let cache = std::env::temp_dir().join(format!("toolmesh-bench-cache-{}", std::process::id()));
-    let _cache = RemoveOnDrop(cache.clone());
-    if fresh_cache {
-        let mut text = std::fs::read_to_string(&config)?;
-        text.push_str(&format!("\n[search]\ncache_dir = {:?}\n", cache.display().to_string()));
-        std::fs::write(&config, text)?;
-    }
     let config_arg = config.display().to_string();
 
     // Cold: from starting toolmesh until every tool is searchable.
