@@ -54,6 +54,15 @@ pub(crate) fn matmul_t(x: &[f32], w: &[f32], bias: Option<&[f32]>, k: usize, y: 
     }
 }
 
+/// Writes the dot product of `query` with each row of `rows` (row-major, `query.len()`
+/// columns) into `out`: the similarities of a query to a table of normalised vectors.
+pub fn similarities(query: &[f32], rows: &[f32], out: &mut [f32]) {
+    if query.is_empty() {
+        return out.fill(0.0);
+    }
+    matmul_t(query, rows, None, query.len(), out);
+}
+
 fn serial(x: &[f32], w: &[f32], bias: Option<&[f32]>, k: usize, y: &mut [f32]) {
     let (m, n) = (x.len() / k, w.len() / k);
     Arch::new().dispatch(MatMulT { x, w, bias, k, m, n, y });

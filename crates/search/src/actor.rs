@@ -164,7 +164,7 @@ impl ToolSearchActor {
             for (name, entry, text, text_digest) in upserts {
                 match state.store.get(&text_digest) {
                     Some(vector) => {
-                        vectors.insert(name.clone(), vector);
+                        vectors.insert(&name, &vector);
                     }
                     None if embedding => {
                         vectors.remove(&name);
@@ -223,7 +223,7 @@ impl ToolSearchActor {
                         .vectors
                         .write()
                         .unwrap_or_else(PoisonError::into_inner)
-                        .insert(pending.name, vector);
+                        .insert(&pending.name, &vector);
                 }
                 None => batch.push(pending),
             }
@@ -254,7 +254,7 @@ impl ToolSearchActor {
                             .get(&pending.name)
                             .is_some_and(|(_, d)| *d == pending.digest)
                         {
-                            shared.insert(pending.name, vector);
+                            shared.insert(&pending.name, &vector);
                         }
                     }
                 }

@@ -1,9 +1,6 @@
-use std::{
-    collections::HashMap,
-    sync::{
-        Arc, Mutex, PoisonError, RwLock,
-        atomic::{AtomicU64, Ordering},
-    },
+use std::sync::{
+    Arc, Mutex, PoisonError, RwLock,
+    atomic::{AtomicU64, Ordering},
 };
 
 use toolmesh_embed::Embedder;
@@ -11,7 +8,7 @@ use toolmesh_embed::Embedder;
 use toolmesh_core::ToolSpec;
 use toolmesh_registry::{RegistryHandle, ToolEntry};
 
-use crate::{Bm25Index, Fusion, bm25::best, recent::RecentQueries, terms};
+use crate::{Bm25Index, Fusion, bm25::best, recent::RecentQueries, terms, vectors::VectorTable};
 
 /// One search result.
 #[derive(Debug, Clone)]
@@ -30,7 +27,7 @@ const CANDIDATES: usize = 100;
 pub(crate) struct SearchShared {
     pub(crate) index: RwLock<Bm25Index>,
     /// Tool vectors by tool name (L2-normalised).
-    pub(crate) vectors: RwLock<HashMap<String, Arc<[f32]>>>,
+    pub(crate) vectors: RwLock<VectorTable>,
     pub(crate) embedder: Option<Arc<dyn Embedder>>,
     /// Vectors of recent queries.
     pub(crate) recent: Mutex<RecentQueries>,
@@ -107,11 +104,7 @@ impl SearchHandle {
         };
         let dense: Vec<(String, f64)> = {
             let vectors = self.shared.vectors.read().unwrap_or_else(PoisonError::into_inner);
-            let scored: Vec<(&str, f64)> = vectors
-                .iter()
-                .map(|(name, v)| (name.as_str(), f64::from(dot(v, &query_vector))))
-                .collect();
-            best(scored, CANDIDATES, kept)
+            best(vectors.scores(&query_vector), CANDIDATES, kept)
                 .into_iter()
                 .map(|(name, score)| (name.to_owned(), score))
                 .collect()
@@ -146,17 +139,4 @@ impl SearchHandle {
     pub fn has_embeddings(&self) -> bool {
         self.shared.embedder.is_some()
     }
-}
-
-/// The dot product of two vectors, in eight independent sums so that it vectorises.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut sums = [0.0f32; 8];
-    let (a_chunks, b_chunks) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = a_chunks.remainder().iter().zip(b_chunks.remainder()).map(|(x, y)| x * y).sum();
-    for (x, y) in a_chunks.zip(b_chunks) {
-        for i in 0..8 {
-            sums[i] += x[i] * y[i];
-        }
-    }
-    sums.iter().sum::<f32>() + tail
 }

@@ -8,7 +8,7 @@
 //! Ranking is BM25 over the tool text ([`Bm25Index`]) and, with an embedding model, the
 //! cosine similarity of sentence embeddings, fused. Tool vectors are kept by the digest of
 //! their text in a [`VectorStore`], on disk when a cache directory is set, so a restart
-//! embeds only texts it has not seen.
+//! embeds only texts it has not seen; searches score them in one contiguous table.
 
 mod actor;
 mod bm25;
@@ -17,6 +17,7 @@ mod handle;
 mod recent;
 mod store;
 mod text;
+mod vectors;
 
 pub use actor::{SearchMsg, SearchOptions, ToolSearchActor, ToolSearchState};
 pub use bm25::Bm25Index;
