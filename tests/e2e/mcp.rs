@@ -571,6 +571,29 @@ async fn a_hundred_actor_crashes_leave_no_zombies_or_orphans() {
     );
 }
 
+/// A server that lists its tools in pages is listed to the end, and one that hands back the
+/// cursor it was given is not listed forever.
+#[tokio::test]
+async fn tools_listed_in_pages_are_all_published() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/mini_server.py");
+    let config = format!(
+        "[[mcp.servers]]\nname = \"paged\"\ntransport = \"stdio\"\ncommand = \"{python}\"\nargs = [\"{script}\"]\nenv = {{ MINI_EXTRA_TOOLS = \"24\", MINI_PAGE_SIZE = \"10\" }}\n\n\
+         [[mcp.servers]]\nname = \"stuck\"\ntransport = \"stdio\"\ncommand = \"{python}\"\nargs = [\"{script}\"]\nenv = {{ MINI_EXTRA_TOOLS = \"4\", MINI_PAGE_SIZE = \"3\", MINI_STUCK_CURSOR = \"1\" }}\n",
+        python = python(),
+        script = script.display()
+    );
+    let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
+    wait_for_tool(&server, "paged_echo_24").await;
+    wait_for_tool(&server, "stuck_echo_4").await;
+    let catalog = server.app.registry().snapshot();
+    let count = |prefix: &str| catalog.tools.keys().filter(|n| n.starts_with(prefix)).count();
+    assert_eq!(count("paged_echo"), 25, "every page of 10 + 10 + 5 tools");
+    assert_eq!(count("stuck_echo"), 5, "both pages, once each");
+    let answer = server.call("paged_echo_17", json!({"text": "page two"})).await.unwrap();
+    assert_eq!(text(&answer), "page two");
+    server.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn reload_starts_and_stops_only_the_servers_that_changed() {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/mini_server.py");

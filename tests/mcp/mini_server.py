@@ -3,6 +3,10 @@ milliseconds): tools/list offers `echo`; it answers initialize, ping and tools/c
 speaks protocol 2025-06-18 only (or $MINI_PROTOCOL), as an older server would: whatever
 version the client asks for, initialize answers with that one.
 
+With $MINI_EXTRA_TOOLS = n it also offers `echo_1` .. `echo_n`, listed in pages of
+$MINI_PAGE_SIZE tools (default: all at once) that `nextCursor` links; with
+$MINI_STUCK_CURSOR set, the last page hands back the cursor it was asked for.
+
 At start it also launches `sleep 600` as its own child, so that tests can check that the
 server's whole process group goes away with it.
 """
@@ -23,10 +27,23 @@ def send(message):
 
 
 TOOLS = [{
-    "name": "echo",
+    "name": name,
     "description": "Echoes its text.",
     "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}},
-}]
+} for name in ["echo"] + [f"echo_{i}" for i in range(1, int(os.environ.get("MINI_EXTRA_TOOLS", "0")) + 1)]]
+PAGE_SIZE = int(os.environ.get("MINI_PAGE_SIZE", "0")) or len(TOOLS)
+
+
+def tools_page(params):
+    cursor = (params or {}).get("cursor")
+    start = int(cursor) if cursor else 0
+    page = {"tools": TOOLS[start:start + PAGE_SIZE]}
+    if start + PAGE_SIZE < len(TOOLS):
+        page["nextCursor"] = str(start + PAGE_SIZE)
+    elif cursor and os.environ.get("MINI_STUCK_CURSOR"):
+        page["nextCursor"] = cursor
+    return page
+
 
 for line in sys.stdin:
     message = json.loads(line)
@@ -41,7 +58,7 @@ for line in sys.stdin:
             "serverInfo": {"name": "mini", "version": "1.0.0"},
         }
     elif method == "tools/list":
-        result = {"tools": TOOLS}
+        result = tools_page(message.get("params"))
     elif method == "tools/call":
         text = (message["params"].get("arguments") or {}).get("text", "")
         result = {"content": [{"type": "text", "text": text}]}

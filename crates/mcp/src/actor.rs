@@ -1,12 +1,15 @@
 use std::{process::Stdio, sync::Arc, time::Duration};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
+use rayon::prelude::*;
 use rmcp::{
     ClientServiceExt, RoleClient,
     model::{
-        ClientRequest, PingRequest, ProtocolVersion, ServerNotification, SubscriptionFilter, Tool,
+        ClientRequest, ListToolsRequest, PaginatedRequestParams, PingRequest, ProtocolVersion,
+        ServerNotification, ServerResult, SubscriptionFilter, Tool,
     },
     service::ClientLifecycleMode,
+    service::{Peer, ServiceError},
     service::{QuitReason, RunningService},
     transport::{
         StreamableHttpClientTransport, TokioChildProcess,
@@ -115,11 +118,32 @@ impl McpClientActor {
         let config = &self.shared.config;
         let source = self.source();
         let catalog = self.registry.snapshot();
+        // Naming the tools and comparing them with the last listing touch every byte of
+        // thousands of tools: on a blocking thread, split across the cores.
+        let previous = std::mem::take(&mut state.listed);
+        let (prefix, server_name) = (config.prefix, server.to_owned());
+        let compared = tokio::task::spawn_blocking(move || {
+            let checked: Vec<(String, bool)> = tools
+                .par_iter()
+                .map(|tool| {
+                    let same = previous.get(tool.name.as_ref()) == Some(tool);
+                    (publish_name(prefix, &server_name, &tool.name), same)
+                })
+                .collect();
+            (tools, previous, checked)
+        })
+        .await;
+        let (tools, previous, checked) = match compared {
+            Ok(compared) => compared,
+            Err(error) => {
+                error!(server, %error, "comparing the tool listing failed; not published");
+                return;
+            }
+        };
         let mut entries: Vec<ToolEntry> = Vec::new();
         let mut unchanged: Vec<String> = Vec::new();
         let mut published = std::collections::HashSet::new();
-        for tool in &tools {
-            let name = publish_name(config.prefix, server, &tool.name);
+        for (tool, (name, same)) in tools.iter().zip(checked) {
             let existing = catalog.get(&name);
             if let Some(existing) = existing.filter(|e| e.spec.source != source) {
                 error!(
@@ -134,7 +158,7 @@ impl McpClientActor {
             }
             // An unchanged tool keeps its entry: no conversion and no schema compilation when
             // one tool of thousands changes.
-            if existing.is_some() && state.listed.get(tool.name.as_ref()) == Some(tool) {
+            if existing.is_some() && same {
                 unchanged.push(name);
                 continue;
             }
@@ -152,16 +176,42 @@ impl McpClientActor {
             }
         }
         let count = entries.len() + unchanged.len();
-        let previous = std::mem::replace(
-            &mut state.listed,
-            tools.into_iter().map(|t| (t.name.to_string(), t)).collect(),
-        );
-        // Freeing thousands of schemas takes a while; not on the way to the catalog.
-        tokio::task::spawn_blocking(move || drop(previous));
         let update = SourceUpdate { source, tools: entries, toolkits: vec![], unchanged };
+        // The listing is kept for the next one's comparison once the catalog has it; after a
+        // failed update, the next listing is published whole.
         match self.registry.replace_source(update).await {
-            Ok(()) => info!(server, tools = count, "mcp tools published"),
+            Ok(()) => {
+                info!(server, tools = count, "mcp tools published");
+                state.listed = tools.into_iter().map(|t| (t.name.to_string(), t)).collect();
+            }
             Err(error) => error!(server, %error, "publishing the mcp tools failed"),
+        }
+        // Freeing thousands of schemas takes a while; not on the actor.
+        tokio::task::spawn_blocking(move || drop(previous));
+    }
+}
+
+/// Lists every page of the server's tools. rmcp's `list_all_tools` would also keep a deep
+/// copy of each page in its response cache, which toolmesh has no use for (it re-lists on
+/// `tools/list_changed`) and which, for a server of thousands of tools, costs as much as
+/// publishing the change.
+async fn list_tools(peer: &Peer<RoleClient>) -> Result<Vec<Tool>, ServiceError> {
+    let mut tools = Vec::new();
+    let mut cursor = None;
+    loop {
+        let request = ListToolsRequest::with_param(
+            PaginatedRequestParams::default().with_cursor(cursor.clone()),
+        );
+        let ServerResult::ListToolsResult(page) =
+            peer.send_request(ClientRequest::ListToolsRequest(request)).await?
+        else {
+            return Err(ServiceError::UnexpectedResponse);
+        };
+        tools.extend(page.tools);
+        // A server that hands back the cursor it was given would be listed forever.
+        match page.next_cursor {
+            Some(next) if cursor.as_ref() != Some(&next) => cursor = Some(next),
+            _ => return Ok(tools),
         }
     }
 }
@@ -296,7 +346,7 @@ async fn connect(
         }
         McpTransport::Sse { url, headers } => connect_sse(handler, url, headers).await?,
     };
-    let tools = connection.list_all_tools().await.map_err(|e| format!("tools/list failed: {e}"))?;
+    let tools = list_tools(&connection).await.map_err(|e| format!("tools/list failed: {e}"))?;
     Ok((connection, group, tools))
 }
 
@@ -495,7 +545,7 @@ impl Actor for McpClientActor {
                 let (actor, generation) = (myself.clone(), state.generation);
                 tokio::spawn(async move {
                     let started = std::time::Instant::now();
-                    match peer.list_all_tools().await {
+                    match list_tools(&peer).await {
                         Ok(tools) => {
                             debug!(
                                 tools = tools.len(),

@@ -22,8 +22,7 @@ impl Actor for RegistryActor {
         _myself: ActorRef<Self::Msg>,
         published: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let current = crate::Catalog::clone(&published.load());
-        Ok((RegistryState::from_catalog(current), published))
+        Ok((RegistryState::from_catalog(published.load()), published))
     }
 
     async fn handle(
@@ -45,7 +44,7 @@ impl Actor for RegistryActor {
             }
         }
         if state.catalog().version != before {
-            let catalog = state.catalog().clone();
+            let catalog = Arc::clone(state.catalog());
             debug!(version = catalog.version, tools = catalog.tools.len(), "catalog published");
             published.store(catalog);
         }

@@ -55,9 +55,9 @@ impl PublishedCatalog {
     }
 
     /// Publishes `catalog` and tells subscribers.
-    pub fn store(&self, catalog: Catalog) {
+    pub fn store(&self, catalog: Arc<Catalog>) {
         let version = catalog.version;
-        self.current.store(Arc::new(catalog));
+        self.current.store(catalog);
         self.version.send_replace(version);
     }
 

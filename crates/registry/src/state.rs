@@ -12,20 +12,21 @@ use crate::{Catalog, Registered, RegistryError, SourceUpdate, ToolEntry};
 /// commits it only when the whole operation succeeds, so a rejected request changes nothing.
 #[derive(Debug, Default)]
 pub struct RegistryState {
-    catalog: Catalog,
+    /// The committed catalog, shared with the published snapshot rather than copied.
+    catalog: Arc<Catalog>,
 }
 
 impl RegistryState {
-    pub(crate) fn from_catalog(catalog: Catalog) -> Self {
+    pub(crate) fn from_catalog(catalog: Arc<Catalog>) -> Self {
         RegistryState { catalog }
     }
 
-    pub(crate) fn catalog(&self) -> &Catalog {
+    pub(crate) fn catalog(&self) -> &Arc<Catalog> {
         &self.catalog
     }
 
     pub(crate) fn register(&mut self, tool: ToolEntry) -> Result<Registered, RegistryError> {
-        let mut next = self.catalog.clone();
+        let mut next = Catalog::clone(&self.catalog);
         let outcome = insert_standalone(&mut next, tool)?;
         self.commit(next);
         Ok(outcome)
@@ -36,7 +37,7 @@ impl RegistryState {
         toolkit: Toolkit,
         tools: Vec<ToolEntry>,
     ) -> Result<(), RegistryError> {
-        let mut next = self.catalog.clone();
+        let mut next = Catalog::clone(&self.catalog);
         insert_toolkit(&mut next, toolkit, tools)?;
         self.commit(next);
         Ok(())
@@ -68,7 +69,7 @@ impl RegistryState {
                 }
             }
         }
-        let mut next = self.catalog.clone();
+        let mut next = Catalog::clone(&self.catalog);
         remove_source(&mut next, &update.source, &unchanged);
         for (toolkit, mut tools) in update.toolkits {
             for tool in &mut tools {
@@ -86,7 +87,7 @@ impl RegistryState {
 
     fn commit(&mut self, mut next: Catalog) {
         next.version = self.catalog.version + 1;
-        self.catalog = next;
+        self.catalog = Arc::new(next);
     }
 }
 

@@ -485,8 +485,11 @@ pub struct SearchReport {
     pub p99_ms: f64,
     /// From starting toolmesh to every tool indexed, seconds.
     pub cold_index_s: f64,
-    /// From changing one tool on the MCP server to the change being searchable, ms.
-    pub reindex_ms: f64,
+    /// From changing one tool on the MCP server to the change being searchable, ms: the
+    /// median of [`REINDEX_CHANGES`] changes.
+    pub reindex_median_ms: f64,
+    /// The slowest of those changes, ms.
+    pub reindex_max_ms: f64,
     /// The ranking the server reported.
     pub ranking: String,
 }
@@ -612,27 +615,13 @@ pub async fn run_search(dir: &Path, exe: &Path, fresh_cache: bool) -> anyhow::Re
     }
     let count = queries.len().max(1) as f64;
 
-    // Re-index: change one tool's description on the MCP server, wait until search sees it.
-    let marker = format!("zqxmarker{}", std::process::id());
-    let changed = tool_names.first().context("no tools")?.clone();
-    let reindex_started = Instant::now();
-    let touch = CallToolRequest {
-        name: toolmesh_mcp::bench::TOUCH_TOOL.into(),
-        arguments_json: serde_json::json!({"name": changed, "marker": marker}).to_string(),
-        ..Default::default()
-    };
-    client.call_tool(touch).await?;
-    loop {
-        let response = search(&mut client, marker.clone(), 1).await?;
-        if response.hits.first().and_then(|h| h.tool.as_ref()).is_some_and(|t| t.name == changed) {
-            break;
-        }
-        anyhow::ensure!(
-            reindex_started.elapsed() < Duration::from_secs(60),
-            "the change was not searchable after 60 s"
-        );
+    // Re-index: change one tool's description on the MCP server, wait until search sees it;
+    // a few times, each a different tool, for the median and the worst case.
+    let mut reindex_ms = Vec::with_capacity(REINDEX_CHANGES);
+    for (round, changed) in tool_names.iter().step_by(631).take(REINDEX_CHANGES).enumerate() {
+        reindex_ms.push(reindex_once(&mut client, changed, round).await?);
     }
-    let reindex_ms = reindex_started.elapsed().as_secs_f64() * 1e3;
+    reindex_ms.sort_by(f64::total_cmp);
     drop(toolmesh);
     drop(upstream);
 
@@ -645,9 +634,67 @@ pub async fn run_search(dir: &Path, exe: &Path, fresh_cache: bool) -> anyhow::Re
         p50_ms: histogram.value_at_quantile(0.5) as f64 / 1e6,
         p99_ms: histogram.value_at_quantile(0.99) as f64 / 1e6,
         cold_index_s,
-        reindex_ms,
+        reindex_median_ms: reindex_ms[reindex_ms.len() / 2],
+        reindex_max_ms: reindex_ms.last().copied().unwrap_or_default(),
         ranking,
     })
+}
+
+/// Tools changed one after another to measure re-indexing.
+pub const REINDEX_CHANGES: usize = 11;
+
+/// Appends a marker to the description of `changed` on the bench's MCP server and returns
+/// the milliseconds until a search for the marker finds the tool.
+async fn reindex_once(
+    client: &mut ToolServiceClient<Channel>,
+    changed: &str,
+    round: usize,
+) -> anyhow::Result<f64> {
+    let marker = format!("zqxmarker{}x{round}", std::process::id());
+    // Each change is measured on a settled server: the previous change's vector is in.
+    let settled = Instant::now();
+    loop {
+        let request = toolmesh_proto::v1::SearchToolsRequest {
+            query: "tool".into(),
+            top_k: 1,
+            ..Default::default()
+        };
+        let response = client.search_tools(request).await?.into_inner();
+        if response.ranking == "bm25" || response.embedded_tools >= response.indexed_tools {
+            break;
+        }
+        anyhow::ensure!(
+            settled.elapsed() < Duration::from_secs(60),
+            "the previous change was not embedded after 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let started = Instant::now();
+    let touch = CallToolRequest {
+        name: toolmesh_mcp::bench::TOUCH_TOOL.into(),
+        arguments_json: serde_json::json!({"name": changed, "marker": marker}).to_string(),
+        ..Default::default()
+    };
+    client.call_tool(touch).await?;
+    loop {
+        let request = toolmesh_proto::v1::SearchToolsRequest {
+            query: marker.clone(),
+            top_k: 3,
+            ..Default::default()
+        };
+        let response = client.search_tools(request).await?.into_inner();
+        // The marker is the tool's only lexical match; the best embedding match of a made-up
+        // word can tie with it, so the top three are looked at.
+        if response.hits.iter().filter_map(|h| h.tool.as_ref()).any(|t| t.name == changed) {
+            return Ok(started.elapsed().as_secs_f64() * 1e3);
+        }
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(60),
+            "the change of {changed} was not searchable after 60 s"
+        );
+        // Polling without a pause would take a core of the two from the re-index it waits for.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }
 
 /// Formats the report of `toolmesh bench --search`.
@@ -657,7 +704,7 @@ pub fn render_search(report: &SearchReport) -> String {
          Recall@1   {:.3}\nRecall@5   {:.3}\nRecall@10  {:.3}\nNDCG@10    {:.3}\nComplete@10 {:.3}\n\n\
          search latency p50 {:.3} ms, p99 {:.3} ms (gRPC round trip, one query at a time)\n\
          cold start to all tools indexed: {:.2} s (toolmesh start, MCP connect, tools/list, publish, index, embed)\n\
-         re-index after one tool changed: {:.1} ms (tools/list_changed, re-list, publish, index)\n",
+         re-index after one tool changed: median {:.1} ms, max {:.1} ms over {REINDEX_CHANGES} changes (tools/list_changed, re-list, publish, index)\n",
         report.queries,
         report.tools,
         report.ranking,
@@ -669,7 +716,8 @@ pub fn render_search(report: &SearchReport) -> String {
         report.p50_ms,
         report.p99_ms,
         report.cold_index_s,
-        report.reindex_ms,
+        report.reindex_median_ms,
+        report.reindex_max_ms,
     )
 }
 
