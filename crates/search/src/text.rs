@@ -1,5 +1,8 @@
 //! The searchable text of a tool, and how it is cut into terms.
 
+use std::borrow::Cow;
+
+use rust_stemmers::{Algorithm, Stemmer};
 use serde_json::Value;
 use toolmesh_core::ToolSpec;
 
@@ -10,7 +13,8 @@ const STOPWORDS: &[&str] = &[
 ];
 
 /// Returns a tool's searchable text: its name, title, description, tags, and the names and
-/// descriptions of its parameters.
+/// descriptions of its parameters, with identifiers split into words (`get_user_token` and
+/// `getUserToken` read `get user token`), as the embedding model reads words.
 pub fn tool_text(spec: &ToolSpec) -> String {
     let mut text =
         format!("{} {} {} {}", spec.name, spec.title, spec.description, spec.tags.join(" "));
@@ -24,11 +28,31 @@ pub fn tool_text(spec: &ToolSpec) -> String {
             }
         }
     }
-    text
+    split_identifiers(&text)
+}
+
+/// Replaces underscores with spaces and puts a space at each lower-to-upper case step.
+fn split_identifiers(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + text.len() / 8);
+    let mut previous: Option<char> = None;
+    for c in text.chars() {
+        if c == '_' {
+            out.push(' ');
+            previous = None;
+            continue;
+        }
+        if previous.is_some_and(char::is_lowercase) && c.is_uppercase() {
+            out.push(' ');
+        }
+        out.push(c);
+        previous = Some(c);
+    }
+    out
 }
 
 /// Cuts text into lowercase terms: splits on anything but letters and digits and at
-/// camelCase boundaries, drops stopwords, and folds simple plurals (`files` → `file`).
+/// camelCase boundaries, drops stopwords, folds simple plurals (`files` → `file`), and
+/// stems with the Snowball English stemmer (`predicting`, `predicts` → `predict`).
 pub fn terms(text: &str) -> Vec<String> {
     let mut words = Vec::new();
     let mut current = String::new();
@@ -55,7 +79,18 @@ pub fn terms(text: &str) -> Vec<String> {
     if !current.is_empty() {
         words.push(current);
     }
-    words.into_iter().filter(|w| !STOPWORDS.contains(&w.as_str())).map(fold_plural).collect()
+    let stemmer = Stemmer::create(Algorithm::English);
+    words
+        .into_iter()
+        .filter(|w| !STOPWORDS.contains(&w.as_str()))
+        .map(|w| {
+            let word = fold_plural(w);
+            match stemmer.stem(&word) {
+                Cow::Borrowed(stem) if stem.len() == word.len() => word,
+                stem => stem.into_owned(),
+            }
+        })
+        .collect()
 }
 
 fn fold_plural(word: String) -> String {
@@ -75,9 +110,31 @@ mod tests {
         assert_eq!(terms("getUserToken"), ["get", "user", "token"]);
         assert_eq!(
             terms("read_file / Files in the directories"),
-            ["read", "file", "file", "directory"]
+            ["read", "file", "file", "directori"]
         );
         assert_eq!(terms("YituTech_conv-bert-base"), ["yitu", "tech", "conv", "bert", "base"]);
         assert_eq!(terms("Address status"), ["address", "status"]);
+        // Inflections meet at one stem, in tool texts and queries alike.
+        assert_eq!(terms("predicting predicts predicted"), ["predict", "predict", "predict"]);
+        assert_eq!(terms("Translation"), terms("translations"));
+    }
+
+    #[test]
+    fn tool_text_splits_identifiers_into_words() {
+        let spec = ToolSpec::new(
+            "get_job_details",
+            "Fetch a job; see fetchJobURL.",
+            serde_json::json!({"properties": {"include_skills": {"description": "Skills too"}}}),
+            toolmesh_core::ToolSource::local("test"),
+        );
+        let text = tool_text(&spec);
+        assert!(text.starts_with("get job details "), "{text}");
+        assert!(text.contains("fetch Job URL."), "{text}");
+        assert!(text.ends_with(" include skills Skills too"), "{text}");
+        // Splitting identifiers changes nothing for BM25, which splits them too.
+        assert_eq!(
+            terms(&text),
+            terms("get_job_details Fetch a job; see fetchJobURL. include_skills Skills too")
+        );
     }
 }
