@@ -186,8 +186,12 @@ impl McpClientActor {
             }
             Err(error) => error!(server, %error, "publishing the mcp tools failed"),
         }
-        // Freeing thousands of schemas takes a while; not on the actor.
-        tokio::task::spawn_blocking(move || drop(previous));
+        // Freeing thousands of schemas takes a while: not on the actor, and not while the
+        // change is being indexed and embedded.
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            tokio::task::spawn_blocking(move || drop(previous));
+        });
     }
 }
 

@@ -178,6 +178,7 @@ impl ToolServiceImpl {
             ranking: self.search.ranking(),
             indexed_tools: self.search.indexed() as u64,
             embedded_tools: self.search.embedded() as u64,
+            index_version: self.search.version(),
         }))
     }
 }
