@@ -260,6 +260,19 @@ impl Receiver {
         let endpoint = serve_on_loopback(TraceServiceServer::new(receiver.clone())).await;
         (receiver, endpoint)
     }
+
+    /// Stops `server` (shutdown flushes its exporter) and returns the spans received once
+    /// one named `name` is among them.
+    async fn spans_after_stop(&self, server: &mut BinaryServer, name: &str) -> Vec<(String, Span)> {
+        server.signal(Signal::SIGTERM);
+        tokio::time::timeout(Duration::from_secs(15), server.child.wait()).await.unwrap().unwrap();
+        eventually(Duration::from_secs(10), || async {
+            let spans = self.spans.lock().unwrap().clone();
+            spans.iter().any(|(_, s)| s.name == name).then_some(spans)
+        })
+        .await
+        .unwrap_or_else(|| panic!("a {name} span arrives at the receiver"))
+    }
 }
 
 /// Serves one gRPC service on 127.0.0.1:0 for the rest of the test; returns its URL.
@@ -332,15 +345,7 @@ async fn traces_reach_an_otlp_receiver_as_one_tree_under_the_callers_span() {
     assert_eq!(client.call_tool(bad).await.unwrap_err().code(), Code::InvalidArgument);
     client.list_tools(ListToolsRequest::default()).await.unwrap();
 
-    // Shutdown flushes the exporter.
-    server.signal(Signal::SIGTERM);
-    tokio::time::timeout(Duration::from_secs(15), server.child.wait()).await.unwrap().unwrap();
-    let spans = eventually(Duration::from_secs(10), || async {
-        let spans = receiver.spans.lock().unwrap().clone();
-        spans.iter().any(|(_, s)| s.name == "toolmesh.worker.execute").then_some(spans)
-    })
-    .await
-    .expect("spans arrive at the receiver");
+    let spans = receiver.spans_after_stop(&mut server, "toolmesh.worker.execute").await;
 
     let find = |name: &str, call_id: Option<&str>| {
         spans
@@ -456,14 +461,7 @@ async fn call_tool_spans_link_to_the_search_that_returned_the_tool() {
     .await;
     assert!(settled.is_some(), "in the result {:?}, not {:?}", counted(yes), counted(no));
 
-    server.signal(Signal::SIGTERM);
-    tokio::time::timeout(Duration::from_secs(15), server.child.wait()).await.unwrap().unwrap();
-    let spans = eventually(Duration::from_secs(10), || async {
-        let spans = receiver.spans.lock().unwrap().clone();
-        spans.iter().any(|(_, s)| s.name == "toolmesh.call_tool").then_some(spans)
-    })
-    .await
-    .expect("spans arrive at the receiver");
+    let spans = receiver.spans_after_stop(&mut server, "toolmesh.call_tool").await;
     let spans: Vec<&Span> = spans.iter().map(|(_, s)| s).collect();
     let call = spans.iter().find(|s| s.name == "toolmesh.call_tool").unwrap();
     let link = call.links.first().expect("the callTool span links to a search");
@@ -647,14 +645,7 @@ async fn mcp_calls_carry_the_trace_into_the_server() {
     assert_eq!(parts.len(), 4, "a traceparent reached the server: {received:?}");
     assert_eq!(parts[1], trace_id, "the MCP request belongs to the caller's trace");
 
-    server.signal(Signal::SIGTERM);
-    tokio::time::timeout(Duration::from_secs(15), server.child.wait()).await.unwrap().unwrap();
-    let spans = eventually(Duration::from_secs(10), || async {
-        let spans = receiver.spans.lock().unwrap().clone();
-        spans.iter().any(|(_, s)| s.name == "tools/call trace").then_some(spans)
-    })
-    .await
-    .expect("the MCP client span is exported");
+    let spans = receiver.spans_after_stop(&mut server, "tools/call trace").await;
     let client_span = spans.iter().map(|(_, s)| s).find(|s| s.name == "tools/call trace").unwrap();
     assert_eq!(
         hex(&client_span.span_id),

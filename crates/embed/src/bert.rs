@@ -14,6 +14,7 @@ use crate::kernel::matmul_t;
 #[derive(Debug, Clone, Deserialize)]
 pub(crate) struct BertConfig {
     pub(crate) hidden_size: usize,
+    vocab_size: usize,
     num_hidden_layers: usize,
     num_attention_heads: usize,
     intermediate_size: usize,
@@ -149,10 +150,6 @@ impl Bert {
                 eps,
             })
         };
-        let word = tensors
-            .tensor(&format!("{prefix}embeddings.word_embeddings.weight"))
-            .map(|v| v.shape().first().copied().unwrap_or(0))
-            .map_err(|e| format!("embeddings.word_embeddings.weight: {e}"))?;
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
         for l in 0..config.num_hidden_layers {
             let at = |part: &str| format!("encoder.layer.{l}.{part}");
@@ -176,7 +173,7 @@ impl Bert {
             });
         }
         Ok(Bert {
-            word: get("embeddings.word_embeddings.weight", &[word, h])?,
+            word: get("embeddings.word_embeddings.weight", &[config.vocab_size, h])?,
             position: get(
                 "embeddings.position_embeddings.weight",
                 &[config.max_position_embeddings, h],

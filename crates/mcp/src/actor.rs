@@ -8,9 +8,7 @@ use rmcp::{
         ClientRequest, ListToolsRequest, PaginatedRequestParams, PingRequest, ProtocolVersion,
         ServerNotification, ServerResult, SubscriptionFilter, Tool,
     },
-    service::ClientLifecycleMode,
-    service::{Peer, ServiceError},
-    service::{QuitReason, RunningService},
+    service::{ClientLifecycleMode, Peer, QuitReason, RunningService, ServiceError},
     transport::{
         StreamableHttpClientTransport, TokioChildProcess,
         streamable_http_client::StreamableHttpClientTransportConfig,

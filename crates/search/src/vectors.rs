@@ -1,6 +1,6 @@
 //! The tool vectors that searches score, in one contiguous table.
 
-use std::{collections::HashMap, sync::Arc};
+use std::collections::HashMap;
 
 /// Vectors of one dimension count by tool name, stored row after row, so that scoring a
 /// query streams through memory once instead of chasing thousands of allocations.
@@ -16,7 +16,7 @@ pub(crate) struct VectorTable {
 impl VectorTable {
     /// Sets `name`'s vector, replacing any it had. A vector of another dimension count than
     /// the table's is ignored (the first vector sets the table's).
-    pub(crate) fn insert(&mut self, name: &str, vector: &Arc<[f32]>) {
+    pub(crate) fn insert(&mut self, name: &str, vector: &[f32]) {
         if self.names.is_empty() {
             self.dimensions = vector.len();
         }
@@ -71,10 +71,6 @@ impl VectorTable {
 mod tests {
     use super::*;
 
-    fn v(values: &[f32]) -> Arc<[f32]> {
-        values.into()
-    }
-
     fn sorted(mut scores: Vec<(&str, f64)>) -> Vec<(String, f64)> {
         scores.sort_by(|a, b| a.0.cmp(b.0));
         scores.into_iter().map(|(n, s)| (n.to_owned(), s)).collect()
@@ -83,16 +79,16 @@ mod tests {
     #[test]
     fn scores_follow_inserts_replacements_and_removals() {
         let mut table = VectorTable::default();
-        table.insert("a", &v(&[1.0, 0.0]));
-        table.insert("b", &v(&[0.0, 1.0]));
-        table.insert("c", &v(&[0.6, 0.8]));
+        table.insert("a", &[1.0, 0.0]);
+        table.insert("b", &[0.0, 1.0]);
+        table.insert("c", &[0.6, 0.8]);
         assert_eq!(
             sorted(table.scores(&[1.0, 0.0])),
             [("a".into(), 1.0), ("b".into(), 0.0), ("c".into(), 0.6f32 as f64)]
         );
         // Removing from the middle moves the last row into the hole.
         table.remove("a");
-        table.insert("b", &v(&[0.8, 0.6]));
+        table.insert("b", &[0.8, 0.6]);
         assert_eq!(table.len(), 2);
         assert_eq!(
             sorted(table.scores(&[1.0, 0.0])),
@@ -102,11 +98,11 @@ mod tests {
         table.remove("missing");
         assert_eq!(sorted(table.scores(&[0.0, 1.0])), [("b".into(), 0.6f32 as f64)]);
         // Another dimension count is not mixed in, nor is a query of one.
-        table.insert("d", &v(&[1.0, 0.0, 0.0]));
+        table.insert("d", &[1.0, 0.0, 0.0]);
         assert_eq!(table.len(), 1);
         assert!(table.scores(&[1.0, 0.0, 0.0]).is_empty());
         table.remove("b");
-        table.insert("d", &v(&[1.0, 0.0, 0.0]));
+        table.insert("d", &[1.0, 0.0, 0.0]);
         assert_eq!(sorted(table.scores(&[0.0, 0.0, 2.0])), [("d".into(), 0.0)]);
     }
 }

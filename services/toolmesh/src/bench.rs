@@ -574,20 +574,11 @@ pub async fn run_search(dir: &Path, exe: &Path, fresh_cache: bool) -> anyhow::Re
     let started = Instant::now();
     let toolmesh =
         start_child(exe, &["serve", "--listen", "127.0.0.1:0", "--config", &config_arg]).await?;
-    let mut client = crate::client::connect(&toolmesh.addr.to_string()).await?;
+    let client = crate::client::connect(&toolmesh.addr.to_string()).await?;
     let expected = tool_names.len() + 1; // and the touch tool
-    let search = |client: &mut ToolServiceClient<Channel>, query: String, top_k: u32| {
-        let mut client = client.clone();
-        async move {
-            let request =
-                toolmesh_proto::v1::SearchToolsRequest { query, top_k, ..Default::default() };
-            client.search_tools(request).await.map(tonic::Response::into_inner)
-        }
-    };
     loop {
-        let response = search(&mut client, "tool".into(), 1).await?;
-        let embedded = response.ranking == "bm25" || response.embedded_tools as usize >= expected;
-        if response.indexed_tools as usize >= expected && embedded {
+        let response = search_tools(&client, "tool", 1).await?;
+        if response.indexed_tools as usize >= expected && all_embedded(&response) {
             break;
         }
         anyhow::ensure!(
@@ -605,7 +596,7 @@ pub async fn run_search(dir: &Path, exe: &Path, fresh_cache: bool) -> anyhow::Re
     let mut ranking = String::new();
     for query in &queries {
         let sent = Instant::now();
-        let response = search(&mut client, query.query.clone(), 10).await?;
+        let response = search_tools(&client, &query.query, 10).await?;
         histogram.saturating_record(sent.elapsed().as_nanos() as u64);
         ranking = response.ranking.clone();
         let ranked: Vec<String> =
@@ -623,7 +614,7 @@ pub async fn run_search(dir: &Path, exe: &Path, fresh_cache: bool) -> anyhow::Re
     // a few times, each a different tool, for the median and the worst case.
     let (mut index_ms, mut vector_ms) = (Vec::new(), Vec::new());
     for (round, changed) in tool_names.iter().step_by(631).take(REINDEX_CHANGES).enumerate() {
-        let reindexed = reindex_once(&mut client, changed, round).await?;
+        let reindexed = reindex_once(&client, changed, round).await?;
         index_ms.push(reindexed.index_ms);
         vector_ms.push(reindexed.vector_ms);
     }
@@ -653,6 +644,22 @@ pub async fn run_search(dir: &Path, exe: &Path, fresh_cache: bool) -> anyhow::Re
     })
 }
 
+/// Runs one SearchTools over the whole pool.
+async fn search_tools(
+    client: &ToolServiceClient<Channel>,
+    query: &str,
+    top_k: u32,
+) -> Result<toolmesh_proto::v1::SearchToolsResponse, tonic::Status> {
+    let request =
+        toolmesh_proto::v1::SearchToolsRequest { query: query.into(), top_k, ..Default::default() };
+    client.clone().search_tools(request).await.map(tonic::Response::into_inner)
+}
+
+/// Whether every indexed tool has its vector (always, for lexical search).
+fn all_embedded(response: &toolmesh_proto::v1::SearchToolsResponse) -> bool {
+    response.ranking == "bm25" || response.embedded_tools >= response.indexed_tools
+}
+
 /// Tools changed one after another to measure re-indexing.
 pub const REINDEX_CHANGES: usize = 11;
 
@@ -668,26 +675,13 @@ struct Reindexed {
 /// how long the index takes to follow, by the index version that searches report (so the
 /// measure does not depend on how the change ranks).
 async fn reindex_once(
-    client: &mut ToolServiceClient<Channel>,
+    client: &ToolServiceClient<Channel>,
     changed: &str,
     round: usize,
 ) -> anyhow::Result<Reindexed> {
-    let probe = {
-        let client = client.clone();
-        move || {
-            let mut client = client.clone();
-            async move {
-                let request = toolmesh_proto::v1::SearchToolsRequest {
-                    query: "tool".into(),
-                    top_k: 1,
-                    ..Default::default()
-                };
-                let response = client.search_tools(request).await?.into_inner();
-                let settled =
-                    response.ranking == "bm25" || response.embedded_tools >= response.indexed_tools;
-                anyhow::Ok((response.index_version, settled))
-            }
-        }
+    let probe = || async {
+        let response = search_tools(client, "tool", 1).await?;
+        anyhow::Ok((response.index_version, all_embedded(&response)))
     };
     // Each change is measured on a settled server: every vector in, and no catalog change
     // (such as the meta-tools' description following the last one) for 300 ms.
@@ -714,7 +708,7 @@ async fn reindex_once(
         arguments_json: serde_json::json!({"name": changed, "marker": marker}).to_string(),
         ..Default::default()
     };
-    client.call_tool(touch).await?;
+    client.clone().call_tool(touch).await?;
     let mut index_ms = None;
     loop {
         let (version, settled) = probe().await?;
