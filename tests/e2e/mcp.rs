@@ -683,3 +683,72 @@ async fn a_lazy_server_runs_only_while_it_is_used() {
     assert!(!processes_with(&tag).is_empty());
     eventually(Duration::from_secs(10), idle).await.expect("closed again after the idle timeout");
 }
+
+/// `tests/mcp/py_server.py` serving streamable HTTP on a free port; killed on drop.
+struct PyHttp {
+    _child: tokio::process::Child,
+    port: u16,
+}
+
+impl PyHttp {
+    async fn start() -> Self {
+        let port = free_port();
+        let child = tokio::process::Command::new(python())
+            .arg(py_server())
+            .args(["http", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        eventually(Duration::from_secs(30), || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()
+        })
+        .await
+        .expect("the Python server listens");
+        PyHttp { _child: child, port }
+    }
+}
+
+/// The Python SDK negotiates 2026-07-28, which has no `ping` (it answers -32601). On the
+/// shipped `ping_interval_ms`, a call that outlasts several probe intervals must still
+/// finish, over stdio and streamable HTTP alike, and the stdio server is never restarted.
+#[tokio::test]
+async fn python_sdk_servers_on_2026_07_28_stay_connected_on_the_default_liveness_probe() {
+    let tag = format!("TOOLMESH_TEST_TAG=alive-{}", std::process::id());
+    let (key, value) = tag.split_once('=').unwrap();
+    let http = PyHttp::start().await;
+    let config = format!(
+        "[[mcp.servers]]\nname = \"py\"\ntransport = \"stdio\"\ncommand = \"{}\"\nargs = [\"{}\"]\nenv = {{ {key} = \"{value}\" }}\n\n\
+         [[mcp.servers]]\nname = \"web\"\ntransport = \"streamable-http\"\nurl = \"http://127.0.0.1:{}/mcp\"\n",
+        python(),
+        py_server(),
+        http.port,
+    );
+    let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
+    wait_for_tool(&server, "py_slow").await;
+    wait_for_tool(&server, "web_slow").await;
+    assert_eq!(server.app.mcp().protocol("py").as_deref(), Some("2026-07-28"));
+    assert_eq!(server.app.mcp().protocol("web").as_deref(), Some("2026-07-28"));
+    let child = processes_with(&tag);
+    assert_eq!(child.len(), 1, "one stdio server process");
+
+    // 260 steps of 50 ms: about 13 s, more than two intervals of the default 5 s probe.
+    let long = |name: &'static str| {
+        let request = CallToolRequest {
+            name: name.into(),
+            arguments_json: json!({"steps": 260}).to_string(),
+            ..Default::default()
+        };
+        let client = server.client();
+        async move { client.await.call_tool(request).await }
+    };
+    let (stdio, web) = tokio::join!(long("py_slow"), long("web_slow"));
+    assert_eq!(text(&stdio.unwrap().into_inner()), "done after 260 steps");
+    assert_eq!(text(&web.unwrap().into_inner()), "done after 260 steps");
+
+    for (name, health) in server.app.mcp().health() {
+        assert_eq!(health, toolmesh_mcp::ServerHealth::Healthy, "{name}");
+    }
+    assert_eq!(processes_with(&tag), child, "the stdio server was never restarted");
+}

@@ -254,8 +254,10 @@ pub struct McpServerConfig {
     pub connect: ConnectMode,
     /// For a lazy server: how long a connection without calls stays open.
     pub idle_timeout: Duration,
-    /// How often a connected server is pinged; a failed ping marks the connection lost,
-    /// fails its calls in flight with UNAVAILABLE and starts a reconnect. `None`: no pings.
+    /// How often a connected server's liveness is probed (`ping`, or `server/discover` on
+    /// 2026-07-28); a probe without an answer marks the connection lost, fails its calls in
+    /// flight with UNAVAILABLE and starts a reconnect. Any answer, an error included, proves
+    /// the server alive. `None`: no probes.
     pub ping_interval: Option<Duration>,
 }
 

@@ -5,8 +5,9 @@ use rayon::prelude::*;
 use rmcp::{
     ClientServiceExt, RoleClient,
     model::{
-        ClientRequest, ListToolsRequest, PaginatedRequestParams, PingRequest, ProtocolVersion,
-        ServerNotification, ServerResult, SubscriptionFilter, Tool,
+        ClientRequest, DiscoverRequest, DiscoverRequestParams, ListToolsRequest,
+        PaginatedRequestParams, PingRequest, ProtocolVersion, ServerNotification, ServerResult,
+        SubscriptionFilter, Tool,
     },
     service::{ClientLifecycleMode, Peer, QuitReason, RunningService, ServiceError},
     transport::{
@@ -374,10 +375,14 @@ async fn watch_idle(
     }
 }
 
-/// Pings the server every `interval` while connection `generation` lives; a ping that
-/// fails or takes longer than `interval` declares the connection lost.
+/// Probes the server every `interval` while connection `generation` lives, with the
+/// lightest request its protocol revision defines: `ping` up to 2025-11-25, and
+/// `server/discover` on 2026-07-28, which has no `ping`. Any answer, a JSON-RPC error
+/// included, proves the peer alive; only a broken transport or no answer within `interval`
+/// declares the connection lost.
 async fn probe(
     peer: rmcp::service::Peer<RoleClient>,
+    modern: bool,
     interval: Duration,
     lost: CancellationToken,
     actor: ActorRef<McpMsg>,
@@ -388,11 +393,17 @@ async fn probe(
             () = lost.cancelled() => return,
             () = tokio::time::sleep(interval) => {}
         }
-        let ping = ClientRequest::PingRequest(PingRequest::default());
-        let reason = match tokio::time::timeout(interval, peer.send_request(ping)).await {
-            Ok(Ok(_)) => continue,
-            Ok(Err(error)) => format!("ping failed: {error}"),
-            Err(_) => format!("no answer to ping within {interval:?}"),
+        let request = if modern {
+            ClientRequest::DiscoverRequest(DiscoverRequest::new(DiscoverRequestParams {}))
+        } else {
+            ClientRequest::PingRequest(PingRequest::default())
+        };
+        let reason = match tokio::time::timeout(interval, peer.send_request(request)).await {
+            Ok(Ok(_) | Err(ServiceError::McpError(_) | ServiceError::UnexpectedResponse)) => {
+                continue;
+            }
+            Ok(Err(error)) => format!("liveness probe failed: {error}"),
+            Err(_) => format!("no answer to the liveness probe within {interval:?}"),
         };
         let _ = actor.cast(McpMsg::Disconnected { generation, reason });
         return;
@@ -500,7 +511,7 @@ impl Actor for McpClientActor {
                 }
                 if let Some(interval) = self.shared.config.ping_interval {
                     let lost = CancellationToken::clone(&self.shared.lost.load());
-                    tokio::spawn(probe(peer, interval, lost, myself.clone(), generation));
+                    tokio::spawn(probe(peer, modern, interval, lost, myself.clone(), generation));
                 }
                 let actor = myself.clone();
                 tokio::spawn(async move {
