@@ -752,3 +752,47 @@ async fn python_sdk_servers_on_2026_07_28_stay_connected_on_the_default_liveness
     }
     assert_eq!(processes_with(&tag), child, "the stdio server was never restarted");
 }
+
+/// On the shipped `max_concurrency` (64), a 65th concurrent call to one server is refused
+/// at once with RESOURCE_EXHAUSTED naming the server, and the 64 others finish.
+#[tokio::test]
+async fn calls_beyond_a_servers_max_concurrency_are_resource_exhausted() {
+    let config = format!(
+        "[[mcp.servers]]\nname = \"py\"\ntransport = \"stdio\"\ncommand = \"{}\"\nargs = [\"{}\"]\n",
+        python(),
+        py_server()
+    );
+    let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
+    wait_for_tool(&server, "py_slow").await;
+    let calls: Vec<_> = (0..65)
+        .map(|_| {
+            let request = CallToolRequest {
+                name: "py_slow".into(),
+                arguments_json: json!({"steps": 60}).to_string(),
+                ..Default::default()
+            };
+            let addr = server.addr.to_string();
+            tokio::spawn(async move {
+                toolmesh::client::connect(&addr).await.unwrap().call_tool(request).await
+            })
+        })
+        .collect();
+    let mut done = 0;
+    let mut refused = Vec::new();
+    for call in calls {
+        match call.await.unwrap() {
+            Ok(response) => {
+                assert_eq!(text(&response.into_inner()), "done after 60 steps");
+                done += 1;
+            }
+            Err(status) => refused.push(status),
+        }
+    }
+    assert_eq!(done, 64, "{refused:?}");
+    let [status] = &refused[..] else { panic!("one refusal: {refused:?}") };
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("mcp server py has 64 calls running"), "{status:?}");
+
+    // The slots are free again.
+    assert_eq!(text(&server.call("py_add", json!({"a": 1, "b": 1})).await.unwrap()), "2");
+}

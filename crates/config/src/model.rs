@@ -259,6 +259,9 @@ pub struct McpServerConfig {
     /// flight with UNAVAILABLE and starts a reconnect. Any answer, an error included, proves
     /// the server alive. `None`: no probes.
     pub ping_interval: Option<Duration>,
+    /// Calls to this server that may run at once; more fail at once with
+    /// RESOURCE_EXHAUSTED.
+    pub max_concurrency: NonZeroUsize,
 }
 
 /// `[server]`.
@@ -498,6 +501,14 @@ struct RawMcpServer {
     ping_interval_ms: u64,
     #[serde(default = "default_idle_timeout_ms")]
     idle_timeout_ms: u64,
+    #[serde(default = "default_mcp_max_concurrency")]
+    max_concurrency: NonZeroUsize,
+}
+
+/// Calls one MCP server runs at once unless configured: enough for an agent fleet's
+/// parallel tool calls, few enough that one client cannot flood a server.
+fn default_mcp_max_concurrency() -> NonZeroUsize {
+    NonZeroUsize::new(64).expect("64 is not zero")
 }
 
 fn default_idle_timeout_ms() -> u64 {
@@ -806,6 +817,7 @@ impl Config {
                 )?,
                 ping_interval: (raw.ping_interval_ms > 0)
                     .then(|| Duration::from_millis(raw.ping_interval_ms)),
+                max_concurrency: raw.max_concurrency,
             });
         }
 

@@ -133,6 +133,7 @@ headers = { Authorization = "Bearer ${T}" }
 prefix = "none"
 connect = "lazy"
 timeout_ms = 5000
+max_concurrency = 8
 "#;
     let config = load_str(Some(("f.toml", file)), &env(&[("T", "x")])).unwrap();
     let [stdio, http] = &config.mcp.servers[..] else { panic!("two servers") };
@@ -142,6 +143,10 @@ timeout_ms = 5000
         if headers["Authorization"] == "Bearer x")
     );
     assert_eq!((http.prefix, http.connect), (PrefixMode::None, ConnectMode::Lazy));
+    assert_eq!((stdio.max_concurrency.get(), http.max_concurrency.get()), (64, 8));
+    let zero = "[[mcp.servers]]\nname = \"a\"\ntransport = \"stdio\"\ncommand = \"x\"\nmax_concurrency = 0\n";
+    let err = load_str(Some(("f.toml", zero)), &env(&[])).unwrap_err();
+    assert!(err.to_string().contains("mcp.servers[0].max_concurrency"), "{err}");
 
     let missing = "[[mcp.servers]]\nname = \"a\"\ntransport = \"stdio\"\n";
     let err = load_str(Some(("f.toml", missing)), &env(&[])).unwrap_err();

@@ -229,6 +229,18 @@ impl Backend for McpBackend {
     }
 
     async fn call(&self, ctx: CallContext, arguments: Value) -> Result<ToolOutput, BackendError> {
+        // A full server refuses at once, as a full local tool does: waiting callers would
+        // pile up without bound behind a slow server.
+        let _slot = self.shared.slots.clone().try_acquire_owned().map_err(|_| {
+            BackendError::Overloaded {
+                tool: ctx.tool.clone(),
+                reason: format!(
+                    "mcp server {} has {} calls running (its max_concurrency)",
+                    self.shared.name(),
+                    self.shared.config.max_concurrency
+                ),
+            }
+        })?;
         self.shared.touch();
         let peer = match self.shared.peer.load_full() {
             Some(peer) => peer,

@@ -60,12 +60,13 @@ pub(crate) struct ServerShared {
     pub(crate) epoch: Instant,
     /// The actor, for calls that need a lazy server connected.
     pub(crate) actor: ArcSwapOption<ractor::ActorRef<crate::McpMsg>>,
+    /// One permit per call that may run at once (`max_concurrency`).
+    pub(crate) slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl ServerShared {
     pub(crate) fn new(config: McpServerConfig, changed: Arc<Notify>) -> Arc<Self> {
         Arc::new(ServerShared {
-            config,
             peer: ArcSwapOption::empty(),
             lost: ArcSwap::from_pointee(CancellationToken::new()),
             health: ArcSwap::from_pointee(ServerHealth::Connecting),
@@ -78,6 +79,8 @@ impl ServerShared {
             last_used: AtomicU64::new(0),
             epoch: Instant::now(),
             actor: ArcSwapOption::empty(),
+            slots: Arc::new(tokio::sync::Semaphore::new(config.max_concurrency.get())),
+            config,
         })
     }
 
