@@ -276,3 +276,54 @@ timeout_ms = 500
     .await;
     assert!(gone.is_some(), "the script {} and its child {} are gone", pids[0], pids[1]);
 }
+
+/// A slow command tool flooded by 300 callers on the default pool (16 workers, 256 waiting)
+/// holds only its share of the pool (the bulkhead): `echo` keeps being served.
+#[tokio::test]
+async fn a_saturated_tool_cannot_starve_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let slow = write_script(dir.path(), "slow.sh", "cat > /dev/null; sleep 30");
+    let config = format!(
+        "[[tools.command]]\nname = \"slow\"\ndescription = \"Takes its time\"\ncommand = \"{}\"\n",
+        slow.display()
+    );
+    let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
+    let refused = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(server.client().await);
+    }
+    let callers: Vec<_> = (0..300)
+        .map(|i| {
+            let mut client = clients[i % clients.len()].clone();
+            let refused = refused.clone();
+            tokio::spawn(async move {
+                let request = toolmesh_proto::v1::CallToolRequest {
+                    name: "slow".into(),
+                    arguments_json: "{}".into(),
+                    ..Default::default()
+                };
+                if let Err(status) = client.call_tool(request).await {
+                    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+                    assert!(status.message().contains("share of the worker pool"), "{status:?}");
+                    refused.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            })
+        })
+        .collect();
+    // Every caller is either admitted (running or waiting) or refused.
+    let settled = eventually(Duration::from_secs(30), || async {
+        let admitted = server.app.pool().stats().admitted;
+        (admitted + refused.load(std::sync::atomic::Ordering::SeqCst) == 300).then_some(admitted)
+    })
+    .await;
+    assert_eq!(settled, Some(8 + 128), "half of the workers and half of the queue");
+
+    for i in 0..20 {
+        let echoed = server.call("echo", json!({"i": i})).await.expect("echo is served");
+        assert_eq!(echoed.structured_json.as_deref(), Some(json!({"i": i}).to_string().as_str()));
+    }
+    for caller in callers {
+        caller.abort();
+    }
+}

@@ -286,6 +286,8 @@ pub struct WorkersConfig {
     pub size: NonZeroUsize,
     /// Calls that may wait for a worker.
     pub queue: usize,
+    /// The largest share of the workers and of the queue one tool may hold, in (0, 1].
+    pub tool_share: f64,
 }
 
 /// `[telemetry]`.
@@ -534,6 +536,7 @@ struct RawServer {
 struct RawWorkers {
     size: NonZeroUsize,
     queue: usize,
+    tool_share: f64,
 }
 
 #[derive(Deserialize)]
@@ -860,6 +863,13 @@ impl Config {
             profiles,
         };
 
+        if !(raw.workers.tool_share > 0.0 && raw.workers.tool_share <= 1.0) {
+            return Err(key_error(
+                "workers.tool_share".into(),
+                "must be greater than 0 and at most 1".into(),
+            ));
+        }
+
         let fusion = match raw.search.fusion.as_str() {
             "rrf" if raw.search.rrf_k > 0.0 => FusionConfig::Rrf { k: raw.search.rrf_k },
             "rrf" => return Err(key_error("search.rrf_k".into(), "must be greater than 0".into())),
@@ -894,7 +904,11 @@ impl Config {
             },
             mcp,
             server,
-            workers: WorkersConfig { size: raw.workers.size, queue: raw.workers.queue },
+            workers: WorkersConfig {
+                size: raw.workers.size,
+                queue: raw.workers.queue,
+                tool_share: raw.workers.tool_share,
+            },
             telemetry,
             builtin: BuiltinConfig { reasoning: raw.builtin.reasoning, echo: raw.builtin.echo },
             tools: ToolsConfig { http, command },

@@ -31,6 +31,9 @@ fn file_overrides_defaults_and_env_overrides_file() {
     assert_eq!(config.server.listen.port(), 7000);
     assert_eq!(config.workers.size.get(), 3);
     assert_eq!(config.workers.queue, 256, "untouched keys keep their defaults");
+    assert_eq!(config.workers.tool_share, 0.5);
+    let err = load_str(Some(("f.toml", "[workers]\ntool_share = 0\n")), &env(&[])).unwrap_err();
+    assert!(err.to_string().contains("workers.tool_share"), "{err}");
 
     let config = load_str(
         Some(("f.toml", file)),

@@ -11,9 +11,11 @@ use crate::{LocalTool, WorkerMsg, WorkerPool};
 /// Per-tool limits on the worker pool.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ToolLimits {
-    /// Calls of this tool that may run at once; `None`: only the pool limits it.
+    /// Calls of this tool that may run at once; `None`: the tool's share of the pool
+    /// ([`PoolOptions::tool_share`](crate::PoolOptions::tool_share)).
     pub max_concurrency: Option<NonZeroUsize>,
     /// Calls of this tool that may wait beyond `max_concurrency`; the rest are refused.
+    /// Without `max_concurrency`, the tool's share of the pool's queue applies instead.
     pub max_queue: usize,
 }
 
@@ -25,23 +27,30 @@ struct ToolSlots {
     running: Arc<Semaphore>,
     max_running: usize,
     max_queued: usize,
+    /// Which limit this is, for the refusal.
+    origin: &'static str,
 }
 
 /// A local tool bound to the pool; what the registry holds as the tool's backend.
 pub(crate) struct LocalBackend {
     pool: WorkerPool,
     tool: Arc<dyn LocalTool>,
-    slots: Option<ToolSlots>,
+    slots: ToolSlots,
 }
 
 impl LocalBackend {
     pub(crate) fn new(pool: WorkerPool, tool: Arc<dyn LocalTool>, limits: ToolLimits) -> Self {
-        let slots = limits.max_concurrency.map(|running| ToolSlots {
-            admission: Arc::new(Semaphore::new(running.get() + limits.max_queue)),
-            running: Arc::new(Semaphore::new(running.get())),
-            max_running: running.get(),
-            max_queued: limits.max_queue,
-        });
+        let ((running, queued), origin) = match limits.max_concurrency {
+            Some(running) => ((running.get(), limits.max_queue), "the tool's limit"),
+            None => (pool.inner.options.share(), "the tool's share of the worker pool"),
+        };
+        let slots = ToolSlots {
+            admission: Arc::new(Semaphore::new(running + queued)),
+            running: Arc::new(Semaphore::new(running)),
+            max_running: running,
+            max_queued: queued,
+            origin,
+        };
         LocalBackend { pool, tool, slots }
     }
 }
@@ -54,15 +63,13 @@ impl Backend for LocalBackend {
 
         // Admission is all-or-nothing and immediate: a full tool or pool refuses the call
         // instead of letting waiters pile up.
-        let _tool_slot = match &self.slots {
-            Some(slots) => Some(slots.admission.clone().try_acquire_owned().map_err(|_| {
-                overloaded(format!(
-                    "{} calls running and {} waiting (the tool's limit)",
-                    slots.max_running, slots.max_queued
-                ))
-            })?),
-            None => None,
-        };
+        let slots = &self.slots;
+        let _tool_slot = slots.admission.clone().try_acquire_owned().map_err(|_| {
+            overloaded(format!(
+                "{} calls running and {} waiting ({})",
+                slots.max_running, slots.max_queued, slots.origin
+            ))
+        })?;
         let pool = &self.pool.inner;
         let _pool_slot = pool.admission.clone().try_acquire_owned().map_err(|_| {
             overloaded(format!(
@@ -72,10 +79,7 @@ impl Backend for LocalBackend {
         })?;
 
         let wait = async {
-            let _running = match &self.slots {
-                Some(slots) => Some(slots.running.clone().acquire_owned().await),
-                None => None,
-            };
+            let _running = slots.running.acquire().await;
             let worker = pool.idle.recv().await.map_err(|_| BackendError::Unavailable {
                 backend: "local worker pool".into(),
                 reason: "the pool is stopped".into(),

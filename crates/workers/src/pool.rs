@@ -22,6 +22,21 @@ pub struct PoolOptions {
     pub size: NonZeroUsize,
     /// Calls that may wait for a free worker.
     pub queue: usize,
+    /// The largest share of the workers and of the queue that one tool without a
+    /// concurrency limit of its own may hold, in (0, 1]: a bulkhead, so that one saturated
+    /// tool cannot take the whole pool.
+    pub tool_share: f64,
+}
+
+impl PoolOptions {
+    /// Returns the limits of a tool that sets none: its share of the workers (at least
+    /// one) and of the queue.
+    pub(crate) fn share(&self) -> (usize, usize) {
+        let share = self.tool_share.clamp(f64::MIN_POSITIVE, 1.0);
+        let running = ((self.size.get() as f64 * share).floor() as usize).max(1);
+        let queued = (self.queue as f64 * share).floor() as usize;
+        (running, queued)
+    }
 }
 
 /// A point-in-time view of a pool.

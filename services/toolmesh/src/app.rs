@@ -104,6 +104,7 @@ impl App {
         let pool = WorkerPool::start(PoolOptions {
             size: config.workers.size,
             queue: config.workers.queue,
+            tool_share: config.workers.tool_share,
         })
         .await?;
         let router = Router::new(
