@@ -588,3 +588,34 @@ command = "/usr/bin/wc"
     .await;
     assert!(removed.is_some(), "a removed tool is purged");
 }
+
+/// Queries beyond `search.max_query_bytes` (4096 by default) are refused before any work,
+/// through SearchTools and searchTools alike; a query of exactly the limit is searched.
+#[tokio::test]
+async fn search_queries_beyond_the_limit_are_invalid_argument() {
+    let probe = Arc::new(BlockingProbe::default());
+    let server = server("", &probe).await;
+    let mut client = server.client().await;
+    let at_limit = format!("think {}", "a".repeat(4096 - 6));
+    let too_long = format!("{at_limit}b");
+    let search = |query: &str| toolmesh_proto::v1::SearchToolsRequest {
+        query: query.into(),
+        ..Default::default()
+    };
+
+    client.search_tools(search(&at_limit)).await.expect("a query at the limit is searched");
+    let status = client.search_tools(search(&too_long)).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("4097 bytes") && status.message().contains("4096"),
+        "{}",
+        status.message()
+    );
+    let details = status.get_details_bad_request().expect("a BadRequest detail");
+    assert_eq!(details.field_violations[0].field, "query");
+    assert!(status.message().len() < 200, "the query is not echoed");
+
+    let meta = call(&mut client, "searchTools", json!({"query": too_long})).await.unwrap_err();
+    assert_eq!(meta.code(), Code::InvalidArgument, "{meta:?}");
+    assert!(meta.message().contains("4097 bytes"), "{}", meta.message());
+}

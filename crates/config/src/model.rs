@@ -151,6 +151,8 @@ pub struct SearchConfig {
     pub model_index: Option<String>,
     /// How the lexical and embedding rankings combine.
     pub fusion: FusionConfig,
+    /// Longest query searched, in bytes; longer ones are INVALID_ARGUMENT.
+    pub max_query_bytes: NonZeroUsize,
     /// Where vectors and fetched models are kept; `None` when no place could be found
     /// (no `cache_dir`, `XDG_CACHE_HOME` or `HOME`): then nothing is kept between runs.
     pub cache_dir: Option<PathBuf>,
@@ -449,6 +451,7 @@ struct RawSearch {
     fusion: String,
     rrf_k: f64,
     dense_weight: f64,
+    max_query_bytes: NonZeroUsize,
 }
 
 #[derive(Deserialize, Default)]
@@ -898,6 +901,7 @@ impl Config {
                     .filter(|p| !p.as_os_str().is_empty()),
                 model_index: Some(raw.search.model_index).filter(|u| !u.is_empty()),
                 fusion,
+                max_query_bytes: raw.search.max_query_bytes,
                 cache_dir: Some(PathBuf::from(raw.search.cache_dir))
                     .filter(|p| !p.as_os_str().is_empty())
                     .or_else(|| default_cache_dir(env)),

@@ -3,6 +3,7 @@ use std::collections::HashMap;
 use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
 use toolmesh_core::{BackendError, ErrorCode};
 use toolmesh_registry::SchemaViolation;
+use toolmesh_search::SearchError;
 
 /// Why a call or listing failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -47,6 +48,9 @@ pub enum RouterError {
         /// The call.
         call_id: String,
     },
+    /// The search failed.
+    #[error(transparent)]
+    Search(#[from] SearchError),
     /// The backend failed.
     #[error(transparent)]
     Backend(#[from] BackendError),
@@ -66,6 +70,7 @@ impl RouterError {
             | RouterError::InvalidRequest { .. } => ErrorCode::InvalidArgument,
             RouterError::DeadlineExceeded { .. } => ErrorCode::DeadlineExceeded,
             RouterError::Cancelled { .. } => ErrorCode::Cancelled,
+            RouterError::Search(error) => error.code(),
             RouterError::Backend(error) => error.code(),
         }
     }
@@ -79,6 +84,7 @@ impl RouterError {
             RouterError::InvalidRequest { .. } => "invalid_request",
             RouterError::DeadlineExceeded { .. } => "deadline_exceeded",
             RouterError::Cancelled { .. } => "cancelled",
+            RouterError::Search(error) => error.kind(),
             RouterError::Backend(error) => error.kind(),
         }
     }
@@ -108,6 +114,13 @@ impl RouterError {
                 code,
                 message,
                 ErrorDetails::with_bad_request_violation("arguments_json", reason.clone()),
+            ),
+            RouterError::Search(
+                error @ (SearchError::EmptyQuery | SearchError::QueryTooLong { .. }),
+            ) => tonic::Status::with_error_details(
+                code,
+                message,
+                ErrorDetails::with_bad_request_violation("query", error.to_string()),
             ),
             RouterError::Backend(BackendError::Crashed { tool, call_id, .. }) => {
                 let metadata = HashMap::from([

@@ -391,10 +391,16 @@ impl MetaTools {
         let hits = self
             .inner
             .search
-            .search(query, top_k, |spec| Self::in_pool(profile, spec))
+            .search(query, top_k, {
+                let profile = profile.clone();
+                move |spec| Self::in_pool(&profile, spec)
+            })
             .instrument(span.clone())
             .await
-            .map_err(|reason| BackendError::Internal(format!("search failed: {reason}")))?;
+            .map_err(|error| match error.code() {
+                ErrorCode::InvalidArgument => BackendError::InvalidArguments(error.to_string()),
+                _ => BackendError::Internal(error.to_string()),
+            })?;
         span.record(names::TOOLMESH_SEARCH_RESULTS, hits.len() as i64);
         let grant = SearchGrant::new(
             ctx.session_id.as_deref().unwrap_or_default(),

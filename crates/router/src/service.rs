@@ -75,21 +75,21 @@ impl ToolServiceImpl {
 }
 
 /// The filters ListTools and SearchTools share.
-struct ToolFilter<'a> {
-    toolkit: &'a str,
-    tags: &'a [String],
+struct ToolFilter {
+    toolkit: String,
+    tags: Vec<String>,
     kind: v1::SourceKind,
-    source_name: &'a str,
+    source_name: String,
 }
 
-impl<'a> ToolFilter<'a> {
-    fn new(toolkit: &'a str, tags: &'a [String], source_kind: i32, source_name: &'a str) -> Self {
+impl ToolFilter {
+    fn new(toolkit: String, tags: Vec<String>, source_kind: i32, source_name: String) -> Self {
         let kind = v1::SourceKind::try_from(source_kind).unwrap_or(v1::SourceKind::Unspecified);
         ToolFilter { toolkit, tags, kind, source_name }
     }
 
     fn keeps(&self, spec: &toolmesh_core::ToolSpec) -> bool {
-        (self.toolkit.is_empty() || spec.toolkit.as_deref() == Some(self.toolkit))
+        (self.toolkit.is_empty() || spec.toolkit.as_deref() == Some(self.toolkit.as_str()))
             && self.tags.iter().all(|tag| spec.tags.contains(tag))
             && (self.kind == v1::SourceKind::Unspecified
                 || convert::source_kind(spec.source.kind) == self.kind)
@@ -138,35 +138,27 @@ impl ToolServiceImpl {
         &self,
         request: v1::SearchToolsRequest,
     ) -> Result<Response<v1::SearchToolsResponse>, Status> {
-        if request.query.trim().is_empty() {
-            return Err(RouterError::InvalidRequest {
-                field: "query",
-                reason: "must not be empty".into(),
-            }
-            .to_status());
-        }
         let top_k = match request.top_k as usize {
             0 => DEFAULT_TOP_K,
             n => n.min(MAX_TOP_K),
         };
         let filter = ToolFilter::new(
-            &request.toolkit,
-            &request.tags,
+            request.toolkit,
+            request.tags,
             request.source_kind,
-            &request.source_name,
+            request.source_name,
         );
-        let profile = self.profile(&request.profile)?;
+        let profile = self.profile(&request.profile)?.cloned();
         let hits = self
             .search
-            .search(&request.query, top_k, |spec| {
+            .search(&request.query, top_k, move |spec| {
                 filter.keeps(spec)
-                    && profile.map_or(!is_meta(spec), |profile| MetaTools::in_pool(profile, spec))
+                    && profile
+                        .as_ref()
+                        .map_or(!is_meta(spec), |profile| MetaTools::in_pool(profile, spec))
             })
             .await
-            .map_err(|reason| {
-                tracing::error!(%reason, "search failed");
-                Status::internal(format!("search failed: {reason}"))
-            })?
+            .map_err(|error| status(&RouterError::Search(error)))?
             .into_iter()
             .map(|hit| v1::SearchHit {
                 tool: Some(convert::tool(&hit.tool.spec, hit.tool.backend.status())),
@@ -208,13 +200,13 @@ impl ToolService for ToolServiceImpl {
                 .to_status()
             })?),
         };
-        let filter = ToolFilter::new(
-            &request.toolkit,
-            &request.tags,
-            request.source_kind,
-            &request.source_name,
-        );
         let profile = self.profile(&request.profile)?;
+        let filter = ToolFilter::new(
+            request.toolkit,
+            request.tags,
+            request.source_kind,
+            request.source_name,
+        );
         let catalog = self.router.registry().snapshot();
         let range = match after {
             Some(after) => catalog

@@ -12,7 +12,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     Fusion, SearchHandle,
-    handle::SearchShared,
+    handle::{DEFAULT_MAX_QUERY_BYTES, SearchShared},
     store::{TextDigest, VectorStore, digest},
     terms, tool_text,
 };
@@ -27,7 +27,7 @@ pub enum SearchMsg {
 }
 
 /// How the search index is built.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct SearchOptions {
     /// The sentence-embedding model; without one, search is lexical.
     pub embedder: Option<Arc<dyn Embedder>>,
@@ -35,6 +35,19 @@ pub struct SearchOptions {
     pub vector_cache: Option<PathBuf>,
     /// How the lexical and the embedding ranking are combined.
     pub fusion: Fusion,
+    /// Longest query searched, in bytes; longer ones are refused.
+    pub max_query_bytes: usize,
+}
+
+impl Default for SearchOptions {
+    fn default() -> Self {
+        SearchOptions {
+            embedder: None,
+            vector_cache: None,
+            fusion: Fusion::default(),
+            max_query_bytes: DEFAULT_MAX_QUERY_BYTES,
+        }
+    }
 }
 
 impl std::fmt::Debug for SearchOptions {
@@ -43,6 +56,7 @@ impl std::fmt::Debug for SearchOptions {
             .field("embedder", &self.embedder.as_ref().map(|e| e.model_id().to_owned()))
             .field("vector_cache", &self.vector_cache)
             .field("fusion", &self.fusion)
+            .field("max_query_bytes", &self.max_query_bytes)
             .finish()
     }
 }
@@ -94,9 +108,13 @@ impl ToolSearchActor {
         options: SearchOptions,
     ) -> Result<(ActorRef<SearchMsg>, SearchHandle), ActorProcessingErr> {
         let shared = Arc::new(SearchShared {
+            index: Default::default(),
+            vectors: Default::default(),
             embedder: options.embedder,
+            recent: Default::default(),
             fusion: options.fusion,
-            ..Default::default()
+            version: Default::default(),
+            max_query_bytes: options.max_query_bytes,
         });
         let actor = ToolSearchActor {
             registry: registry.clone(),

@@ -8,7 +8,10 @@ use toolmesh_embed::Embedder;
 use toolmesh_core::ToolSpec;
 use toolmesh_registry::{RegistryHandle, ToolEntry};
 
-use crate::{Bm25Index, Fusion, bm25::best, recent::RecentQueries, terms, vectors::VectorTable};
+use crate::{
+    Bm25Index, Fusion, SearchError, bm25::best, digest, recent::RecentQueries, terms,
+    vectors::VectorTable,
+};
 
 /// One search result.
 #[derive(Debug, Clone)]
@@ -22,8 +25,15 @@ pub struct SearchHit {
 /// Candidates each ranking contributes to the fusion.
 const CANDIDATES: usize = 100;
 
+/// Longest query searched unless configured otherwise, in bytes: far more than a model
+/// attends to (MiniLM reads 256 tokens), small enough that tokenising it costs microseconds.
+pub const DEFAULT_MAX_QUERY_BYTES: usize = 4096;
+
+fn owned(ranked: Vec<(&str, f64)>) -> Vec<(String, f64)> {
+    ranked.into_iter().map(|(name, score)| (name.to_owned(), score)).collect()
+}
+
 /// State the actor writes and searches read.
-#[derive(Default)]
 pub(crate) struct SearchShared {
     pub(crate) index: RwLock<Bm25Index>,
     /// Tool vectors by tool name (L2-normalised).
@@ -34,6 +44,8 @@ pub(crate) struct SearchShared {
     pub(crate) fusion: Fusion,
     /// The catalog version the index reflects.
     pub(crate) version: AtomicU64,
+    /// Longest query searched, in bytes.
+    pub(crate) max_query_bytes: usize,
 }
 
 impl std::fmt::Debug for SearchShared {
@@ -52,64 +64,80 @@ pub struct SearchHandle {
 impl SearchHandle {
     /// Returns the `top_k` tools that best match `query` among those `keep` accepts: BM25 and,
     /// with an embedding model, cosine similarity of sentence embeddings, fused as the
-    /// [`Fusion`] of the index says. The query is embedded on a blocking thread.
-    pub async fn search(
+    /// [`Fusion`] of the index says.
+    ///
+    /// A query longer than the configured limit is refused. Tokenising, scoring and the
+    /// model's forward pass are CPU work: the two rankings run side by side on blocking
+    /// threads, never on the runtime's.
+    pub async fn search<F>(
         &self,
         query: &str,
         top_k: usize,
-        keep: impl Fn(&ToolSpec) -> bool,
-    ) -> Result<Vec<SearchHit>, String> {
+        keep: F,
+    ) -> Result<Vec<SearchHit>, SearchError>
+    where
+        F: Fn(&ToolSpec) -> bool + Send + Sync + 'static,
+    {
+        if query.trim().is_empty() {
+            return Err(SearchError::EmptyQuery);
+        }
+        let limit = self.shared.max_query_bytes;
+        if query.len() > limit {
+            return Err(SearchError::QueryTooLong { bytes: query.len(), limit });
+        }
         let catalog = self.registry.snapshot();
-        let kept = |name: &str| catalog.get(name).is_some_and(|t| keep(&t.spec));
-        // The query is embedded on a blocking thread while BM25 runs here.
-        let recent = self.shared.recent.lock().unwrap_or_else(PoisonError::into_inner).get(query);
-        let embedding = match (&self.shared.embedder, &recent) {
-            (Some(embedder), None) => {
-                let (embedder, text) = (embedder.clone(), query.to_owned());
-                Some(tokio::task::spawn_blocking(move || embedder.embed(&[text.as_str()])))
+        let keep = Arc::new(keep);
+        let kept = {
+            let (catalog, keep) = (catalog.clone(), keep.clone());
+            move |name: &str| catalog.get(name).is_some_and(|t| keep(&t.spec))
+        };
+        let key = digest(query);
+        let recent = self.shared.recent.lock().unwrap_or_else(PoisonError::into_inner).get(&key);
+        let dense = self.shared.embedder.clone().map(|embedder| {
+            let (shared, text, kept) = (self.shared.clone(), query.to_owned(), kept.clone());
+            tokio::task::spawn_blocking(move || {
+                let vector: Arc<[f32]> = match recent {
+                    Some(vector) => vector,
+                    None => embedder
+                        .embed(&[text.as_str()])
+                        .map_err(|e| SearchError::Embedding(e.to_string()))?
+                        .pop()
+                        .unwrap_or_default()
+                        .into(),
+                };
+                let vectors = shared.vectors.read().unwrap_or_else(PoisonError::into_inner);
+                let ranked = owned(best(vectors.scores(&vector), CANDIDATES, &kept));
+                Ok::<_, SearchError>((vector, ranked))
+            })
+        });
+        let lexical = {
+            let (shared, text) = (self.shared.clone(), query.to_owned());
+            tokio::task::spawn_blocking(move || {
+                let index = shared.index.read().unwrap_or_else(PoisonError::into_inner);
+                owned(best(index.scores(&terms(&text)), CANDIDATES, &kept))
+            })
+        };
+        let lexical = lexical.await.map_err(|e| SearchError::Task(e.to_string()))?;
+        let ranked = match dense {
+            None => lexical,
+            Some(dense) => {
+                let (vector, dense) =
+                    dense.await.map_err(|e| SearchError::Task(e.to_string()))??;
+                self.shared
+                    .recent
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(key, vector);
+                self.shared.fusion.fuse(&lexical, &dense)
             }
-            _ => None,
         };
-        let lexical: Vec<(String, f64)> = {
-            let index = self.shared.index.read().unwrap_or_else(PoisonError::into_inner);
-            best(index.scores(&terms(query)), CANDIDATES, kept)
-                .into_iter()
-                .map(|(name, score)| (name.to_owned(), score))
-                .collect()
-        };
-        let hits = |ranked: Vec<(String, f64)>| {
-            ranked
-                .into_iter()
-                .filter_map(|(name, score)| {
-                    catalog.get(&name).map(|tool| SearchHit { tool: tool.clone(), score })
-                })
-                .take(top_k)
-                .collect()
-        };
-        let query_vector: Arc<[f32]> = match (embedding, recent) {
-            (_, Some(vector)) => vector,
-            (Some(embedding), None) => {
-                let vector: Arc<[f32]> = embedding
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .map_err(|e| e.to_string())?
-                    .pop()
-                    .unwrap_or_default()
-                    .into();
-                let mut recent = self.shared.recent.lock().unwrap_or_else(PoisonError::into_inner);
-                recent.insert(query, vector.clone());
-                vector
-            }
-            (None, None) => return Ok(hits(lexical)),
-        };
-        let dense: Vec<(String, f64)> = {
-            let vectors = self.shared.vectors.read().unwrap_or_else(PoisonError::into_inner);
-            best(vectors.scores(&query_vector), CANDIDATES, kept)
-                .into_iter()
-                .map(|(name, score)| (name.to_owned(), score))
-                .collect()
-        };
-        Ok(hits(self.shared.fusion.fuse(&lexical, &dense)))
+        Ok(ranked
+            .into_iter()
+            .filter_map(|(name, score)| {
+                catalog.get(&name).map(|tool| SearchHit { tool: tool.clone(), score })
+            })
+            .take(top_k)
+            .collect())
     }
 
     /// Names the ranking in use.

@@ -12,6 +12,7 @@
 
 mod actor;
 mod bm25;
+mod error;
 mod fusion;
 mod handle;
 mod recent;
@@ -21,7 +22,8 @@ mod vectors;
 
 pub use actor::{SearchMsg, SearchOptions, ToolSearchActor, ToolSearchState};
 pub use bm25::Bm25Index;
+pub use error::SearchError;
 pub use fusion::Fusion;
-pub use handle::{SearchHandle, SearchHit};
+pub use handle::{DEFAULT_MAX_QUERY_BYTES, SearchHandle, SearchHit};
 pub use store::{TextDigest, VectorStore, digest};
 pub use text::{terms, tool_text};

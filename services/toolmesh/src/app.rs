@@ -125,6 +125,7 @@ impl App {
                 FusionConfig::Rrf { k } => Fusion::Rrf { k },
                 FusionConfig::Convex { dense_weight } => Fusion::Convex { dense_weight },
             },
+            max_query_bytes: config.search.max_query_bytes.get(),
         };
         let (search_actor, search) = ToolSearchActor::start(registry.clone(), search_options)
             .await
