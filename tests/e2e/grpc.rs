@@ -619,3 +619,108 @@ async fn search_queries_beyond_the_limit_are_invalid_argument() {
     assert_eq!(meta.code(), Code::InvalidArgument, "{meta:?}");
     assert!(meta.message().contains("4097 bytes"), "{}", meta.message());
 }
+
+/// Sends raw bytes as the request message of `method`, for requests no proper client sends.
+async fn raw_call(server: &TestServer, method: &'static str, message: Vec<u8>) -> tonic::Status {
+    #[derive(Clone, Default)]
+    struct RawCodec;
+    struct RawEncoder;
+    struct RawDecoder;
+    impl tonic::codec::Codec for RawCodec {
+        type Encode = Vec<u8>;
+        type Decode = Vec<u8>;
+        type Encoder = RawEncoder;
+        type Decoder = RawDecoder;
+        fn encoder(&mut self) -> RawEncoder {
+            RawEncoder
+        }
+        fn decoder(&mut self) -> RawDecoder {
+            RawDecoder
+        }
+    }
+    impl tonic::codec::Encoder for RawEncoder {
+        type Item = Vec<u8>;
+        type Error = tonic::Status;
+        fn encode(
+            &mut self,
+            item: Vec<u8>,
+            buf: &mut tonic::codec::EncodeBuf<'_>,
+        ) -> Result<(), tonic::Status> {
+            bytes::BufMut::put_slice(buf, &item);
+            Ok(())
+        }
+    }
+    impl tonic::codec::Decoder for RawDecoder {
+        type Item = Vec<u8>;
+        type Error = tonic::Status;
+        fn decode(
+            &mut self,
+            buf: &mut tonic::codec::DecodeBuf<'_>,
+        ) -> Result<Option<Vec<u8>>, tonic::Status> {
+            Ok(Some(bytes::Buf::copy_to_bytes(buf, bytes::Buf::remaining(buf)).to_vec()))
+        }
+    }
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel).max_encoding_message_size(usize::MAX);
+    grpc.ready().await.unwrap();
+    let path = http::uri::PathAndQuery::from_static(method);
+    grpc.unary(tonic::Request::new(message), path, RawCodec).await.unwrap_err()
+}
+
+/// Hostile input gets the right status and is never echoed whole: malformed protobuf is
+/// INVALID_ARGUMENT (not INTERNAL), an oversize message RESOURCE_EXHAUSTED (not
+/// OUT_OF_RANGE), and huge names and values come back cut.
+#[tokio::test]
+async fn hostile_requests_get_short_messages_and_the_right_codes() {
+    let probe = Arc::new(BlockingProbe::default());
+    let server = server("", &probe).await;
+    let mut client = server.client().await;
+
+    let huge = "n".repeat(3 << 20);
+    let unknown = call(&mut client, &huge, json!({})).await.unwrap_err();
+    assert_eq!(unknown.code(), Code::NotFound);
+    assert!(unknown.message().len() < 300, "{} bytes", unknown.message().len());
+    assert!(unknown.message().contains(&format!("{} bytes", huge.len())), "{}", unknown.message());
+    let mut in_profile = request("echo", json!({}));
+    in_profile.profile = huge.clone();
+    let profile = client.call_tool(in_profile).await.unwrap_err();
+    assert_eq!(profile.code(), Code::InvalidArgument);
+    assert!(profile.message().len() < 400, "{} bytes", profile.message().len());
+
+    // A value that fails the schema is quoted in the violation, but only its start.
+    let invalid =
+        call(&mut client, "think", json!({"title": [huge], "thought": "x"})).await.unwrap_err();
+    assert_eq!(invalid.code(), Code::InvalidArgument);
+    assert!(invalid.message().len() < 2000, "{} bytes", invalid.message().len());
+    let details = invalid.get_details_bad_request().unwrap();
+    assert_eq!(details.field_violations[0].field, "/title");
+    assert!(details.field_violations[0].description.len() < 400);
+
+    for method in ["/toolmesh.v1.ToolService/CallTool", "/toolmesh.v1.ToolService/SearchTools"] {
+        let malformed = raw_call(&server, method, vec![0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f]).await;
+        assert_eq!(malformed.code(), Code::InvalidArgument, "{method}: {malformed:?}");
+        let oversize = raw_call(&server, method, vec![0; 5 << 20]).await;
+        assert_eq!(oversize.code(), Code::ResourceExhausted, "{method}: {oversize:?}");
+        assert!(oversize.message().contains("4194304"), "{}", oversize.message());
+    }
+
+    // The same limit holds for the messages of a stream.
+    let start = request("echo", json!({"blob": "b".repeat(5 << 20)}));
+    let outbound = futures::stream::iter([CallToolClientMessage {
+        message: Some(call_tool_client_message::Message::Start(start)),
+    }]);
+    let streamed = async {
+        let mut stream = client.stream_call_tool(outbound).await?.into_inner();
+        while stream.message().await?.is_some() {}
+        Ok::<_, tonic::Status>(())
+    };
+    let status = streamed.await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+
+    // The server is unharmed.
+    call(&mut client, "echo", json!({"ok": true})).await.unwrap();
+}

@@ -2,7 +2,7 @@ use std::{collections::HashMap, net::SocketAddr, time::Duration};
 
 use tokio::{sync::oneshot, task::JoinHandle};
 use tonic::transport::Channel;
-use toolmesh::{App, AppOptions, ServeOptions};
+use toolmesh::{App, AppOptions};
 use toolmesh_config::Config;
 use toolmesh_proto::v1::tool_service_client::ToolServiceClient;
 
@@ -27,8 +27,11 @@ impl TestServer {
         let shutdown = async move {
             let _ = rx.await;
         };
-        let serve_options = ServeOptions { grace: Duration::from_secs(5) };
-        let task = tokio::spawn(toolmesh::serve(listener, app.clone(), serve_options, shutdown));
+        let server = toolmesh_config::ServerConfig {
+            shutdown_grace: Duration::from_secs(5),
+            ..config.server.clone()
+        };
+        let task = tokio::spawn(toolmesh::serve(listener, app.clone(), server, shutdown));
         Ok(TestServer { addr, app, shutdown: Some(tx), task: Some(task) })
     }
 

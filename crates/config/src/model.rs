@@ -279,6 +279,8 @@ pub struct ServerConfig {
     pub max_call_timeout: Duration,
     /// Config file poll interval; `None`: reload on SIGHUP only.
     pub reload_poll: Option<Duration>,
+    /// Longest request message accepted; longer ones are RESOURCE_EXHAUSTED.
+    pub max_message_bytes: NonZeroUsize,
 }
 
 /// `[workers]`.
@@ -532,6 +534,7 @@ struct RawServer {
     default_call_timeout_ms: u64,
     max_call_timeout_ms: u64,
     reload_poll_ms: u64,
+    max_message_bytes: NonZeroUsize,
 }
 
 #[derive(Deserialize)]
@@ -662,6 +665,7 @@ impl Config {
             )?,
             reload_poll: (raw.server.reload_poll_ms > 0)
                 .then(|| Duration::from_millis(raw.server.reload_poll_ms)),
+            max_message_bytes: raw.server.max_message_bytes,
         };
         let telemetry = TelemetryConfig {
             log: raw.telemetry.log,

@@ -103,3 +103,32 @@ impl BackendError {
         }
     }
 }
+
+/// Characters of a caller's input (a tool or profile name) that an error message repeats.
+pub const ECHO_CHARS: usize = 128;
+
+/// Returns `text` when it has at most `max` characters, and otherwise its first `max`
+/// characters followed by `…` and its length in bytes: error messages that repeat what a
+/// caller sent stay short however large the input was (gRPC carries them in a header).
+pub fn clip(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    match text.char_indices().nth(max) {
+        None => std::borrow::Cow::Borrowed(text),
+        Some((at, _)) => {
+            std::borrow::Cow::Owned(format!("{}… ({} bytes)", &text[..at], text.len()))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clip_keeps_short_text_and_cuts_long_text_at_a_character() {
+        assert_eq!(clip("echo", 8), "echo");
+        assert_eq!(clip("ééééé", 5), "ééééé");
+        assert_eq!(clip("ééééé", 2), "éé… (10 bytes)");
+        let huge = "x".repeat(3 << 20);
+        assert!(clip(&huge, ECHO_CHARS).len() < 160);
+    }
+}

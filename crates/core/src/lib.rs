@@ -21,7 +21,7 @@ pub use call::{
     CallContext, CallEvent, Elicitation, ElicitationAnswer, ElicitationPrompt, EventSink,
 };
 pub use content::{ContentPart, ToolOutput};
-pub use error::{BackendError, ErrorCode};
+pub use error::{BackendError, ECHO_CHARS, ErrorCode, clip};
 pub use tool::{
     InvalidToolName, SourceKind, ToolAnnotations, ToolSource, ToolSpec, Toolkit, validate_tool_name,
 };

@@ -44,7 +44,7 @@ impl McpBackend {
                         "mcp server {} answered {}: {}",
                         self.shared.name(),
                         error.code.0,
-                        error.message
+                        toolmesh_core::clip(&error.message, 1024)
                     ),
                 }
             }

@@ -1,5 +1,6 @@
 //! The toolmesh gRPC API v1 (`proto/toolmesh/v1`): generated messages, client and server,
-//! the encoded descriptor set for server reflection, and [`status_code`], the one map from
+//! the encoded descriptor set for server reflection, the server's [`ServerCodec`] (a
+//! malformed request is `INVALID_ARGUMENT`), and [`status_code`], the one map from
 //! toolmesh's [`ErrorCode`] to gRPC status codes.
 
 use toolmesh_core::ErrorCode;
@@ -8,7 +9,12 @@ use toolmesh_core::ErrorCode;
 #[allow(missing_docs, unreachable_pub, clippy::all, clippy::pedantic)]
 pub mod v1 {
     tonic::include_proto!("toolmesh.v1");
+    include!(concat!(env!("OUT_DIR"), "/client/toolmesh.v1.rs"));
 }
+
+mod codec;
+
+pub use codec::{RequestDecoder, ServerCodec};
 
 /// The encoded `FileDescriptorSet` of the API, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("toolmesh_descriptor");

@@ -2,7 +2,7 @@ use std::{fmt, sync::Arc};
 
 use jsonschema::Validator;
 use serde_json::Value;
-use toolmesh_core::{Backend, ToolSpec, validate_tool_name};
+use toolmesh_core::{Backend, ToolSpec, clip, validate_tool_name};
 
 use crate::RegistryError;
 
@@ -107,16 +107,22 @@ fn compile(
     })
 }
 
+/// Violations reported per value; a value failing in thousands of places gets the first.
+const MAX_VIOLATIONS: usize = 20;
+/// Characters of one violation's message, which quotes the failing value.
+const VIOLATION_CHARS: usize = 200;
+
 fn violations(validator: &Validator, value: &Value) -> Vec<SchemaViolation> {
     if validator.is_valid(value) {
         return Vec::new();
     }
     validator
         .iter_errors(value)
+        .take(MAX_VIOLATIONS)
         .map(|error| SchemaViolation {
-            path: error.instance_path().to_string(),
+            path: clip(&error.instance_path().to_string(), VIOLATION_CHARS).into_owned(),
             rule: error.kind().keyword().to_owned(),
-            message: error.to_string(),
+            message: clip(&error.to_string(), VIOLATION_CHARS).into_owned(),
         })
         .collect()
 }

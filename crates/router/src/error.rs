@@ -1,15 +1,18 @@
 use std::collections::HashMap;
 
 use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
-use toolmesh_core::{BackendError, ErrorCode};
+use toolmesh_core::{BackendError, ECHO_CHARS, ErrorCode, clip};
 use toolmesh_registry::SchemaViolation;
 use toolmesh_search::SearchError;
+
+/// Characters of a status message; the rest is cut (`…`).
+const STATUS_CHARS: usize = 1024;
 
 /// Why a call or listing failed.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum RouterError {
     /// No tool of that name (or one the caller may not see).
-    #[error("tool {0} not found")]
+    #[error("tool {} not found", clip(.0, ECHO_CHARS))]
     NotFound(String),
     /// `arguments_json` is not JSON.
     #[error("arguments_json is not valid JSON: {0}")]
@@ -94,14 +97,16 @@ impl RouterError {
     /// crashed tool.
     pub fn to_status(&self) -> tonic::Status {
         let code = toolmesh_proto::status_code(self.code());
-        let message = self.to_string();
+        // However the message came about, it travels in a header: keep it short.
+        let message = clip(&self.to_string(), STATUS_CHARS).into_owned();
         match self {
             RouterError::InvalidArguments { violations, .. } => {
                 let fields = violations
                     .iter()
                     .map(|v| {
                         let path = if v.path.is_empty() { "/".to_owned() } else { v.path.clone() };
-                        FieldViolation::new(path, format!("{} ({})", v.message, v.rule))
+                        let description = format!("{} ({})", v.message, v.rule);
+                        FieldViolation::new(path, clip(&description, STATUS_CHARS / 4))
                     })
                     .collect::<Vec<_>>();
                 tonic::Status::with_error_details(

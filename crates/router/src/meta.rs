@@ -23,8 +23,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use toolmesh_config::{ProfileConfig, RoutingConfig, Selector};
 use toolmesh_core::{
-    Backend, BackendError, CallContext, ContentPart, ErrorCode, ToolAnnotations, ToolOutput,
-    ToolSource, ToolSpec,
+    Backend, BackendError, CallContext, ContentPart, ECHO_CHARS, ErrorCode, ToolAnnotations,
+    ToolOutput, ToolSource, ToolSpec, clip,
 };
 use toolmesh_registry::{Catalog, RegistryHandle, SourceUpdate, ToolEntry};
 use toolmesh_search::SearchHandle;
@@ -115,7 +115,8 @@ impl MetaTools {
         self.inner.profiles.get(name).ok_or_else(|| RouterError::InvalidRequest {
             field: "profile",
             reason: format!(
-                "no routing profile `{name}` (configured: {})",
+                "no routing profile `{}` (configured: {})",
+                clip(name, ECHO_CHARS),
                 self.inner.profiles.keys().cloned().collect::<Vec<_>>().join(", ")
             ),
         })
@@ -438,7 +439,10 @@ impl MetaTools {
         let entry = catalog.get(&name).ok_or_else(|| {
             refuse(
                 ErrorCode::NotFound,
-                format!("tool {name} not found; call searchTools to find tools"),
+                format!(
+                    "tool {} not found; call searchTools to find tools",
+                    clip(&name, ECHO_CHARS)
+                ),
             )
         })?;
         if is_meta(&entry.spec) {

@@ -15,6 +15,7 @@ mod app;
 pub mod bench;
 pub mod client;
 mod server;
+pub mod transport;
 
 pub use app::{App, AppOptions};
-pub use server::{MCP_HEALTH_PREFIX, SEARCH_EMBEDDINGS_HEALTH, ServeOptions, serve};
+pub use server::{MCP_HEALTH_PREFIX, SEARCH_EMBEDDINGS_HEALTH, serve};

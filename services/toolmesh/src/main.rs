@@ -12,7 +12,7 @@ use std::{
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use tokio::signal::unix::{SignalKind, signal};
-use toolmesh::{App, AppOptions, ServeOptions, bench, client};
+use toolmesh::{App, AppOptions, bench, client};
 use toolmesh_proto::v1::CallToolRequest;
 use tracing::{error, info, warn};
 
@@ -239,13 +239,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     };
     tokio::spawn(watch_config(app.clone(), args.config.clone(), config.clone(), args.listen));
 
-    let drained = toolmesh::serve(
-        listener,
-        app,
-        ServeOptions { grace: config.server.shutdown_grace },
-        shutdown,
-    )
-    .await?;
+    let drained = toolmesh::serve(listener, app, config.server.clone(), shutdown).await?;
     Ok(if drained { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 

@@ -1,30 +1,24 @@
-use std::{future::Future, time::Duration};
+use std::future::Future;
 
 use tokio::net::TcpListener;
+use toolmesh_config::ServerConfig;
 use toolmesh_proto::v1::tool_service_server::ToolServiceServer;
 use toolmesh_router::ToolServiceImpl;
 use tracing::{info, warn};
 
-use crate::App;
+use crate::{App, transport::MessageLimitLayer};
 
 /// The health service that is SERVING while tool search ranks with embeddings, and
 /// NOT_SERVING when it is lexical only.
 pub const SEARCH_EMBEDDINGS_HEALTH: &str = "toolmesh.search.embeddings";
 
-/// How [`serve`] behaves.
-#[derive(Debug, Clone, Copy)]
-pub struct ServeOptions {
-    /// How long in-flight calls may take to finish after `shutdown` resolves.
-    pub grace: Duration,
-}
-
-/// Serves the API on `listener` until `shutdown` resolves; then stops accepting
-/// connections and waits up to `options.grace` for calls in flight. Returns whether every
-/// call finished within the grace period.
+/// Serves the API on `listener` with the limits of `config` until `shutdown` resolves;
+/// then stops accepting connections and waits up to `config.shutdown_grace` for calls in
+/// flight. Returns whether every call finished within the grace period.
 pub async fn serve(
     listener: TcpListener,
     app: App,
-    options: ServeOptions,
+    config: ServerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<bool> {
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -56,25 +50,30 @@ pub async fn serve(
         health_on_stop.set_not_serving::<ToolServiceServer<ToolServiceImpl>>().await;
         let _ = stopping_tx.send(());
     };
+    let max_message = config.max_message_bytes.get();
     let server = tonic::transport::Server::builder()
+        .layer(MessageLimitLayer::new(max_message))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(ToolServiceServer::new(ToolServiceImpl::new(
-            app.router().clone(),
-            app.search().clone(),
-            app.meta().clone(),
-        )))
+        .add_service(
+            ToolServiceServer::new(ToolServiceImpl::new(
+                app.router().clone(),
+                app.search().clone(),
+                app.meta().clone(),
+            ))
+            .max_decoding_message_size(max_message),
+        )
         .serve_with_incoming_shutdown(incoming, signal);
     tokio::pin!(server);
 
     // Until the shutdown signal, the server runs unbounded; after it, for the grace period.
     let drained = tokio::select! {
         result = &mut server => { result?; true }
-        _ = stopping_rx => match tokio::time::timeout(options.grace, &mut server).await {
+        _ = stopping_rx => match tokio::time::timeout(config.shutdown_grace, &mut server).await {
             Ok(result) => { result?; true }
             Err(_) => {
-                warn!(grace_ms = options.grace.as_millis() as u64, "calls still in flight after the grace period; exiting anyway");
+                warn!(grace_ms = config.shutdown_grace.as_millis() as u64, "calls still in flight after the grace period; exiting anyway");
                 false
             }
         },
