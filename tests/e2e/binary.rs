@@ -443,6 +443,22 @@ async fn call_tool_spans_link_to_the_search_that_returned_the_tool() {
     client.call_tool(request("callTool", arguments)).await.unwrap();
     let unsearched = serde_json::json!({"name": "think", "arguments": {}});
     client.call_tool(request("callTool", unsearched)).await.unwrap_err();
+    let think = eventually(Duration::from_secs(10), || {
+        let mut client = client.clone();
+        let search =
+            request("searchTools", serde_json::json!({"query": "record a reasoning step"}));
+        async move {
+            let response = client.call_tool(search).await.unwrap().into_inner();
+            let result: serde_json::Value =
+                serde_json::from_str(response.structured_json.as_deref()?).unwrap();
+            result["tools"].as_array()?.iter().any(|t| t["name"] == "think").then_some(())?;
+            Some(result["searchToken"].as_str()?.to_owned())
+        }
+    })
+    .await
+    .expect("searchTools returns think");
+    let bad = serde_json::json!({"name": "think", "arguments": {"title": 1}, "searchToken": think});
+    client.call_tool(request("callTool", bad)).await.unwrap_err();
 
     // Calls are counted by whether the tool was in the search result.
     let counted = |in_result: &str| {
@@ -456,7 +472,7 @@ async fn call_tool_spans_link_to_the_search_that_returned_the_tool() {
     };
     let (yes, no) = ("Some(BoolValue(true))", "Some(BoolValue(false))");
     let settled = eventually(Duration::from_secs(20), || async {
-        (counted(yes) == Some(1.0) && counted(no) == Some(1.0)).then_some(())
+        (counted(yes) == Some(2.0) && counted(no) == Some(1.0)).then_some(())
     })
     .await;
     assert!(settled.is_some(), "in the result {:?}, not {:?}", counted(yes), counted(no));
@@ -481,6 +497,14 @@ async fn call_tool_spans_link_to_the_search_that_returned_the_tool() {
         link_rank.and_then(|a| a.value.as_ref()?.value.clone()),
         Some(any_value::Value::IntValue(rank as i64))
     );
+    // Each refusal keeps its own error type: the called tool's, or callTool's.
+    let mut kinds: Vec<String> = spans
+        .iter()
+        .filter(|s| s.name == "execute_tool callTool")
+        .filter_map(|s| attr(s, "error.type"))
+        .collect();
+    kinds.sort();
+    assert_eq!(kinds, ["invalid_arguments", "search_required"]);
     // The called tool runs under the callTool span.
     let execute = spans.iter().find(|s| s.name == "execute_tool echo").unwrap();
     assert_eq!(execute.parent_span_id, call.span_id);

@@ -264,3 +264,37 @@ async fn health_says_whether_search_ranks_with_embeddings() {
     let (found, _) = search(&lexical, "echo arguments unchanged", 3, "", "", "echo").await;
     assert!(!found.is_empty());
 }
+
+/// Through callTool, the called tool's refusal arrives as a direct call's does: the same
+/// code, message and `google.rpc.BadRequest` naming each failing argument.
+#[tokio::test]
+async fn call_tool_passes_the_called_tools_errors_through_whole() {
+    use tonic_types::StatusExt;
+    let server = TestServer::start("", AppOptions::default()).await.unwrap();
+    let arguments = json!({"title": 1});
+    let direct = call(&server, "think", arguments.clone(), "s1", "").await.unwrap_err();
+    let (_, token) = search(&server, "record one reasoning step", 3, "s1", "", "think").await;
+    let nested = call(
+        &server,
+        "callTool",
+        json!({"name": "think", "arguments": arguments, "searchToken": token}),
+        "s1",
+        "",
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(nested.code(), Code::InvalidArgument);
+    assert_eq!(nested.code(), direct.code());
+    assert_eq!(nested.message(), direct.message());
+    let fields = |status: &tonic::Status| {
+        let details = status.get_details_bad_request().expect("a BadRequest detail");
+        details.field_violations.iter().map(|v| v.field.clone()).collect::<Vec<_>>()
+    };
+    assert_eq!(fields(&nested), fields(&direct));
+    assert!(fields(&nested).contains(&"/title".to_owned()), "{:?}", fields(&nested));
+
+    // Malformed arguments of the called tool do not arise (callTool hands them on as JSON),
+    // but an unknown one keeps NOT_FOUND.
+    let unknown = call(&server, "callTool", json!({"name": "nope"}), "s1", "").await.unwrap_err();
+    assert_eq!(unknown.code(), Code::NotFound, "{unknown:?}");
+}

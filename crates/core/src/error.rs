@@ -21,6 +21,56 @@ pub enum ErrorCode {
     Internal,
 }
 
+/// A call's failure as its caller sees it: the code, a stable kind (the `error.type` span
+/// attribute), the message and rich details. Errors of every crate describe themselves this
+/// way for the one status map of the proto crate, and a backend that makes a call on its
+/// caller's behalf (`callTool`) passes the failure of that call up whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallFailure {
+    /// The kind of failure.
+    pub code: ErrorCode,
+    /// A short, stable name of the error, for example `invalid_arguments`.
+    pub kind: &'static str,
+    /// What went wrong, for the caller.
+    pub message: String,
+    /// Machine-readable details.
+    pub detail: FailureDetail,
+}
+
+/// Machine-readable details of a [`CallFailure`] (gRPC carries them as `google.rpc`
+/// details).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum FailureDetail {
+    /// None.
+    #[default]
+    None,
+    /// Which request fields (or argument paths) are wrong and why (`google.rpc.BadRequest`).
+    BadRequest(Vec<FieldViolation>),
+    /// Why the call failed, with context (`google.rpc.ErrorInfo`).
+    Info {
+        /// A stable reason, for example `TOOL_CRASHED`.
+        reason: &'static str,
+        /// Context, for example the call id.
+        metadata: std::collections::BTreeMap<String, String>,
+    },
+}
+
+/// One wrong request field or argument.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldViolation {
+    /// The field, or a JSON Pointer into the arguments (`/a`).
+    pub field: String,
+    /// What is wrong with it.
+    pub description: String,
+}
+
+impl CallFailure {
+    /// Returns a failure without details.
+    pub fn new(code: ErrorCode, kind: &'static str, message: impl Into<String>) -> Self {
+        CallFailure { code, kind, message: message.into(), detail: FailureDetail::None }
+    }
+}
+
 /// Why a backend could not produce a result. A tool's own failure is not a
 /// `BackendError` but a [`ToolOutput`](crate::ToolOutput) with `is_error` set.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -72,6 +122,11 @@ pub enum BackendError {
     /// Anything else that went wrong inside the backend.
     #[error("backend failure: {0}")]
     Internal(String),
+    /// The call failed as described, passed through whole: the refusals of the meta-tools,
+    /// and the failure of the tool `callTool` called, so that its status, details and
+    /// error type are those a direct call gets.
+    #[error("{}", .0.message)]
+    Failure(Box<CallFailure>),
 }
 
 impl BackendError {
@@ -86,6 +141,7 @@ impl BackendError {
             BackendError::InvalidArguments(_) => ErrorCode::InvalidArgument,
             BackendError::Remote { code, .. } => *code,
             BackendError::Internal(_) => ErrorCode::Internal,
+            BackendError::Failure(failure) => failure.code,
         }
     }
 
@@ -100,6 +156,7 @@ impl BackendError {
             BackendError::InvalidArguments(_) => "invalid_arguments",
             BackendError::Remote { .. } => "remote_error",
             BackendError::Internal(_) => "internal",
+            BackendError::Failure(failure) => failure.kind,
         }
     }
 }

@@ -21,7 +21,9 @@ pub use call::{
     CallContext, CallEvent, Elicitation, ElicitationAnswer, ElicitationPrompt, EventSink,
 };
 pub use content::{ContentPart, ToolOutput};
-pub use error::{BackendError, ECHO_CHARS, ErrorCode, clip};
+pub use error::{
+    BackendError, CallFailure, ECHO_CHARS, ErrorCode, FailureDetail, FieldViolation, clip,
+};
 pub use tool::{
     InvalidToolName, SourceKind, ToolAnnotations, ToolSource, ToolSpec, Toolkit, validate_tool_name,
 };

@@ -1,12 +1,10 @@
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
-use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
-use toolmesh_core::{BackendError, ECHO_CHARS, ErrorCode, clip};
+use toolmesh_core::{
+    BackendError, CallFailure, ECHO_CHARS, ErrorCode, FailureDetail, FieldViolation, clip,
+};
 use toolmesh_registry::SchemaViolation;
 use toolmesh_search::SearchError;
-
-/// Characters of a status message; the rest is cut (`…`).
-const STATUS_CHARS: usize = 1024;
 
 /// Why a call or listing failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -92,53 +90,50 @@ impl RouterError {
         }
     }
 
-    /// Returns the gRPC status for this error, with rich details: a `BadRequest` naming
+    /// Returns the failure as the caller sees it, with rich details: a `BadRequest` naming
     /// each failing argument path and rule, or an `ErrorInfo` carrying the call id of a
-    /// crashed tool.
-    pub fn to_status(&self) -> tonic::Status {
-        let code = toolmesh_proto::status_code(self.code());
-        // However the message came about, it travels in a header: keep it short.
-        let message = clip(&self.to_string(), STATUS_CHARS).into_owned();
-        match self {
-            RouterError::InvalidArguments { violations, .. } => {
-                let fields = violations
+    /// crashed tool. A failure passed through by a backend (callTool's inner call) is
+    /// returned as it is.
+    pub fn failure(&self) -> CallFailure {
+        let detail = match self {
+            RouterError::Backend(BackendError::Failure(failure)) => return (**failure).clone(),
+            RouterError::InvalidArguments { violations, .. } => FailureDetail::BadRequest(
+                violations
                     .iter()
-                    .map(|v| {
-                        let path = if v.path.is_empty() { "/".to_owned() } else { v.path.clone() };
-                        let description = format!("{} ({})", v.message, v.rule);
-                        FieldViolation::new(path, clip(&description, STATUS_CHARS / 4))
+                    .map(|v| FieldViolation {
+                        field: if v.path.is_empty() { "/".to_owned() } else { v.path.clone() },
+                        description: format!("{} ({})", v.message, v.rule),
                     })
-                    .collect::<Vec<_>>();
-                tonic::Status::with_error_details(
-                    code,
-                    message,
-                    ErrorDetails::with_bad_request(fields),
-                )
-            }
-            RouterError::MalformedArguments(reason) => tonic::Status::with_error_details(
-                code,
-                message,
-                ErrorDetails::with_bad_request_violation("arguments_json", reason.clone()),
+                    .collect(),
             ),
+            RouterError::MalformedArguments(reason) => {
+                FailureDetail::BadRequest(vec![FieldViolation {
+                    field: "arguments_json".into(),
+                    description: reason.clone(),
+                }])
+            }
             RouterError::Search(
                 error @ (SearchError::EmptyQuery | SearchError::QueryTooLong { .. }),
-            ) => tonic::Status::with_error_details(
-                code,
-                message,
-                ErrorDetails::with_bad_request_violation("query", error.to_string()),
-            ),
+            ) => FailureDetail::BadRequest(vec![FieldViolation {
+                field: "query".into(),
+                description: error.to_string(),
+            }]),
             RouterError::Backend(BackendError::Crashed { tool, call_id, .. }) => {
-                let metadata = HashMap::from([
-                    ("call_id".to_owned(), call_id.clone()),
-                    ("tool".to_owned(), tool.clone()),
-                ]);
-                tonic::Status::with_error_details(
-                    code,
-                    message,
-                    ErrorDetails::with_error_info("TOOL_CRASHED", "toolmesh", metadata),
-                )
+                FailureDetail::Info {
+                    reason: "TOOL_CRASHED",
+                    metadata: BTreeMap::from([
+                        ("call_id".to_owned(), call_id.clone()),
+                        ("tool".to_owned(), tool.clone()),
+                    ]),
+                }
             }
-            _ => tonic::Status::new(code, message),
-        }
+            _ => FailureDetail::None,
+        };
+        CallFailure { code: self.code(), kind: self.kind(), message: self.to_string(), detail }
+    }
+
+    /// Returns the gRPC status for this error ([`RouterError::failure`], mapped once).
+    pub fn to_status(&self) -> tonic::Status {
+        toolmesh_proto::status(&self.failure())
     }
 }

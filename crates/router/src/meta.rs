@@ -23,8 +23,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use toolmesh_config::{ProfileConfig, RoutingConfig, Selector};
 use toolmesh_core::{
-    Backend, BackendError, CallContext, ContentPart, ECHO_CHARS, ErrorCode, ToolAnnotations,
-    ToolOutput, ToolSource, ToolSpec, clip,
+    Backend, BackendError, CallContext, CallFailure, ContentPart, ECHO_CHARS, ErrorCode,
+    ToolAnnotations, ToolOutput, ToolSource, ToolSpec, clip,
 };
 use toolmesh_registry::{Catalog, RegistryHandle, SourceUpdate, ToolEntry};
 use toolmesh_search::SearchHandle;
@@ -348,8 +348,9 @@ struct MetaBackend {
     which: Which,
 }
 
-fn refuse(code: ErrorCode, message: impl Into<String>) -> BackendError {
-    BackendError::Remote { code, message: message.into() }
+/// A refusal of the meta-tools, with the error type it has on the call's span.
+fn refuse(code: ErrorCode, kind: &'static str, message: impl Into<String>) -> BackendError {
+    BackendError::Failure(Box::new(CallFailure::new(code, kind, message)))
 }
 
 #[async_trait::async_trait]
@@ -363,7 +364,7 @@ impl Backend for MetaBackend {
         let profile_name = profile_name(ctx.profile.as_deref().unwrap_or_default()).to_owned();
         let profile = meta
             .profile(&profile_name)
-            .map_err(|e| refuse(ErrorCode::InvalidArgument, e.to_string()))?;
+            .map_err(|e| BackendError::Failure(Box::new(e.failure())))?;
         match self.which {
             Which::Search => meta.search_tools(&ctx, &profile_name, profile, &arguments).await,
             Which::Call => meta.call_tool(ctx, &profile_name, profile, arguments).await,
@@ -439,6 +440,7 @@ impl MetaTools {
         let entry = catalog.get(&name).ok_or_else(|| {
             refuse(
                 ErrorCode::NotFound,
+                "tool_not_found",
                 format!(
                     "tool {} not found; call searchTools to find tools",
                     clip(&name, ECHO_CHARS)
@@ -448,6 +450,7 @@ impl MetaTools {
         if is_meta(&entry.spec) {
             return Err(refuse(
                 ErrorCode::InvalidArgument,
+                "invalid_request",
                 format!("callTool cannot call {name}: call the meta-tools directly"),
             ));
         }
@@ -455,6 +458,7 @@ impl MetaTools {
         if !exposed && !Self::in_pool(profile, &entry.spec) {
             return Err(refuse(
                 ErrorCode::NotFound,
+                "tool_not_found",
                 format!("tool {name} is not available in routing profile {profile_name}"),
             ));
         }
@@ -503,6 +507,7 @@ impl MetaTools {
             };
             return Err(refuse(
                 ErrorCode::FailedPrecondition,
+                "search_required",
                 format!(
                     "callTool can only call a tool that searchTools returned in this session, and {why}. \
                      Call searchTools with what you want to do first, then callTool with one of the \
@@ -522,8 +527,10 @@ impl MetaTools {
         match self.inner.router.call(request, ctx.events.clone(), cancel).instrument(span).await {
             Ok((_, output)) => Ok(output),
             Err(RouterError::Cancelled { .. }) => Err(BackendError::Cancelled),
+            // The called tool's own failure keeps its kind; the router's refusals (bad
+            // arguments, no such tool, a deadline) travel whole, details included.
             Err(RouterError::Backend(error)) => Err(error),
-            Err(error) => Err(refuse(error.code(), error.to_string())),
+            Err(error) => Err(BackendError::Failure(Box::new(error.failure()))),
         }
     }
 }

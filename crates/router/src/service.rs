@@ -6,7 +6,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use toolmesh_config::ProfileConfig;
-use toolmesh_core::{ElicitationAnswer, EventSink};
+use toolmesh_core::{CallFailure, ElicitationAnswer, ErrorCode, EventSink};
 use toolmesh_proto::v1::{
     self, CallToolClientMessage, CallToolRequest, CallToolResponse, CallToolServerMessage,
     ListToolsRequest, ListToolsResponse, call_tool_client_message, call_tool_server_message,
@@ -63,10 +63,14 @@ impl ToolServiceImpl {
         let Some(profile) = self.profile(&call.profile)? else { return Ok(()) };
         match self.router.registry().resolve(&call.name) {
             Some(entry) if !MetaTools::visible(profile, &entry.spec) => {
-                Err(Status::failed_precondition(format!(
-                    "tool {} is not visible in routing profile {}: find it with searchTools and \
-                     call it with callTool",
-                    call.name, call.profile
+                Err(toolmesh_proto::status(&CallFailure::new(
+                    ErrorCode::FailedPrecondition,
+                    "not_visible",
+                    format!(
+                        "tool {} is not visible in routing profile {}: find it with searchTools \
+                         and call it with callTool",
+                        call.name, call.profile
+                    ),
                 )))
             }
             _ => Ok(()),
