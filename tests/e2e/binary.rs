@@ -953,3 +953,42 @@ async fn bench_search_measures_a_tool_search_benchmark() {
     assert!(report.contains("Recall@1   1.000") && report.contains("NDCG@10    1.000"), "{report}");
     assert!(report.contains("re-index after one tool changed"), "{report}");
 }
+
+#[tokio::test]
+async fn tools_list_shows_the_upstream_name_of_renamed_tools() {
+    let python = std::env::var("TOOLMESH_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/py_server.py");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("toolmesh.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[mcp.servers]]\nname = \"py\"\ntransport = \"stdio\"\ncommand = \"{python}\"\nargs = [\"{}\"]\n",
+            script.display()
+        ),
+    )
+    .unwrap();
+    let server = BinaryServer::start(&["--config", config.to_str().unwrap()], &[]).await.unwrap();
+    let addr = server.addr.to_string();
+    eventually(Duration::from_secs(30), || async {
+        tool_names(&addr).await.iter().any(|n| n == "py_add").then_some(())
+    })
+    .await
+    .expect("the Python server's tools are published");
+
+    let list = run(&["tools", "list", "--server", &addr]).await;
+    assert!(list.status.success(), "{}", stderr(&list));
+    let out = stdout(&list);
+    assert!(out.lines().next().unwrap().contains("UPSTREAM"), "{out}");
+    let add = out.lines().find(|l| l.starts_with("py_add ")).expect("py_add is listed");
+    assert!(add.split_whitespace().any(|w| w == "add"), "{add}");
+    let long = "summarise_the_quarterly_revenue_report_for_every_region_and_product_line";
+    assert!(out.lines().any(|l| l.starts_with("py_summarise") && l.contains(long)), "{out}");
+
+    let json = run(&["tools", "list", "--server", &addr, "--json"]).await;
+    let listed: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+    let add = listed["tools"].as_array().unwrap().iter().find(|t| t["name"] == "py_add").unwrap();
+    assert_eq!(add["upstream_name"], "add");
+    let echo = listed["tools"].as_array().unwrap().iter().find(|t| t["name"] == "echo").unwrap();
+    assert!(echo["upstream_name"].is_null(), "a local tool is not renamed");
+}

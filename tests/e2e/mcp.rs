@@ -304,6 +304,22 @@ env = {{ TOOLMESH_TEST_MARKER = "{}" }}
     wait_for_tool(&server, "py_add").await;
     assert_eq!(server.app.mcp().protocol("py").as_deref(), Some("2026-07-28"), "server/discover");
 
+    // Published names keep the server's own name beside them: after a prefix, and after
+    // shortening to the 64 characters model APIs accept.
+    let listed = tools(&server).await;
+    let upstream = |name: &str| {
+        listed.iter().find(|t| t.name == name).map(|t| t.source.clone().unwrap().upstream_name)
+    };
+    assert_eq!(upstream("py_add").as_deref(), Some("add"));
+    let long = "summarise_the_quarterly_revenue_report_for_every_region_and_product_line";
+    let shortened = listed
+        .iter()
+        .find(|t| t.source.as_ref().unwrap().upstream_name == long)
+        .expect("the long tool is published");
+    assert_eq!(shortened.name.len(), 64);
+    assert!(shortened.name.starts_with("py_summarise_the_quarterly"), "{}", shortened.name);
+    assert_eq!(text(&server.call(&shortened.name, json!({})).await.unwrap()), "long");
+
     let sum = server.call("py_add", json!({"a": 20, "b": 22})).await.unwrap();
     assert!(!sum.is_error);
     assert_eq!(text(&sum), "42");

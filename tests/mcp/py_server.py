@@ -8,7 +8,8 @@ Tools:
 - ask(): asks the caller for a name (an elicitation);
 - trace(): the W3C traceparent that arrived in the request's `_meta`;
 - http_trace(): the traceparent HTTP header of the request (streamable HTTP);
-- fail(): a tool-level error (isError).
+- fail(): a tool-level error (isError);
+- a tool whose name is longer than model APIs accept, which toolmesh publishes shortened.
 """
 
 import asyncio
@@ -95,6 +96,12 @@ async def ask(answer: Annotated[ElicitationResult[Name], Resolve(ask_name)]) -> 
     if answer.action == "accept":
         return f"hello {answer.data.name}"
     return f"no name ({answer.action})"
+
+
+@server.tool(name="summarise_the_quarterly_revenue_report_for_every_region_and_product_line")
+def long_name() -> str:
+    """A tool whose name needs shortening."""
+    return "long"
 
 
 @server.tool()

@@ -84,6 +84,9 @@ pub struct ToolSpec {
     pub toolkit: Option<String>,
     /// Where the tool runs.
     pub source: ToolSource,
+    /// The tool's own name at its source, when the catalog name differs (a prefix, a
+    /// shortened name); the source is called by it.
+    pub upstream_name: Option<String>,
     /// Behaviour hints.
     pub annotations: ToolAnnotations,
     /// The longest a call may run; the router also honours the caller's deadline.
@@ -109,6 +112,7 @@ impl ToolSpec {
             tags: Vec::new(),
             toolkit: None,
             source,
+            upstream_name: None,
             annotations: ToolAnnotations::default(),
             timeout: None,
         }

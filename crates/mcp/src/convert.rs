@@ -42,6 +42,7 @@ pub(crate) fn spec(
         };
     }
     spec.timeout = Some(timeout);
+    spec.upstream_name = (spec.name != *tool.name).then(|| tool.name.to_string());
     spec
 }
 

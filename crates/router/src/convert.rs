@@ -29,6 +29,7 @@ pub(crate) fn tool(spec: &ToolSpec, status: Result<(), String>) -> v1::Tool {
             name: spec.source.name.clone(),
             available: status.is_ok(),
             status: status.err().unwrap_or_default(),
+            upstream_name: spec.upstream_name.clone().unwrap_or_default(),
         }),
         annotations: Some(v1::ToolAnnotations {
             read_only: spec.annotations.read_only,

@@ -317,6 +317,7 @@ async fn list(server: &str, json: bool, profile: &str) -> anyhow::Result<ExitCod
                     "tags": t.tags,
                     "toolkit": t.toolkit,
                     "source": t.source.as_ref().map(|s| s.name.clone()),
+                    "upstream_name": t.source.as_ref().map(|s| s.upstream_name.clone()).filter(|n| !n.is_empty()),
                 })
             })
             .collect();
@@ -332,11 +333,15 @@ async fn list(server: &str, json: bool, profile: &str) -> anyhow::Result<ExitCod
         );
         return Ok(ExitCode::SUCCESS);
     }
-    println!("{:<28} {:<12} {:<10} DESCRIPTION", "NAME", "TOOLKIT", "SOURCE");
+    println!("{:<28} {:<12} {:<10} {:<20} DESCRIPTION", "NAME", "TOOLKIT", "SOURCE", "UPSTREAM");
     for tool in &tools {
-        let source = tool.source.as_ref().map(|s| s.name.as_str()).unwrap_or("");
+        let (source, upstream) =
+            tool.source.as_ref().map_or(("", ""), |s| (s.name.as_str(), s.upstream_name.as_str()));
         let description: String = tool.description.chars().take(70).collect();
-        println!("{:<28} {:<12} {:<10} {description}", tool.name, tool.toolkit, source);
+        println!(
+            "{:<28} {:<12} {:<10} {upstream:<20} {description}",
+            tool.name, tool.toolkit, source
+        );
     }
     println!("{} tools, {} toolkits", tools.len(), toolkits.len());
     Ok(ExitCode::SUCCESS)
