@@ -724,3 +724,63 @@ async fn hostile_requests_get_short_messages_and_the_right_codes() {
     // The server is unharmed.
     call(&mut client, "echo", json!({"ok": true})).await.unwrap();
 }
+
+/// A client that stops reading its stream costs bounded memory: progress is coalesced to
+/// the latest, partial outputs hold the tool back, and a reader that goes cancels the call.
+#[tokio::test]
+async fn a_stalled_reader_gets_the_latest_progress_and_holds_back_partials() {
+    let flood = Arc::new(toolmesh_e2e::tools::FloodProbe::default());
+    let tools: Vec<LocalToolInstall> =
+        vec![(Arc::new(toolmesh_e2e::tools::FloodTool(flood.clone())), ToolLimits::default())];
+    let server = TestServer::start("", AppOptions { tools, toolkits: vec![] }).await.unwrap();
+    let mut client = server.client().await;
+
+    // 20,000 reports of 2 KB while nobody reads: the reader later gets the last of them,
+    // not 40 MB of history.
+    let start = request("flood", json!({"kind": "progress", "count": 20_000}));
+    let (_tx, mut stream) = open_stream(&mut client, start).await;
+    eventually(Duration::from_secs(30), || async {
+        (flood.finished.load(Ordering::SeqCst) == 1).then_some(())
+    })
+    .await
+    .expect("progress never holds the tool back");
+    let mut progress = Vec::new();
+    let mut result = None;
+    while let Some(message) = stream.message().await.unwrap() {
+        match message.message.unwrap() {
+            Message::Progress(p) => progress.push(p.progress),
+            Message::Result(r) => result = Some(r),
+            _ => {}
+        }
+    }
+    assert_eq!(text(&result.expect("a result")), "flooded");
+    assert!(progress.len() < 2_000, "{} progress messages reached the reader", progress.len());
+    assert_eq!(progress.last(), Some(&20_000.0), "the latest progress wins");
+    assert!(progress.windows(2).all(|w| w[0] < w[1]), "in order");
+
+    // Partial outputs: the tool is held to its reader's pace.
+    let start = request("flood", json!({"kind": "partial"}));
+    let (tx, stream) = open_stream(&mut client, start).await;
+    let reported = || flood.reported.load(Ordering::SeqCst);
+    let settled = eventually(Duration::from_secs(20), || async {
+        let before = reported();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let after = reported();
+        (after == before && after > 20_000).then_some(after)
+    })
+    .await
+    .expect("the tool stops once the buffers are full");
+    // What the stream holds: the tool's queue (16), the outbound buffer (64) and the
+    // client's HTTP/2 receive window (about 2 MB with tonic's defaults).
+    let held = settled - 20_000;
+    assert!(held < 4_000, "{held} partial outputs of 2 KB were accepted for a stalled reader");
+
+    // The reader goes: the call is cancelled.
+    drop(stream);
+    drop(tx);
+    eventually(Duration::from_secs(10), || async {
+        (flood.dropped.load(Ordering::SeqCst) == 1).then_some(())
+    })
+    .await
+    .expect("the call of a reader that went is cancelled");
+}

@@ -105,7 +105,7 @@ impl LocalTool for ProgressTool {
         let steps = arguments["steps"].as_u64().unwrap_or(1);
         for step in 1..=steps {
             ctx.events.progress(step as f64, Some(steps as f64), format!("step {step}"));
-            ctx.events.partial(ContentPart::Text(format!("part {step}")));
+            ctx.events.partial(ContentPart::Text(format!("part {step}"))).await;
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         Ok(ToolOutput::json(json!({"steps": steps})))
@@ -128,5 +128,66 @@ impl LocalTool for BadOutputTool {
 
     async fn call(&self, _: &CallContext, _: Value) -> Result<ToolOutput, BackendError> {
         Ok(ToolOutput::json(json!({"m": 1})))
+    }
+}
+
+/// Counters a [`FloodTool`] keeps.
+#[derive(Default)]
+pub struct FloodProbe {
+    /// Reports the tool has made (progress, or partial outputs that were accepted).
+    pub reported: AtomicUsize,
+    /// Calls that returned.
+    pub finished: AtomicUsize,
+    /// Calls whose future was dropped before returning (cancelled).
+    pub dropped: AtomicUsize,
+}
+
+/// `flood`: reports as fast as it can, 2 KB at a time: `progress` reports `count` progress
+/// messages, then returns; `partial` sends partial outputs until it is cancelled.
+pub struct FloodTool(pub Arc<FloodProbe>);
+
+struct Dropped(Arc<FloodProbe>, bool);
+
+impl Drop for Dropped {
+    fn drop(&mut self) {
+        if !self.1 {
+            self.0.dropped.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl LocalTool for FloodTool {
+    fn spec(&self) -> ToolSpec {
+        spec(
+            "flood",
+            json!({"type": "object", "required": ["kind"], "properties": {
+                "kind": {"enum": ["progress", "partial"]}, "count": {"type": "integer"}}}),
+        )
+    }
+
+    async fn call(&self, ctx: &CallContext, arguments: Value) -> Result<ToolOutput, BackendError> {
+        let probe = &self.0;
+        let mut guard = Dropped(probe.clone(), false);
+        let blob = "p".repeat(2048);
+        if arguments["kind"] == "progress" {
+            let count = arguments["count"].as_u64().unwrap_or(1);
+            for step in 1..=count {
+                ctx.events.progress(step as f64, Some(count as f64), blob.clone());
+                probe.reported.fetch_add(1, Ordering::SeqCst);
+                if step % 256 == 0 {
+                    tokio::task::yield_now().await;
+                }
+            }
+        } else {
+            loop {
+                ctx.events.partial(ContentPart::Text(blob.clone())).await;
+                probe.reported.fetch_add(1, Ordering::SeqCst);
+                tokio::task::yield_now().await;
+            }
+        }
+        guard.1 = true;
+        probe.finished.fetch_add(1, Ordering::SeqCst);
+        Ok(ToolOutput::text("flooded"))
     }
 }

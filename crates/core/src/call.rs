@@ -1,8 +1,8 @@
-use std::time::Duration;
+use std::{collections::VecDeque, sync::Arc, time::Duration};
 
 use serde_json::Value;
 use tokio::{
-    sync::{mpsc, oneshot},
+    sync::{Notify, mpsc, oneshot},
     time::Instant,
 };
 use tokio_util::sync::CancellationToken;
@@ -57,20 +57,92 @@ pub struct ElicitationPrompt {
     pub reply: oneshot::Sender<ElicitationAnswer>,
 }
 
-/// Where a running tool sends its [`CallEvent`]s and [`Elicitation`]s. Sending never blocks
-/// the tool: a caller that does not listen (a unary call) has a disabled sink, and a caller
-/// that stopped listening makes sends no-ops.
+/// Events a stream holds for a reader that lags: partial outputs wait (the tool's
+/// `partial` does not return) once this many are queued.
+const QUEUED_EVENTS: usize = 16;
+
+/// The queue between a running tool and the reader of its stream.
+#[derive(Debug, Default)]
+struct EventQueue {
+    state: std::sync::Mutex<QueueState>,
+    /// Told when an event is queued.
+    readable: Notify,
+    /// Told when room is made or the reader goes.
+    writable: Notify,
+}
+
+#[derive(Debug, Default)]
+struct QueueState {
+    events: VecDeque<CallEvent>,
+    /// The reader is gone: events are dropped and nothing waits.
+    closed: bool,
+}
+
+impl EventQueue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
+        // A panic while holding the lock leaves a queue of whole events: still usable.
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Where a running tool sends its [`CallEvent`]s and [`Elicitation`]s.
+///
+/// Memory stays bounded however fast a tool reports and however slowly its caller reads:
+/// progress never blocks the tool and is coalesced (the latest report replaces an unread
+/// one), while a partial output waits for room once [`QUEUED_EVENTS`] are unread, which
+/// slows the tool to its reader's pace. A caller that does not listen (a unary call) has a
+/// disabled sink, and once the reader has gone every report is a no-op.
 #[derive(Debug, Clone, Default)]
 pub struct EventSink {
-    tx: Option<mpsc::UnboundedSender<CallEvent>>,
+    queue: Option<Arc<EventQueue>>,
     elicit: Option<mpsc::Sender<ElicitationPrompt>>,
+}
+
+/// The reading end of an [`EventSink`]; dropping it tells the tool nobody listens.
+#[derive(Debug)]
+pub struct EventReceiver {
+    queue: Arc<EventQueue>,
+}
+
+impl EventReceiver {
+    /// Returns the next event, waiting for one. Cancel-safe: an event is taken only when
+    /// it is returned.
+    pub async fn recv(&mut self) -> CallEvent {
+        let queue = self.queue.clone();
+        loop {
+            let queued = queue.readable.notified();
+            if let Some(event) = self.try_recv() {
+                return event;
+            }
+            queued.await;
+        }
+    }
+
+    /// Returns the next event if one is queued.
+    pub fn try_recv(&mut self) -> Option<CallEvent> {
+        let event = self.queue.lock().events.pop_front();
+        if event.is_some() {
+            self.queue.writable.notify_waiters();
+        }
+        event
+    }
+}
+
+impl Drop for EventReceiver {
+    fn drop(&mut self) {
+        let mut state = self.queue.lock();
+        state.closed = true;
+        state.events.clear();
+        drop(state);
+        self.queue.writable.notify_waiters();
+    }
 }
 
 impl EventSink {
     /// Returns a sink whose events arrive, in order, on the returned receiver.
-    pub fn channel() -> (Self, mpsc::UnboundedReceiver<CallEvent>) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        (EventSink { tx: Some(tx), elicit: None }, rx)
+    pub fn channel() -> (Self, EventReceiver) {
+        let queue = Arc::new(EventQueue::default());
+        (EventSink { queue: Some(queue.clone()), elicit: None }, EventReceiver { queue })
     }
 
     /// Returns this sink able to ask the caller questions, which arrive on the receiver.
@@ -82,7 +154,7 @@ impl EventSink {
 
     /// Returns a sink that drops every event.
     pub fn disabled() -> Self {
-        EventSink { tx: None, elicit: None }
+        EventSink { queue: None, elicit: None }
     }
 
     /// Returns whether the caller can answer elicitations.
@@ -109,25 +181,111 @@ impl EventSink {
 
     /// Returns whether anyone listens to this sink.
     pub fn is_enabled(&self) -> bool {
-        self.tx.as_ref().is_some_and(|tx| !tx.is_closed())
+        self.queue.as_ref().is_some_and(|queue| !queue.lock().closed)
     }
 
-    /// Reports progress.
+    /// Reports progress; never waits. An unread progress report at the end of the queue is
+    /// replaced by this one: a lagging reader sees the latest.
     pub fn progress(&self, progress: f64, total: Option<f64>, message: impl Into<String>) {
-        self.send(CallEvent::Progress { progress, total, message: message.into() });
-    }
-
-    /// Reports a partial output.
-    pub fn partial(&self, part: ContentPart) {
-        self.send(CallEvent::Partial(part));
-    }
-
-    /// Sends an event; a no-op when nobody listens.
-    pub fn send(&self, event: CallEvent) {
-        if let Some(tx) = &self.tx {
-            // The receiver is gone only when the caller stopped listening; the call goes on.
-            let _ = tx.send(event);
+        let Some(queue) = &self.queue else { return };
+        let event = CallEvent::Progress { progress, total, message: message.into() };
+        let mut state = queue.lock();
+        if state.closed {
+            return;
         }
+        match state.events.back_mut() {
+            Some(last @ CallEvent::Progress { .. }) => *last = event,
+            _ => state.events.push_back(event),
+        }
+        drop(state);
+        queue.readable.notify_one();
+    }
+
+    /// Reports a partial output, waiting while the reader has [`QUEUED_EVENTS`] unread;
+    /// returns at once when nobody listens.
+    pub async fn partial(&self, part: ContentPart) {
+        let Some(queue) = &self.queue else { return };
+        loop {
+            let room = queue.writable.notified();
+            tokio::pin!(room);
+            // Registered before the check, so that room made in between is not missed.
+            room.as_mut().enable();
+            {
+                let mut state = queue.lock();
+                if state.closed {
+                    return;
+                }
+                if state.events.len() < QUEUED_EVENTS {
+                    state.events.push_back(CallEvent::Partial(part));
+                    drop(state);
+                    queue.readable.notify_one();
+                    return;
+                }
+            }
+            room.await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn progress_values(receiver: &mut EventReceiver) -> Vec<f64> {
+        std::iter::from_fn(|| receiver.try_recv())
+            .map(|event| match event {
+                CallEvent::Progress { progress, .. } => progress,
+                CallEvent::Partial(_) => -1.0,
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn progress_for_a_lagging_reader_is_coalesced_in_order() {
+        let (sink, mut receiver) = EventSink::channel();
+        for step in 1..=100_000 {
+            sink.progress(f64::from(step), None, "x".repeat(2048));
+        }
+        assert_eq!(progress_values(&mut receiver), [100_000.0], "only the latest is kept");
+
+        sink.progress(1.0, None, "");
+        sink.partial(ContentPart::Text("a".into())).await;
+        sink.progress(2.0, None, "");
+        sink.progress(3.0, None, "");
+        assert_eq!(progress_values(&mut receiver), [1.0, -1.0, 3.0], "order is kept");
+    }
+
+    #[tokio::test]
+    async fn partials_wait_for_the_reader_and_stop_waiting_when_it_goes() {
+        let (sink, mut receiver) = EventSink::channel();
+        for i in 0..QUEUED_EVENTS {
+            sink.partial(ContentPart::Text(i.to_string())).await;
+        }
+        let blocked = {
+            let sink = sink.clone();
+            tokio::spawn(async move { sink.partial(ContentPart::Text("more".into())).await })
+        };
+        tokio::task::yield_now().await;
+        assert!(!blocked.is_finished(), "a full queue holds the tool back");
+        // Progress still never waits, and the queue holds at most one more event.
+        sink.progress(1.0, None, "");
+        sink.progress(2.0, None, "");
+        assert!(receiver.try_recv().is_some() && receiver.try_recv().is_some());
+        blocked.await.unwrap();
+        // 16 partials, the coalesced progress and the waiting partial, two of them read.
+        assert_eq!(std::iter::from_fn(|| receiver.try_recv()).count(), QUEUED_EVENTS);
+
+        for i in 0..QUEUED_EVENTS {
+            sink.partial(ContentPart::Text(i.to_string())).await;
+        }
+        let waiting = {
+            let sink = sink.clone();
+            tokio::spawn(async move { sink.partial(ContentPart::Text("more".into())).await })
+        };
+        drop(receiver);
+        waiting.await.unwrap();
+        assert!(!sink.is_enabled());
+        sink.partial(ContentPart::Text("ignored".into())).await;
     }
 }
 

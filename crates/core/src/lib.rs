@@ -18,7 +18,8 @@ mod tool;
 
 pub use backend::Backend;
 pub use call::{
-    CallContext, CallEvent, Elicitation, ElicitationAnswer, ElicitationPrompt, EventSink,
+    CallContext, CallEvent, Elicitation, ElicitationAnswer, ElicitationPrompt, EventReceiver,
+    EventSink,
 };
 pub use content::{ContentPart, ToolOutput};
 pub use error::{

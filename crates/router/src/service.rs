@@ -316,7 +316,12 @@ impl ToolService for ToolServiceImpl {
 }
 
 /// Drives one streamed call: forwards the tool's events in order, then the result; turns a
-/// `cancel` message, a reset stream or a client that stopped reading into cancellation.
+/// `cancel` message, a reset stream or a client that went away into cancellation.
+///
+/// The call itself is polled throughout, so its deadline holds whatever the reader does.
+/// An event is taken from the tool only once the outbound stream has room for it
+/// (a reserved permit): a reader that lags leaves progress coalesced and partial outputs
+/// waiting in the tool's bounded queue, never piling up here.
 async fn run_stream(
     router: Router,
     call: CallRequest,
@@ -336,26 +341,41 @@ async fn run_stream(
     let run = router.call(call, events, cancel.clone());
     tokio::pin!(run);
     let mut inbound_open = true;
+    let mut reader = true;
     let mut questions: HashMap<String, oneshot::Sender<ElicitationAnswer>> = HashMap::new();
     let mut next_question = 0u64;
     let result = loop {
         tokio::select! {
             biased;
-            Some(event) = event_rx.recv() => {
-                if tx.send(Ok(convert::event(event))).await.is_err() {
-                    cancel.cancel();
-                }
-            }
-            Some(prompt) = prompts.recv() => {
-                next_question += 1;
-                let id = format!("e{next_question}");
-                let request = convert::elicitation(id.clone(), prompt.elicitation);
-                questions.insert(id, prompt.reply);
-                if tx.send(Ok(request)).await.is_err() {
-                    cancel.cancel();
-                }
-            }
             result = &mut run => break result,
+            sent = async {
+                let permit = tx.reserve().await?;
+                Ok::<_, mpsc::error::SendError<()>>((permit, event_rx.recv().await))
+            }, if reader => match sent {
+                Ok((permit, event)) => permit.send(Ok(convert::event(event))),
+                Err(_) => {
+                    debug!("the client stopped reading; cancelling the call");
+                    reader = false;
+                    cancel.cancel();
+                }
+            },
+            asked = async {
+                let permit = tx.reserve().await?;
+                Ok::<_, mpsc::error::SendError<()>>((permit, prompts.recv().await))
+            }, if reader => match asked {
+                Ok((permit, Some(prompt))) => {
+                    next_question += 1;
+                    let id = format!("e{next_question}");
+                    permit.send(Ok(convert::elicitation(id.clone(), prompt.elicitation)));
+                    questions.insert(id, prompt.reply);
+                }
+                // The sink is gone with the call, whose result comes next.
+                Ok((_, None)) => {}
+                Err(_) => {
+                    reader = false;
+                    cancel.cancel();
+                }
+            },
             message = inbound.message(), if inbound_open => match message {
                 Ok(Some(CallToolClientMessage { message: Some(call_tool_client_message::Message::Cancel(c)) })) => {
                     debug!(reason = %c.reason, "client cancelled the call");
@@ -379,11 +399,10 @@ async fn run_stream(
                     cancel.cancel();
                 }
             },
-            () = tx.closed() => cancel.cancel(),
         }
     };
     // Events the tool emitted before returning are queued already; deliver them first.
-    while let Ok(event) = event_rx.try_recv() {
+    while let Some(event) = event_rx.try_recv() {
         if tx.send(Ok(convert::event(event))).await.is_err() {
             return;
         }
