@@ -992,3 +992,66 @@ async fn tools_list_shows_the_upstream_name_of_renamed_tools() {
     let echo = listed["tools"].as_array().unwrap().iter().find(|t| t["name"] == "echo").unwrap();
     assert!(echo["upstream_name"].is_null(), "a local tool is not renamed");
 }
+
+/// User plus system CPU time of process `pid` so far.
+fn cpu_time(pid: i32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap().split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of stat; here, after the name, 12 and 13.
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10)
+}
+
+/// 1,100 connections that never send the HTTP/2 preface, against a toolmesh allowed 1,024
+/// descriptors, on the shipped defaults: callers still get through at once, the accept
+/// loop does not spin, the log says so once, and the idle sockets are closed after the
+/// handshake timeout.
+#[tokio::test]
+async fn idle_connections_cannot_lock_out_callers() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    use tokio::io::AsyncReadExt;
+    // This test holds 1,100 sockets of its own.
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    if soft < 4096 {
+        setrlimit(Resource::RLIMIT_NOFILE, hard.min(8192).max(soft), hard).unwrap();
+    }
+    let server = BinaryServer::start_under(&["prlimit", "--nofile=1024:1024", "--"], &[], &[])
+        .await
+        .unwrap();
+    let mut idle = Vec::new();
+    for _ in 0..1100 {
+        idle.push(tokio::net::TcpStream::connect(server.addr).await.unwrap());
+    }
+
+    let before = cpu_time(server.pid());
+    let started = std::time::Instant::now();
+    let mut client = toolmesh::client::connect(&server.addr.to_string()).await.unwrap();
+    let mut request = tonic::Request::new(CallToolRequest {
+        name: "echo".into(),
+        arguments_json: json!({"through": true}).to_string(),
+        ..Default::default()
+    });
+    request.set_timeout(Duration::from_secs(5));
+    let answer = client.call_tool(request).await.expect("a caller gets through");
+    assert!(answer.into_inner().structured_json.unwrap().contains("through"));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let busy = cpu_time(server.pid()) - before;
+    let elapsed = started.elapsed();
+    assert!(busy < elapsed / 4, "the server used {busy:?} of CPU in {elapsed:?} while idle");
+    let logs = server.logs();
+    assert_eq!(logs.matches("connection limit reached").count(), 1, "{logs}");
+    assert!(logs.contains("max_connections=896"), "1,024 descriptors less 128: {logs}");
+
+    // Every idle socket is closed by the server, at the latest after the 10 s handshake
+    // timeout.
+    let closed = idle.iter_mut().map(|socket| async move {
+        let mut byte = [0u8; 1];
+        matches!(socket.read(&mut byte).await, Ok(0) | Err(_))
+    });
+    let all = tokio::time::timeout(Duration::from_secs(20), futures::future::join_all(closed))
+        .await
+        .expect("the server closed the idle sockets");
+    assert!(all.into_iter().all(|closed| closed));
+    // And it still serves.
+    client.call_tool(CallToolRequest { name: "echo".into(), ..Default::default() }).await.unwrap();
+}

@@ -784,3 +784,69 @@ async fn a_stalled_reader_gets_the_latest_progress_and_holds_back_partials() {
     .await
     .expect("the call of a reader that went is cancelled");
 }
+
+/// Opens a raw HTTP/2 connection: the preface and an empty SETTINGS frame.
+async fn raw_http2(server: &TestServer) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut socket = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    socket.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.unwrap();
+    socket.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap();
+    socket
+}
+
+/// Reads HTTP/2 frames until the server closes the connection; returns them as
+/// (type, payload).
+async fn frames_until_closed(socket: &mut tokio::net::TcpStream) -> Vec<(u8, Vec<u8>)> {
+    use tokio::io::AsyncReadExt;
+    let mut frames = Vec::new();
+    let mut header = [0u8; 9];
+    while socket.read_exact(&mut header).await.is_ok() {
+        let len = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+        let mut payload = vec![0; len];
+        if socket.read_exact(&mut payload).await.is_err() {
+            break;
+        }
+        frames.push((header[3], payload));
+    }
+    frames
+}
+
+/// The server announces the shipped per-connection stream limit, and a connection with no
+/// call for `idle_timeout_ms` is closed, while one with a call in flight is not.
+#[tokio::test]
+async fn connections_announce_a_stream_limit_and_idle_ones_are_closed() {
+    let probe = Arc::new(BlockingProbe::default());
+    let defaults = server("", &probe).await;
+    let mut socket = raw_http2(&defaults).await;
+    let mut header = [0u8; 9];
+    tokio::io::AsyncReadExt::read_exact(&mut socket, &mut header).await.unwrap();
+    assert_eq!(header[3], 4, "the server's first frame is SETTINGS");
+    let len = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+    let mut settings = vec![0; len];
+    tokio::io::AsyncReadExt::read_exact(&mut socket, &mut settings).await.unwrap();
+    let announced: Vec<(u16, u32)> = settings
+        .chunks_exact(6)
+        .map(|s| (u16::from_be_bytes([s[0], s[1]]), u32::from_be_bytes([s[2], s[3], s[4], s[5]])))
+        .collect();
+    assert!(announced.contains(&(3, 256)), "SETTINGS_MAX_CONCURRENT_STREAMS: {announced:?}");
+
+    let probe = Arc::new(BlockingProbe::default());
+    let short = server("[server]\nidle_timeout_ms = 300\n", &probe).await;
+    let mut idle = raw_http2(&short).await;
+    tokio::time::timeout(Duration::from_secs(10), frames_until_closed(&mut idle))
+        .await
+        .expect("an idle connection is closed");
+
+    // A call that outlasts the idle timeout keeps its connection.
+    let mut client = short.client().await;
+    let call = tokio::spawn(async move { client.call_tool(request("block", json!({}))).await });
+    eventually(Duration::from_secs(5), || async {
+        (probe.started.load(Ordering::SeqCst) == 1).then_some(())
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    probe.gate.add_permits(1);
+    let response = call.await.unwrap().expect("the call in flight was not cut off");
+    assert_eq!(text(&response.into_inner()), "released");
+}

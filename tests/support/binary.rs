@@ -43,7 +43,24 @@ impl BinaryServer {
     /// Starts `toolmesh serve --listen 127.0.0.1:0 ARGS…` with extra environment `env`,
     /// and waits for the address line.
     pub async fn start(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<Self> {
-        let mut command = Command::new(toolmesh_bin());
+        Self::start_under(&[], args, env).await
+    }
+
+    /// Like [`BinaryServer::start`], run by the command `wrapper` (for example
+    /// `["prlimit", "--nofile=1024:1024", "--"]`), which execs toolmesh.
+    pub async fn start_under(
+        wrapper: &[&str],
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
+        let mut command = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut command = Command::new(program);
+                command.args(rest).arg(toolmesh_bin());
+                command
+            }
+            None => Command::new(toolmesh_bin()),
+        };
         command
             .arg("serve")
             .args(["--listen", "127.0.0.1:0"])

@@ -281,6 +281,18 @@ pub struct ServerConfig {
     pub reload_poll: Option<Duration>,
     /// Longest request message accepted; longer ones are RESOURCE_EXHAUSTED.
     pub max_message_bytes: NonZeroUsize,
+    /// Connections open at once.
+    pub max_connections: NonZeroUsize,
+    /// Longest wait for a new connection's HTTP/2 preface.
+    pub handshake_timeout: Duration,
+    /// A connection without a call in flight this long is closed; `None`: never.
+    pub idle_timeout: Option<Duration>,
+    /// Calls (HTTP/2 streams) one connection may have open at once.
+    pub max_concurrent_streams: u32,
+    /// How often an HTTP/2 ping checks a connection's peer; `None`: no pings.
+    pub keepalive_interval: Option<Duration>,
+    /// How long a ping may go unanswered before the connection is closed.
+    pub keepalive_timeout: Duration,
 }
 
 /// `[workers]`.
@@ -535,6 +547,12 @@ struct RawServer {
     max_call_timeout_ms: u64,
     reload_poll_ms: u64,
     max_message_bytes: NonZeroUsize,
+    max_connections: NonZeroUsize,
+    handshake_timeout_ms: u64,
+    idle_timeout_ms: u64,
+    max_concurrent_streams: u32,
+    keepalive_interval_ms: u64,
+    keepalive_timeout_ms: u64,
 }
 
 #[derive(Deserialize)]
@@ -666,6 +684,30 @@ impl Config {
             reload_poll: (raw.server.reload_poll_ms > 0)
                 .then(|| Duration::from_millis(raw.server.reload_poll_ms)),
             max_message_bytes: raw.server.max_message_bytes,
+            max_connections: raw.server.max_connections,
+            handshake_timeout: positive_ms(
+                raw.server.handshake_timeout_ms,
+                "server.handshake_timeout_ms",
+                &key_error,
+            )?,
+            idle_timeout: (raw.server.idle_timeout_ms > 0)
+                .then(|| Duration::from_millis(raw.server.idle_timeout_ms)),
+            max_concurrent_streams: match raw.server.max_concurrent_streams {
+                0 => {
+                    return Err(key_error(
+                        "server.max_concurrent_streams".into(),
+                        "must be greater than 0".into(),
+                    ));
+                }
+                n => n,
+            },
+            keepalive_interval: (raw.server.keepalive_interval_ms > 0)
+                .then(|| Duration::from_millis(raw.server.keepalive_interval_ms)),
+            keepalive_timeout: positive_ms(
+                raw.server.keepalive_timeout_ms,
+                "server.keepalive_timeout_ms",
+                &key_error,
+            )?,
         };
         let telemetry = TelemetryConfig {
             log: raw.telemetry.log,

@@ -14,8 +14,10 @@
 mod app;
 pub mod bench;
 pub mod client;
+mod listener;
 mod server;
 pub mod transport;
 
 pub use app::{App, AppOptions};
+pub use listener::{ConnectionInfo, ConnectionLimits, Listener, TrackCallsLayer};
 pub use server::{MCP_HEALTH_PREFIX, SEARCH_EMBEDDINGS_HEALTH, serve};

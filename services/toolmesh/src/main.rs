@@ -219,6 +219,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         service_name: config.telemetry.service_name.clone(),
     })?;
 
+    raise_descriptor_limit();
     let app = App::start(&config, AppOptions::default()).await?;
     let listener = tokio::net::TcpListener::bind(config.server.listen)
         .await
@@ -241,6 +242,18 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
 
     let drained = toolmesh::serve(listener, app, config.server.clone(), shutdown).await?;
     Ok(if drained { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// Raises the soft limit of open descriptors to the hard limit, as servers that hold many
+/// connections do; the connection limit is then derived from what is allowed.
+fn raise_descriptor_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+        && soft < hard
+        && let Err(error) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
+    {
+        warn!(%error, soft, hard, "cannot raise the descriptor limit");
+    }
 }
 
 /// Reloads tool definitions on SIGHUP and, with a poll interval, when the file changes.

@@ -6,7 +6,31 @@ use toolmesh_proto::v1::tool_service_server::ToolServiceServer;
 use toolmesh_router::ToolServiceImpl;
 use tracing::{info, warn};
 
-use crate::{App, transport::MessageLimitLayer};
+use crate::{App, ConnectionLimits, Listener, TrackCallsLayer, transport::MessageLimitLayer};
+
+/// Descriptors kept free of connections for everything else: MCP servers and their pipes,
+/// outbound HTTP, files.
+const RESERVED_DESCRIPTORS: usize = 128;
+
+/// Returns `max_connections`, lowered (with a warning) so that connections alone cannot
+/// exhaust the process's descriptors.
+fn within_descriptors(max_connections: usize) -> usize {
+    let Ok((soft, _)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+    else {
+        return max_connections;
+    };
+    let room =
+        usize::try_from(soft).unwrap_or(usize::MAX).saturating_sub(RESERVED_DESCRIPTORS).max(1);
+    if room < max_connections {
+        warn!(
+            max_connections,
+            descriptors = soft,
+            effective = room,
+            "server.max_connections exceeds what the descriptor limit allows; lowered"
+        );
+    }
+    room.min(max_connections)
+}
 
 /// The health service that is SERVING while tool search ranks with embeddings, and
 /// NOT_SERVING when it is lexical only.
@@ -41,7 +65,12 @@ pub async fn serve(
         .build_v1alpha()?;
 
     let mcp_health = tokio::spawn(report_mcp_health(app.clone(), health.clone()));
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let limits = ConnectionLimits {
+        max_connections: within_descriptors(config.max_connections.get()),
+        handshake_timeout: config.handshake_timeout,
+        idle_timeout: config.idle_timeout,
+    };
+    let incoming = Listener::new(listener, limits);
     let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
     let health_on_stop = health.clone();
     let signal = async move {
@@ -52,6 +81,10 @@ pub async fn serve(
     };
     let max_message = config.max_message_bytes.get();
     let server = tonic::transport::Server::builder()
+        .max_concurrent_streams(config.max_concurrent_streams)
+        .http2_keepalive_interval(config.keepalive_interval)
+        .http2_keepalive_timeout(config.keepalive_interval.map(|_| config.keepalive_timeout))
+        .layer(TrackCallsLayer)
         .layer(MessageLimitLayer::new(max_message))
         .add_service(health_service)
         .add_service(reflection_v1)
