@@ -802,23 +802,35 @@ impl opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server:
         for resource in request.into_inner().resource_metrics {
             for scope in resource.scope_metrics {
                 for metric in scope.metrics {
+                    let attributes_of =
+                        |attributes: &[opentelemetry_proto::tonic::common::v1::KeyValue]| {
+                            attributes
+                                .iter()
+                                .map(|a| {
+                                    let value =
+                                        match a.value.as_ref().and_then(|v| v.value.as_ref()) {
+                                            Some(any_value::Value::StringValue(s)) => s.clone(),
+                                            other => format!("{other:?}"),
+                                        };
+                                    (a.key.clone(), value)
+                                })
+                                .collect::<Vec<_>>()
+                        };
                     let data_points = match metric.data {
                         Some(Data::Gauge(g)) => g.data_points,
                         Some(Data::Sum(s)) => s.data_points,
+                        // A histogram is recorded by its count.
+                        Some(Data::Histogram(h)) => {
+                            for point in h.data_points {
+                                let attributes = attributes_of(&point.attributes);
+                                points.push((metric.name.clone(), attributes, point.count as f64));
+                            }
+                            continue;
+                        }
                         _ => continue,
                     };
                     for point in data_points {
-                        let attributes = point
-                            .attributes
-                            .iter()
-                            .map(|a| {
-                                let value = match a.value.as_ref().and_then(|v| v.value.as_ref()) {
-                                    Some(any_value::Value::StringValue(s)) => s.clone(),
-                                    other => format!("{other:?}"),
-                                };
-                                (a.key.clone(), value)
-                            })
-                            .collect();
+                        let attributes = attributes_of(&point.attributes);
                         let value = match point.value {
                             Some(Value::AsInt(i)) => i as f64,
                             Some(Value::AsDouble(d)) => d,
@@ -1054,4 +1066,104 @@ async fn idle_connections_cannot_lock_out_callers() {
     assert!(all.into_iter().all(|closed| closed));
     // And it still serves.
     client.call_tool(CallToolRequest { name: "echo".into(), ..Default::default() }).await.unwrap();
+}
+
+/// Calls to an MCP server that went down are refused with UNAVAILABLE and counted in the
+/// call metric by error type, but not logged as errors: the log says once that the server
+/// went down, not once per call.
+#[tokio::test]
+async fn calls_to_a_down_mcp_server_are_counted_not_logged_as_errors() {
+    let metrics = MetricsReceiver::default();
+    let otlp = serve_on_loopback(
+        opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::MetricsServiceServer::new(
+            metrics.clone(),
+        ),
+    )
+    .await;
+    let python = std::env::var("TOOLMESH_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/py_server.py");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut upstream = tokio::process::Command::new(&python)
+        .arg(&script)
+        .args(["http", &port.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    eventually(Duration::from_secs(30), || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()
+    })
+    .await
+    .expect("the Python server listens");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("toolmesh.toml");
+    std::fs::write(
+        &config,
+        format!("[[mcp.servers]]\nname = \"web\"\ntransport = \"streamable-http\"\nurl = \"http://127.0.0.1:{port}/mcp\"\n"),
+    )
+    .unwrap();
+    let server = BinaryServer::start(
+        &["--config", config.to_str().unwrap()],
+        &[
+            ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", otlp.as_str()),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "200"),
+        ],
+    )
+    .await
+    .unwrap();
+    let addr = server.addr.to_string();
+    let mut client = toolmesh::client::connect(&addr).await.unwrap();
+    let add = || CallToolRequest {
+        name: "web_add".into(),
+        arguments_json: json!({"a": 1, "b": 2}).to_string(),
+        ..Default::default()
+    };
+    eventually(Duration::from_secs(30), || {
+        let mut client = client.clone();
+        async move { client.call_tool(add()).await.ok() }
+    })
+    .await
+    .expect("the server's tools are published");
+
+    upstream.kill().await.unwrap();
+    eventually(Duration::from_secs(30), || {
+        let mut client = client.clone();
+        async move {
+            let status = client.call_tool(add()).await.err()?;
+            (status.code() == Code::Unavailable).then_some(())
+        }
+    })
+    .await
+    .expect("calls fail with UNAVAILABLE once the server is down");
+    for _ in 0..500 {
+        let status = client.call_tool(add()).await.unwrap_err();
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    }
+
+    let unavailable = || {
+        metrics.points.lock().unwrap().iter().rev().find_map(|(name, attributes, value)| {
+            let matches = name == "toolmesh.call.duration"
+                && attributes.iter().any(|(k, v)| k == "error.type" && v == "unavailable")
+                && attributes.iter().any(|(k, v)| k == "toolmesh.source.name" && v == "web");
+            matches.then_some(*value)
+        })
+    };
+    let counted =
+        eventually(Duration::from_secs(20), || async { unavailable().filter(|n| *n >= 500.0) })
+            .await;
+    assert!(counted.is_some(), "the refusals are counted: {:?}", unavailable());
+    let logs = server.logs();
+    // rmcp itself says once that its connection ended; toolmesh logs no call as an error.
+    let errors: Vec<&str> = logs.lines().filter(|l| l.contains(" ERROR ")).collect();
+    assert!(
+        errors.len() <= 1,
+        "{} ERROR lines: {:?}",
+        errors.len(),
+        &errors[..errors.len().min(3)]
+    );
+    assert!(!logs.contains("call failed"), "{logs}");
+    let warnings = logs.lines().filter(|l| l.contains(" WARN ")).count();
+    assert!(warnings <= 4, "the change of state is logged, not each call:\n{logs}");
+    assert!(logs.contains("mcp server disconnected"), "{logs}");
 }

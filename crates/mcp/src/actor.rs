@@ -67,6 +67,13 @@ pub enum McpMsg {
         /// The connection.
         generation: u64,
     },
+    /// A call found the connection `peer` broken.
+    Broken {
+        /// The connection the call used.
+        peer: Arc<Peer<RoleClient>>,
+        /// What the call saw.
+        reason: String,
+    },
     /// Connection `generation` ended.
     Disconnected {
         /// The connection that ended.
@@ -538,7 +545,13 @@ impl Actor for McpClientActor {
             }
             McpMsg::ConnectFailed { reason } => {
                 state.connecting = false;
-                warn!(server, %reason, attempt = state.failures + 1, "mcp server connection failed");
+                // The change of state is logged once; retries while down only at debug level.
+                let attempt = state.failures + 1;
+                if matches!(**self.shared.health.load(), ServerHealth::Unhealthy { .. }) {
+                    debug!(server, %reason, attempt, "mcp server still unreachable");
+                } else {
+                    warn!(server, %reason, attempt, "mcp server connection failed; retrying with backoff");
+                }
                 crate::metrics::connection_failed(server, "connect");
                 self.shared.set_health(ServerHealth::Unhealthy { reason });
                 self.shared.attempts.send_modify(|n| *n += 1);
@@ -582,19 +595,33 @@ impl Actor for McpClientActor {
                     );
                 }
             }
-            McpMsg::Disconnected { generation, reason } => {
-                if generation != state.generation {
-                    return Ok(());
+            McpMsg::Broken { peer, reason } => {
+                let current = self.shared.peer.load_full();
+                if current.is_some_and(|current| Arc::ptr_eq(&current, &peer)) {
+                    self.lose(&myself, state, reason);
                 }
-                self.shared.peer.store(None);
-                self.shared.lost.load().cancel();
-                state.connection = None;
-                warn!(server, %reason, "mcp server disconnected; its calls fail with UNAVAILABLE until it is back");
-                crate::metrics::connection_failed(server, "disconnect");
-                self.shared.set_health(ServerHealth::Unhealthy { reason });
-                self.schedule_reconnect(&myself, state);
+            }
+            McpMsg::Disconnected { generation, reason } => {
+                if generation == state.generation {
+                    self.lose(&myself, state, reason);
+                }
             }
         }
         Ok(())
+    }
+}
+
+impl McpClientActor {
+    /// Marks the current connection lost: its calls fail with UNAVAILABLE, and a reconnect
+    /// is scheduled.
+    fn lose(&self, myself: &ActorRef<McpMsg>, state: &mut McpClientState, reason: String) {
+        let server = self.shared.name();
+        self.shared.peer.store(None);
+        self.shared.lost.load().cancel();
+        state.connection = None;
+        warn!(server, %reason, "mcp server disconnected; its calls fail with UNAVAILABLE until it is back");
+        crate::metrics::connection_failed(server, "disconnect");
+        self.shared.set_health(ServerHealth::Unhealthy { reason });
+        self.schedule_reconnect(myself, state);
     }
 }

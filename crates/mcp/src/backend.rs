@@ -27,7 +27,9 @@ impl McpBackend {
         BackendError::Unavailable { backend: format!("mcp server {}", self.shared.name()), reason }
     }
 
-    fn map_error(&self, error: ServiceError) -> BackendError {
+    /// Maps a failed request on `peer`; a broken transport also tells the actor, which
+    /// marks the connection lost at once instead of at the next liveness probe.
+    fn map_error(&self, peer: &Arc<Peer<RoleClient>>, error: ServiceError) -> BackendError {
         match error {
             ServiceError::McpError(error) => {
                 let code = match error.code {
@@ -50,6 +52,10 @@ impl McpBackend {
             }
             ServiceError::Timeout { timeout } => BackendError::DeadlineExceeded(timeout),
             ServiceError::TransportClosed | ServiceError::TransportSend(_) => {
+                let reason = format!("a call found the connection broken: {error}");
+                if let Some(actor) = self.shared.actor.load_full() {
+                    let _ = actor.cast(crate::McpMsg::Broken { peer: peer.clone(), reason });
+                }
                 self.unavailable("the connection closed during the call".into())
             }
             ServiceError::Cancelled { .. } => BackendError::Cancelled,
@@ -102,7 +108,7 @@ impl McpBackend {
     /// connection is lost meanwhile.
     async fn round(
         &self,
-        peer: &Peer<RoleClient>,
+        peer: &Arc<Peer<RoleClient>>,
         params: CallToolRequestParams,
         ctx: &CallContext,
         lost: &tokio_util::sync::CancellationToken,
@@ -116,8 +122,10 @@ impl McpBackend {
         }
         let mut options = PeerRequestOptions::default();
         options.meta = Some(meta);
-        let handle =
-            peer.send_request_with_option(request, options).await.map_err(|e| self.map_error(e))?;
+        let handle = peer
+            .send_request_with_option(request, options)
+            .await
+            .map_err(|e| self.map_error(peer, e))?;
         tracing::Span::current().record("jsonrpc.request.id", tracing::field::display(&handle.id));
         self.shared.progress_sinks().insert(handle.progress_token.clone(), ctx.events.clone());
         self.shared.inflight_calls().insert(handle.id.clone(), ctx.events.clone());
@@ -127,7 +135,7 @@ impl McpBackend {
             id: handle.id.clone(),
         };
         let mut cancel = CancelOnDrop {
-            peer: peer.clone(),
+            peer: Peer::clone(peer),
             id: Some(handle.id.clone()),
             reason: "the caller cancelled",
         };
@@ -141,7 +149,7 @@ impl McpBackend {
             response = handle.await_response() => response,
         };
         cancel.id = None;
-        response.map_err(|e| self.map_error(e))
+        response.map_err(|e| self.map_error(peer, e))
     }
 
     /// Returns the connection of a server that has none: an idle lazy server is opened and

@@ -26,6 +26,7 @@ mod convert;
 mod deadline;
 mod error;
 mod meta;
+mod metrics;
 mod router;
 mod service;
 mod token;

@@ -3,7 +3,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use toolmesh_core::{BackendError, CallContext, ContentPart, EventSink, ToolOutput};
+use toolmesh_core::{BackendError, CallContext, ContentPart, EventSink, ToolOutput, ToolSource};
 use toolmesh_registry::RegistryHandle;
 use toolmesh_telemetry::names;
 use tracing::{Instrument, Span, field::Empty, info_span};
@@ -93,16 +93,24 @@ impl Router {
             { names::TOOLMESH_SOURCE_NAME } = Empty,
             { names::ERROR_TYPE } = Empty,
         );
-        let result =
-            self.run(request, call_id.clone(), events, cancel).instrument(span.clone()).await;
-        if let Err(error) = &result {
-            span.record(names::ERROR_TYPE, error.kind());
-            span.record("otel.status_code", "ERROR");
-        } else if let Ok(output) = &result
-            && output.is_error
-        {
-            span.record(names::ERROR_TYPE, "tool_error");
+        let started = std::time::Instant::now();
+        let mut source = None;
+        let result = self
+            .run(request, call_id.clone(), events, cancel, &mut source)
+            .instrument(span.clone())
+            .await;
+        let error_type = match &result {
+            Err(error) => {
+                span.record("otel.status_code", "ERROR");
+                Some(error.kind())
+            }
+            Ok(output) if output.is_error => Some("tool_error"),
+            Ok(_) => None,
+        };
+        if let Some(kind) = error_type {
+            span.record(names::ERROR_TYPE, kind);
         }
+        crate::metrics::call_ended(started.elapsed(), source.as_ref(), error_type);
         result.map(|output| (call_id, output))
     }
 
@@ -112,10 +120,12 @@ impl Router {
         call_id: String,
         events: EventSink,
         cancel: CancellationToken,
+        source: &mut Option<ToolSource>,
     ) -> Result<ToolOutput, RouterError> {
         let entry = info_span!(names::SPAN_RESOLVE)
             .in_scope(|| self.registry.resolve(&request.name))
             .ok_or_else(|| RouterError::NotFound(request.name.clone()))?;
+        *source = Some(entry.spec.source.clone());
         let span = Span::current();
         span.record(names::TOOLMESH_SOURCE_KIND, entry.spec.source.kind.as_str());
         span.record(names::TOOLMESH_SOURCE_NAME, entry.spec.source.name.as_str());

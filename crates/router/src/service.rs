@@ -417,12 +417,13 @@ async fn run_stream(
 }
 
 /// Maps a router error to its status, logging internal faults once, here at the edge.
+/// A call refused by a backend that is known to be down (its change of state is logged
+/// where it happens) or because of the caller's input is no error of toolmesh's: it is
+/// counted in the `toolmesh.call.duration` metric by `error.type`, and logged at debug level.
 fn status(error: &RouterError) -> Status {
     match error.code() {
-        toolmesh_core::ErrorCode::Internal | toolmesh_core::ErrorCode::Unavailable => {
-            tracing::error!(error = %error, "call failed");
-        }
-        _ => debug!(error = %error, "call rejected"),
+        ErrorCode::Internal => tracing::error!(error = %error, "call failed"),
+        _ => debug!(error = %error, "call refused"),
     }
     error.to_status()
 }

@@ -41,6 +41,10 @@ pub const METRIC_MCP_SERVER_UP: &str = "toolmesh.mcp.server.up";
 /// Counter: failed connection attempts and lost connections of an MCP server; attributes
 /// `mcp.server` and `error.type` (`connect` or `disconnect`).
 pub const METRIC_MCP_CONNECTION_FAILURES: &str = "toolmesh.mcp.connection.failures";
+/// Histogram: how long calls took, in seconds, each one counted once; attributes
+/// `toolmesh.source.kind` and `toolmesh.source.name` (when the tool was found) and
+/// `error.type` (when the call failed, `tool_error` when the tool reported a failure).
+pub const METRIC_CALL_DURATION: &str = "toolmesh.call.duration";
 /// `mcp.server`: the configured name of an MCP server.
 pub const MCP_SERVER: &str = "mcp.server";
 

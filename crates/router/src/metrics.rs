@@ -1,0 +1,35 @@
+//! The router's metrics, exported over OTLP when telemetry is configured.
+
+use std::{sync::OnceLock, time::Duration};
+
+use opentelemetry::{KeyValue, metrics::Histogram};
+use toolmesh_core::ToolSource;
+use toolmesh_telemetry::names;
+
+fn duration() -> &'static Histogram<f64> {
+    static DURATION: OnceLock<Histogram<f64>> = OnceLock::new();
+    DURATION.get_or_init(|| {
+        opentelemetry::global::meter("toolmesh")
+            .f64_histogram(names::METRIC_CALL_DURATION)
+            .with_unit("s")
+            .with_description("how long calls took, by source and by error type when they failed")
+            .build()
+    })
+}
+
+/// Records one call: how long it took, where it ran and how it failed.
+pub(crate) fn call_ended(
+    took: Duration,
+    source: Option<&ToolSource>,
+    error_type: Option<&'static str>,
+) {
+    let mut attributes = Vec::with_capacity(3);
+    if let Some(source) = source {
+        attributes.push(KeyValue::new(names::TOOLMESH_SOURCE_KIND, source.kind.as_str()));
+        attributes.push(KeyValue::new(names::TOOLMESH_SOURCE_NAME, source.name.clone()));
+    }
+    if let Some(kind) = error_type {
+        attributes.push(KeyValue::new(names::ERROR_TYPE, kind));
+    }
+    duration().record(took.as_secs_f64(), &attributes);
+}
