@@ -327,3 +327,135 @@ async fn a_saturated_tool_cannot_starve_the_others() {
         caller.abort();
     }
 }
+
+/// Two HTTP servers on loopback: what each was asked, by path, with the headers.
+async fn recording_server() -> (String, Seen) {
+    let seen: Seen = Arc::default();
+    let record = |State(seen): State<Seen>, uri: axum::http::Uri, headers: HeaderMap| async move {
+        seen.lock().unwrap().push((uri.path().to_owned(), headers));
+        format!("you asked for {}", uri.path())
+    };
+    let app = Router::new().fallback(record).with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (format!("http://{addr}"), seen)
+}
+
+/// A server that redirects: `/same` to its own `/landed`, `/away` to `{to}/landed`.
+async fn redirecting_server(to: String) -> (String, Seen) {
+    let seen: Seen = Arc::default();
+    let app = Router::new()
+        .route(
+            "/same",
+            get(|headers: HeaderMap, State(seen): State<Seen>| async move {
+                seen.lock().unwrap().push(("/same".into(), headers));
+                (StatusCode::FOUND, [("location", "/landed")])
+            }),
+        )
+        .route(
+            "/landed",
+            get(|headers: HeaderMap, State(seen): State<Seen>| async move {
+                seen.lock().unwrap().push(("/landed".into(), headers));
+                "landed"
+            }),
+        )
+        .route(
+            "/away",
+            get(move || {
+                let to = to.clone();
+                async move { (StatusCode::FOUND, [("location", format!("{to}/landed"))]) }
+            }),
+        )
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (format!("http://{addr}"), seen)
+}
+
+/// URL templates keep arguments in their place (no dot segments), configured headers stay
+/// with their origin on redirects, and every IANA special-purpose range is refused without
+/// `allow_private_network`, the IPv4-compatible IPv6 form included.
+#[tokio::test]
+async fn http_tools_keep_arguments_headers_and_requests_where_they_belong() {
+    let (other, other_seen) = recording_server().await;
+    let (base, seen) = redirecting_server(other.clone()).await;
+    let (users, users_seen) = recording_server().await;
+    let port = other.rsplit(':').next().unwrap();
+    let config = format!(
+        r#"
+[[tools.http]]
+name = "user"
+description = "One user"
+url = "{users}/api/users/{{{{id}}}}"
+allow_private_network = true
+
+[[tools.http]]
+name = "hop"
+description = "Follows a redirect"
+url = "{base}/{{{{path}}}}"
+headers = {{ X-Api-Key = "secret-key", Authorization = "Bearer secret" }}
+allow_private_network = true
+
+[[tools.http]]
+name = "documentation"
+description = "TEST-NET-1"
+url = "http://192.0.2.1/x"
+timeout_ms = 2000
+
+[[tools.http]]
+name = "compatible"
+description = "IPv4-compatible loopback"
+url = "http://[::127.0.0.1]:{port}/x"
+timeout_ms = 2000
+
+[[tools.http]]
+name = "benchmarking"
+description = "Benchmarking range"
+url = "http://198.18.0.1/x"
+timeout_ms = 2000
+"#
+    );
+    let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
+
+    // An argument cannot leave its path segment.
+    for id in ["..", "."] {
+        let status = server.call("user", json!({"id": id})).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{id}: {status:?}");
+        assert!(status.message().contains("argument id"), "{}", status.message());
+    }
+    let fine = server.call("user", json!({"id": "7"})).await.unwrap();
+    assert_eq!(text(&fine), "you asked for /api/users/7");
+    let asked: Vec<String> = users_seen.lock().unwrap().iter().map(|(p, _)| p.clone()).collect();
+    assert_eq!(asked, ["/api/users/7"], "nothing reached /api/");
+
+    // Redirects: the configured headers follow to the same origin, never to another.
+    let same = server.call("hop", json!({"path": "same"})).await.unwrap();
+    assert_eq!(text(&same), "landed");
+    let landed = seen.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(landed.0, "/landed");
+    assert_eq!(landed.1.get("x-api-key").unwrap(), "secret-key");
+    let away = server.call("hop", json!({"path": "away"})).await.unwrap();
+    assert_eq!(text(&away), "you asked for /landed", "{away:?}");
+    let (path, headers) = other_seen.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(path, "/landed");
+    for secret in ["x-api-key", "authorization", "cookie"] {
+        assert!(headers.get(secret).is_none(), "{secret} crossed origins: {headers:?}");
+    }
+
+    for (tool, reason) in [
+        ("documentation", "documentation"),
+        ("compatible", "reserved"),
+        ("benchmarking", "benchmarking"),
+    ] {
+        let refused = server.call(tool, json!({})).await.unwrap();
+        assert!(refused.is_error, "{tool}");
+        assert!(
+            text(&refused).contains("refused") && text(&refused).contains(reason),
+            "{tool}: {}",
+            text(&refused)
+        );
+    }
+    assert!(other_seen.lock().unwrap().iter().all(|(p, _)| p == "/landed"), "no /x arrived");
+}

@@ -387,6 +387,9 @@ pub struct HttpToolConfig {
     pub max_response_bytes: usize,
     /// Allow loopback, private and link-local destinations.
     pub allow_private_network: bool,
+    /// The HTTP proxy requests go through; `None`: direct (proxy variables of the
+    /// environment are ignored).
+    pub proxy: Option<String>,
 }
 
 /// `[[tools.command]]`: a tool that runs an executable with the arguments on stdin.
@@ -624,6 +627,7 @@ struct RawHttpTool {
     max_response_bytes: usize,
     #[serde(default)]
     allow_private_network: bool,
+    proxy: Option<String>,
 }
 
 fn default_method() -> HttpMethod {
@@ -766,6 +770,17 @@ impl Config {
                 extract: raw.extract.filter(|s| !s.is_empty()),
                 max_response_bytes: raw.max_response_bytes,
                 allow_private_network: raw.allow_private_network,
+                proxy: match raw.proxy.filter(|p| !p.is_empty()) {
+                    Some(proxy)
+                        if !(proxy.starts_with("http://") || proxy.starts_with("https://")) =>
+                    {
+                        return Err(key_error(
+                            format!("{key}.proxy"),
+                            "must start with http:// or https://".into(),
+                        ));
+                    }
+                    proxy => proxy,
+                },
             });
         }
 

@@ -1,5 +1,5 @@
 use std::{
-    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    net::{IpAddr, SocketAddr},
     sync::Arc,
 };
 
@@ -8,7 +8,7 @@ use toolmesh_config::{HttpMethod, HttpToolConfig};
 use toolmesh_core::{BackendError, CallContext, ToolAnnotations, ToolOutput, ToolSource, ToolSpec};
 use toolmesh_workers::LocalTool;
 
-use crate::{CONFIG_SOURCE, template};
+use crate::{CONFIG_SOURCE, addresses::special_purpose, template};
 
 /// Longest excerpt of an error body put into an error result.
 const EXCERPT_CHARS: usize = 300;
@@ -25,10 +25,14 @@ pub struct HttpToolError {
 
 /// A tool that makes one HTTP request per call, from configuration (`[[tools.http]]`).
 ///
-/// Unless `allow_private_network` is set, it refuses destinations on loopback, private,
-/// link-local, shared (CGNAT), multicast and unspecified addresses: literal IPs are checked
-/// before the request, host names when they resolve (every resolved address is checked,
-/// and the connection uses only checked addresses), and redirects are checked the same way.
+/// Unless `allow_private_network` is set, it refuses destinations that the IANA
+/// special-purpose registries do not mark globally reachable (loopback, private,
+/// link-local, shared, documentation, benchmarking, multicast, reserved…): literal IPs are
+/// checked before each request; host names are checked when they resolve (every resolved
+/// address, and the connection uses only checked addresses), or, through a configured
+/// proxy, resolved and checked before the request. Environment proxies are ignored.
+/// Redirects are followed by the tool itself, each hop checked the same way, and a redirect
+/// to another origin drops the configured headers, so secrets stay with their host.
 #[derive(Debug)]
 pub struct HttpTool {
     config: HttpToolConfig,
@@ -38,59 +42,129 @@ pub struct HttpTool {
 impl HttpTool {
     /// Builds the tool and its HTTP client.
     pub fn new(config: HttpToolConfig) -> Result<Self, HttpToolError> {
-        let allow_private = config.allow_private_network;
-        let redirect = reqwest::redirect::Policy::custom(move |attempt| {
-            if attempt.previous().len() >= MAX_REDIRECTS {
-                return attempt.error(format!("more than {MAX_REDIRECTS} redirects"));
-            }
-            match literal_ip(attempt.url()).filter(|ip| !allow_private && is_private(*ip)) {
-                Some(ip) => attempt.error(format!("redirect to private address {ip} refused")),
-                None => attempt.follow(),
-            }
-        });
-        let client = reqwest::Client::builder()
-            .redirect(redirect)
-            .dns_resolver(Arc::new(GuardedResolver { allow_private }))
-            .user_agent(concat!("toolmesh/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|error| HttpToolError {
-                tool: config.common.name.clone(),
-                reason: error.to_string(),
-            })?;
+        let failed = |reason: String| HttpToolError { tool: config.common.name.clone(), reason };
+        let builder = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("toolmesh/", env!("CARGO_PKG_VERSION")));
+        let builder = match &config.proxy {
+            // The proxy resolves destinations; `check_destination` checks them first. The
+            // proxy itself is the operator's choice and may well be on a private network.
+            Some(proxy) => builder.proxy(
+                reqwest::Proxy::all(proxy).map_err(|e| failed(format!("proxy {proxy}: {e}")))?,
+            ),
+            None => builder.no_proxy().dns_resolver(Arc::new(GuardedResolver {
+                allow_private: config.allow_private_network,
+            })),
+        };
+        let client = builder.build().map_err(|error| failed(error.to_string()))?;
         Ok(HttpTool { config, client })
     }
 
-    async fn request(&self, arguments: &Value) -> Result<ToolOutput, String> {
-        let url = template::fill_url(&self.config.url, arguments);
-        let url =
-            reqwest::Url::parse(&url).map_err(|error| format!("invalid URL {url}: {error}"))?;
-        if let Some(ip) = literal_ip(&url)
-            && !self.config.allow_private_network
-            && is_private(ip)
-        {
-            return Err(format!(
-                "request to {ip} refused: private, loopback and link-local destinations are not \
-                 allowed for this tool (allow_private_network = false)"
-            ));
+    /// Refuses a destination the tool may not reach.
+    async fn check_destination(&self, url: &reqwest::Url) -> Result<(), String> {
+        if self.config.allow_private_network {
+            return Ok(());
         }
-        let method = match self.config.method {
+        let refused = |ip: IpAddr, reason: &str| {
+            format!(
+                "request to {ip} refused: {reason} is not a destination for this tool \
+                 (allow_private_network = false)"
+            )
+        };
+        match url.host() {
+            Some(url::Host::Ipv4(ip)) => match special_purpose(IpAddr::V4(ip)) {
+                Some(reason) => Err(refused(IpAddr::V4(ip), reason)),
+                None => Ok(()),
+            },
+            Some(url::Host::Ipv6(ip)) => match special_purpose(IpAddr::V6(ip)) {
+                Some(reason) => Err(refused(IpAddr::V6(ip), reason)),
+                None => Ok(()),
+            },
+            // Without a proxy the resolver checks every address at connect time.
+            Some(url::Host::Domain(_)) if self.config.proxy.is_none() => Ok(()),
+            Some(url::Host::Domain(host)) => {
+                let port = url.port_or_known_default().unwrap_or(80);
+                let resolved: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
+                    .await
+                    .map_err(|e| format!("{host} does not resolve: {e}"))?
+                    .collect();
+                if resolved.is_empty() {
+                    return Err(format!("{host} does not resolve"));
+                }
+                match resolved.iter().find_map(|a| special_purpose(a.ip()).map(|r| (a.ip(), r))) {
+                    Some((ip, reason)) => {
+                        Err(format!("{host} resolves to {}", refused(ip, reason)))
+                    }
+                    None => Ok(()),
+                }
+            }
+            None => Err(format!("{url} has no host")),
+        }
+    }
+
+    async fn request(&self, url: String, arguments: &Value) -> Result<ToolOutput, String> {
+        let mut url =
+            reqwest::Url::parse(&url).map_err(|error| format!("invalid URL {url}: {error}"))?;
+        let mut method = match self.config.method {
             HttpMethod::Get => reqwest::Method::GET,
             HttpMethod::Post => reqwest::Method::POST,
             HttpMethod::Put => reqwest::Method::PUT,
             HttpMethod::Patch => reqwest::Method::PATCH,
             HttpMethod::Delete => reqwest::Method::DELETE,
         };
-        let mut request = self.client.request(method, url);
-        for (name, value) in &self.config.headers {
-            request = request.header(name, value);
+        let mut body =
+            self.config.body.as_ref().map(|b| template::fill_body(b, arguments).to_string());
+        // The configured headers go to the tool's own origin only.
+        let mut with_headers = true;
+        for hop in 0..=MAX_REDIRECTS {
+            self.check_destination(&url).await?;
+            let mut request = self.client.request(method.clone(), url.clone());
+            if with_headers {
+                for (name, value) in &self.config.headers {
+                    request = request.header(name, value);
+                }
+            }
+            if let Some(body) = &body {
+                request = request
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(body.clone());
+            }
+            let response = request.send().await.map_err(describe_send_error)?;
+            let status = response.status();
+            let location = response.headers().get(reqwest::header::LOCATION);
+            let follow = matches!(status.as_u16(), 301 | 302 | 303 | 307 | 308);
+            let Some(location) = location.filter(|_| follow) else {
+                return self.read(response).await;
+            };
+            if hop == MAX_REDIRECTS {
+                return Err(format!("more than {MAX_REDIRECTS} redirects"));
+            }
+            let next = location
+                .to_str()
+                .ok()
+                .and_then(|location| url.join(location).ok())
+                .filter(|next| matches!(next.scheme(), "http" | "https"))
+                .ok_or_else(|| format!("redirect to an invalid location {location:?}"))?;
+            // As browsers do: 303, and 301/302 after anything but GET or HEAD, become a GET
+            // without a body; 307 and 308 repeat the request as it was.
+            let to_get = status == reqwest::StatusCode::SEE_OTHER
+                || (matches!(status.as_u16(), 301 | 302)
+                    && method != reqwest::Method::GET
+                    && method != reqwest::Method::HEAD);
+            if to_get {
+                method = reqwest::Method::GET;
+                body = None;
+            }
+            if next.origin() != url.origin() {
+                with_headers = false;
+            }
+            url = next;
         }
-        if let Some(body) = &self.config.body {
-            let body = template::fill_body(body, arguments);
-            request = request
-                .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .body(body.to_string());
-        }
-        let mut response = request.send().await.map_err(describe_send_error)?;
+        unreachable!("the loop returns by its last hop")
+    }
+
+    /// Reads the answer within `max_response_bytes` and shapes it into the tool's output.
+    async fn read(&self, mut response: reqwest::Response) -> Result<ToolOutput, String> {
         let status = response.status();
         let limit = self.config.max_response_bytes;
         let mut body = Vec::new();
@@ -144,7 +218,9 @@ impl LocalTool for HttpTool {
     }
 
     async fn call(&self, _ctx: &CallContext, arguments: Value) -> Result<ToolOutput, BackendError> {
-        Ok(self.request(&arguments).await.unwrap_or_else(ToolOutput::error))
+        let url = template::fill_url(&self.config.url, &arguments)
+            .map_err(BackendError::InvalidArguments)?;
+        Ok(self.request(url, &arguments).await.unwrap_or_else(ToolOutput::error))
     }
 }
 
@@ -160,47 +236,6 @@ fn describe_send_error(error: reqwest::Error) -> String {
     message
 }
 
-fn literal_ip(url: &reqwest::Url) -> Option<IpAddr> {
-    match url.host()? {
-        url::Host::Ipv4(ip) => Some(IpAddr::V4(ip)),
-        url::Host::Ipv6(ip) => Some(IpAddr::V6(ip)),
-        url::Host::Domain(_) => None,
-    }
-}
-
-/// Returns whether `ip` is an address an HTTP tool may not reach without
-/// `allow_private_network`.
-pub(crate) fn is_private(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(ip) => is_private_v4(ip),
-        IpAddr::V6(ip) => match ip.to_ipv4_mapped() {
-            Some(v4) => is_private_v4(v4),
-            None => is_private_v6(ip),
-        },
-    }
-}
-
-fn is_private_v4(ip: Ipv4Addr) -> bool {
-    let [a, b, ..] = ip.octets();
-    ip.is_loopback()
-        || ip.is_private()
-        || ip.is_link_local()
-        || ip.is_unspecified()
-        || ip.is_broadcast()
-        || ip.is_multicast()
-        || a == 0
-        || (a == 100 && (64..128).contains(&b)) // shared address space (CGNAT)
-}
-
-fn is_private_v6(ip: Ipv6Addr) -> bool {
-    let first = ip.segments()[0];
-    ip.is_loopback()
-        || ip.is_unspecified()
-        || ip.is_multicast()
-        || (first & 0xfe00) == 0xfc00 // unique local
-        || (first & 0xffc0) == 0xfe80 // link-local
-}
-
 /// Resolves host names and keeps only addresses the tool may reach.
 struct GuardedResolver {
     allow_private: bool,
@@ -213,48 +248,23 @@ impl reqwest::dns::Resolve for GuardedResolver {
             let host = name.as_str().to_owned();
             let resolved: Vec<SocketAddr> =
                 tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            let allowed: Vec<SocketAddr> =
-                resolved.iter().copied().filter(|a| allow_private || !is_private(a.ip())).collect();
+            let allowed: Vec<SocketAddr> = resolved
+                .iter()
+                .copied()
+                .filter(|a| allow_private || special_purpose(a.ip()).is_none())
+                .collect();
             if allowed.is_empty() {
                 let reason = if resolved.is_empty() {
                     format!("{host} does not resolve")
                 } else {
                     format!(
-                        "{host} resolves only to private, loopback or link-local addresses; \
-                         refused (allow_private_network = false)"
+                        "{host} resolves only to private, loopback, link-local or other \
+                         special-purpose addresses; refused (allow_private_network = false)"
                     )
                 };
                 return Err(reason.into());
             }
             Ok(Box::new(allowed.into_iter()) as reqwest::dns::Addrs)
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn private_ranges_are_recognised() {
-        for ip in [
-            "127.0.0.1",
-            "10.1.2.3",
-            "172.16.0.1",
-            "192.168.1.1",
-            "169.254.169.254",
-            "0.0.0.0",
-            "100.64.0.1",
-            "::1",
-            "fe80::1",
-            "fd00::1",
-            "::ffff:127.0.0.1",
-            "::ffff:10.0.0.1",
-        ] {
-            assert!(is_private(ip.parse().unwrap()), "{ip} is private");
-        }
-        for ip in ["8.8.8.8", "1.1.1.1", "100.128.0.1", "2606:4700::1111"] {
-            assert!(!is_private(ip.parse().unwrap()), "{ip} is public");
-        }
     }
 }

@@ -8,6 +8,7 @@
 //!
 //! [`config_tools`] builds the HTTP and command tools of a configuration.
 
+mod addresses;
 mod command;
 mod echo;
 mod http;

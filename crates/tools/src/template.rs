@@ -33,8 +33,34 @@ fn fill(template: &str, arguments: &Value, encode: impl Fn(&str) -> String) -> S
 
 /// Fills a URL template; every substituted value is percent-encoded, so an argument can
 /// never add a path segment, a query parameter or change the host.
-pub(crate) fn fill_url(template: &str, arguments: &Value) -> String {
-    fill(template, arguments, |value| utf8_percent_encode(value, COMPONENT).to_string())
+///
+/// An argument that would make a whole path segment `.` or `..` is refused: URL parsers
+/// resolve such a segment (percent-encoded as `%2E` too, by the WHATWG rules), which would
+/// move the request to another path. The error names the arguments of that segment.
+pub(crate) fn fill_url(template: &str, arguments: &Value) -> Result<String, String> {
+    let encode = |value: &str| utf8_percent_encode(value, COMPONENT).to_string();
+    let end = template.find(['?', '#']).unwrap_or(template.len());
+    let (path, rest) = template.split_at(end);
+    let filled = fill(path, arguments, encode);
+    // Values cannot hold `/` (it is encoded), so filled and template segments pair up.
+    for (segment, written) in filled.split('/').zip(path.split('/')) {
+        if matches!(segment, "." | "..") && segment != written {
+            let names = placeholders(written).join(", ");
+            return Err(format!(
+                "argument {names} makes the URL path segment {segment:?}, which would leave \
+                 its place in the path"
+            ));
+        }
+    }
+    Ok(filled + &fill(rest, arguments, encode))
+}
+
+/// Returns the names of the `{{param}}` placeholders in `text`.
+fn placeholders(text: &str) -> Vec<&str> {
+    text.split("{{")
+        .skip(1)
+        .filter_map(|part| part.split_once("}}").map(|(name, _)| name.trim()))
+        .collect()
 }
 
 /// Fills a JSON body template. A string that is exactly one placeholder becomes the
@@ -79,9 +105,27 @@ mod tests {
     fn url_values_are_encoded_and_cannot_escape_their_component() {
         let args = json!({"city": "São Paulo/../admin?x=1&y", "n": 3});
         assert_eq!(
-            fill_url("https://h/w?city={{city}}&n={{ n }}&m={{missing}}", &args),
+            fill_url("https://h/w?city={{city}}&n={{ n }}&m={{missing}}", &args).unwrap(),
             "https://h/w?city=S%C3%A3o%20Paulo%2F..%2Fadmin%3Fx%3D1%26y&n=3&m="
         );
+    }
+
+    #[test]
+    fn an_argument_cannot_make_a_dot_segment_of_the_path() {
+        let template = "https://h/api/users/{{id}}/files/{{a}}{{b}}?q={{id}}";
+        for (id, a, b) in [("..", "x", "y"), (".", "x", "y"), ("7", ".", "."), ("7", "", "..")] {
+            let args = json!({"id": id, "a": a, "b": b});
+            let error = fill_url(template, &args).unwrap_err();
+            assert!(error.contains("path segment"), "{id} {a} {b}: {error}");
+        }
+        let error = fill_url(template, &json!({"id": "..", "a": "x", "b": "y"})).unwrap_err();
+        assert!(error.starts_with("argument id makes"), "{error}");
+        let args = json!({"id": "..x", "a": "%2e", "b": "%2E"});
+        let url = fill_url(template, &args).unwrap();
+        assert_eq!(url, "https://h/api/users/..x/files/%252e%252E?q=..x");
+        // In the query a dot is only text, and the template's own dot segments are kept.
+        let url = fill_url("https://h/a/../b?x={{id}}", &json!({"id": ".."})).unwrap();
+        assert_eq!(url, "https://h/a/../b?x=..");
     }
 
     #[test]
