@@ -459,3 +459,54 @@ timeout_ms = 2000
     }
     assert!(other_seen.lock().unwrap().iter().all(|(p, _)| p == "/landed"), "no /x arrived");
 }
+
+/// Returns whether `pid` exists at all (a zombie still does).
+fn exists(pid: i32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// No descendant outlives its call, even one that left the process group with `setsid`,
+/// and a background descendant that keeps stdout open does not hold the result back: on
+/// the shipped defaults, the call answers right after the command exits, and every
+/// descendant is killed and reaped.
+#[tokio::test]
+async fn descendants_that_escape_or_hold_the_output_die_with_the_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let escaped = dir.path().join("escaped");
+    let holder = dir.path().join("holder");
+    let escape = write_script(
+        dir.path(),
+        "escape.sh",
+        &format!(
+            "setsid sleep 300 &\necho $! > {}\necho '{{\"escaped\": true}}'",
+            escaped.display()
+        ),
+    );
+    let hold = write_script(
+        dir.path(),
+        "hold.sh",
+        &format!(
+            "(sleep 60; echo late) &\necho $! > {}\necho '{{\"early\": true}}'",
+            holder.display()
+        ),
+    );
+    let config = format!(
+        "[[tools.command]]\nname = \"escape\"\ndescription = \"Leaves a grandchild in a session of its own\"\ncommand = \"{}\"\n\n\
+         [[tools.command]]\nname = \"hold\"\ndescription = \"Leaves a grandchild holding stdout\"\ncommand = \"{}\"\n",
+        escape.display(),
+        hold.display()
+    );
+    let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
+
+    let response = server.call("escape", json!({})).await.unwrap();
+    assert_eq!(response.structured_json.as_deref(), Some(r#"{"escaped":true}"#));
+    let pid: i32 = std::fs::read_to_string(&escaped).unwrap().trim().parse().unwrap();
+    let gone = eventually(Duration::from_secs(5), || async { (!exists(pid)).then_some(()) }).await;
+    assert!(gone.is_some(), "the setsid grandchild {pid} was killed and reaped");
+
+    let response = server.call("hold", json!({})).await.expect("no DEADLINE_EXCEEDED");
+    assert_eq!(response.structured_json.as_deref(), Some(r#"{"early":true}"#));
+    let pid: i32 = std::fs::read_to_string(&holder).unwrap().trim().parse().unwrap();
+    let gone = eventually(Duration::from_secs(5), || async { (!exists(pid)).then_some(()) }).await;
+    assert!(gone.is_some(), "the background grandchild {pid} was killed and reaped");
+}

@@ -407,6 +407,9 @@ pub struct CommandToolConfig {
     pub cwd: Option<PathBuf>,
     /// Largest stdout read; more is an error result.
     pub max_output_bytes: usize,
+    /// How long output is still read once the command has exited (a background
+    /// descendant may hold the pipe open); then the descendants are killed.
+    pub output_grace: Duration,
 }
 
 #[derive(Deserialize)]
@@ -654,6 +657,12 @@ struct RawCommandTool {
     cwd: Option<PathBuf>,
     #[serde(default = "default_max_bytes")]
     max_output_bytes: usize,
+    #[serde(default = "default_output_grace_ms")]
+    output_grace_ms: u64,
+}
+
+fn default_output_grace_ms() -> u64 {
+    250
 }
 
 impl Config {
@@ -808,6 +817,7 @@ impl Config {
                 env: raw.env,
                 cwd: raw.cwd,
                 max_output_bytes: raw.max_output_bytes,
+                output_grace: Duration::from_millis(raw.output_grace_ms),
             });
         }
 

@@ -19,6 +19,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio_util::sync::CancellationToken;
 use toolmesh_config::McpTransport;
 use toolmesh_core::{SourceKind, ToolSource};
+use toolmesh_process::ProcessTag;
 use toolmesh_registry::{RegistryHandle, SourceUpdate, ToolEntry};
 use tracing::{debug, error, info, warn};
 
@@ -278,15 +279,26 @@ async fn connect_sse(
         .map_err(|e| format!("initialize failed: {e}"))
 }
 
-/// Kills a stdio server's whole process group when dropped. A server that exits by itself
-/// (rmcp closes stdio servers gracefully) would otherwise leave its own children behind.
-pub struct ProcessGroupGuard(i32);
+/// Kills a stdio server's whole process tree when dropped: its process group and every
+/// descendant carrying its tag, also those that left the group. A server that exits by
+/// itself (rmcp closes stdio servers gracefully) would otherwise leave its children behind.
+pub struct ProcessGroupGuard {
+    group: i32,
+    tag: ProcessTag,
+}
 
 impl Drop for ProcessGroupGuard {
     fn drop(&mut self) {
+        toolmesh_process::release(self.group.unsigned_abs());
         // ESRCH (nothing left in the group) is the usual, harmless outcome.
-        let group = nix::unistd::Pid::from_raw(self.0);
+        let group = nix::unistd::Pid::from_raw(self.group);
         let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+        let (group, tag) = (self.group, self.tag.clone());
+        let stragglers = move || toolmesh_process::kill_tree(Some(group), &tag);
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(stragglers)),
+            Err(_) => drop(std::thread::spawn(stragglers)),
+        }
     }
 }
 
@@ -301,8 +313,9 @@ async fn connect(
     let mut group = None;
     let connection = match &config.transport {
         McpTransport::Stdio { command, args, env, cwd } => {
+            let tag = ProcessTag::new();
             let mut cmd = tokio::process::Command::new(command);
-            cmd.args(args).envs(env);
+            cmd.args(args).envs(env).env(toolmesh_process::TAG_VAR, tag.as_str());
             if let Some(cwd) = cwd {
                 cmd.current_dir(cwd);
             }
@@ -310,13 +323,17 @@ async fn connect(
             wrapped
                 .wrap(process_wrap::tokio::ProcessGroup::leader())
                 .wrap(process_wrap::tokio::KillOnDrop);
-            let (transport, stderr) = TokioChildProcess::builder(wrapped)
-                .stderr(Stdio::piped())
-                .spawn()
-                .map_err(|e| format!("cannot start {}: {e}", command.display()))?;
+            let (transport, stderr) = toolmesh_process::spawn_managed(
+                || TokioChildProcess::builder(wrapped).stderr(Stdio::piped()).spawn(),
+                |(transport, _)| transport.id(),
+            )
+            .map_err(|e| format!("cannot start {}: {e}", command.display()))?;
             // The child leads its own process group (ProcessGroup::leader), so its pid is
             // the group id.
-            group = transport.id().and_then(|pid| i32::try_from(pid).ok()).map(ProcessGroupGuard);
+            group = transport
+                .id()
+                .and_then(|pid| i32::try_from(pid).ok())
+                .map(|group| ProcessGroupGuard { group, tag });
             if let Some(stderr) = stderr {
                 let server = config.name.clone();
                 tokio::spawn(async move {

@@ -4,6 +4,7 @@ use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use toolmesh_config::CommandToolConfig;
 use toolmesh_core::{BackendError, CallContext, ToolOutput, ToolSource, ToolSpec};
+use toolmesh_process::ProcessTag;
 use toolmesh_workers::LocalTool;
 use tracing::debug;
 
@@ -18,8 +19,11 @@ const INHERITED_ENV: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR
 ///
 /// The JSON arguments go to stdin; stdout is the result (JSON when it parses, text
 /// otherwise); a non-zero exit is an error result with an excerpt of stderr. The command
-/// runs without a shell, in a process group of its own that is killed (SIGKILL) when the
-/// call ends, is cancelled or times out, so no descendant outlives the call.
+/// runs without a shell, in a process group of its own, tagged (see `toolmesh-process`).
+/// When the call ends — it finished, was cancelled or timed out — the group and every
+/// tagged descendant are killed, also those that left the group, so none outlives the call.
+/// Once the command has exited, its output is read for `output_grace` more, not for as long
+/// as a background descendant keeps the pipe open.
 #[derive(Debug)]
 pub struct CommandTool {
     config: CommandToolConfig,
@@ -28,6 +32,7 @@ pub struct CommandTool {
 impl CommandTool {
     /// Returns the tool for `config`.
     pub fn new(config: CommandToolConfig) -> Self {
+        toolmesh_process::adopt_orphans();
         CommandTool { config }
     }
 
@@ -47,10 +52,11 @@ impl CommandTool {
         if let Some(cwd) = &config.cwd {
             command.current_dir(cwd);
         }
-        let mut child = command
-            .spawn()
+        let tag = ProcessTag::new();
+        let mut child = toolmesh_process::spawn(&mut command, &tag)
             .map_err(|error| format!("cannot start {}: {error}", config.command.display()))?;
-        let _group = child.id().map(ProcessGroup);
+        // However the call ends, the tree goes with it.
+        let tree = ProcessTree { leader: child.id(), tag };
 
         let mut stdin = child.stdin.take().expect("stdin is piped");
         let input = serde_json::to_vec(arguments).expect("JSON values serialize");
@@ -61,7 +67,24 @@ impl CommandTool {
         let stdout =
             read_limited(child.stdout.take().expect("stdout is piped"), config.max_output_bytes);
         let stderr = read_limited(child.stderr.take().expect("stderr is piped"), 64 * 1024);
-        let ((), stdout, stderr, status) = tokio::join!(write, stdout, stderr, child.wait());
+        let reading = async { tokio::join!(write, stdout, stderr) };
+        tokio::pin!(reading);
+        let (status, outputs) = tokio::select! {
+            outputs = &mut reading => (child.wait().await, outputs),
+            status = child.wait() => {
+                // Whatever still holds the pipes gets a moment, then goes.
+                let outputs = match tokio::time::timeout(config.output_grace, &mut reading).await {
+                    Ok(outputs) => outputs,
+                    Err(_) => {
+                        debug!(command = %config.command.display(), "descendants still hold the output; killing them");
+                        tree.kill().await;
+                        reading.await
+                    }
+                };
+                (status, outputs)
+            }
+        };
+        let ((), stdout, stderr) = outputs;
         let status = status.map_err(|error| format!("waiting for the command: {error}"))?;
         let (stdout, overflow) = stdout.map_err(|error| format!("reading stdout: {error}"))?;
         let (stderr, _) = stderr.unwrap_or_default();
@@ -106,20 +129,43 @@ async fn read_limited(
     }
 }
 
-/// Kills a process group when dropped: on completion, cancellation and timeout alike.
-struct ProcessGroup(u32);
+/// A command's process tree: killed whole when the call ends, on completion, cancellation
+/// and timeout alike.
+struct ProcessTree {
+    /// The command's pid, which is its process group's id.
+    leader: Option<u32>,
+    tag: ProcessTag,
+}
 
-impl Drop for ProcessGroup {
+impl ProcessTree {
+    fn group(&self) -> Option<i32> {
+        self.leader.and_then(|pid| i32::try_from(pid).ok())
+    }
+
+    /// Kills the tree and waits until it is gone.
+    async fn kill(&self) {
+        let (group, tag) = (self.group(), self.tag.clone());
+        let _ = tokio::task::spawn_blocking(move || toolmesh_process::kill_tree(group, &tag)).await;
+    }
+}
+
+impl Drop for ProcessTree {
     fn drop(&mut self) {
-        let Ok(pid) = i32::try_from(self.0) else { return };
-        // ESRCH (the group is already gone) is the usual outcome after a clean exit.
-        if nix::sys::signal::killpg(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .is_ok()
-        {
-            debug!(pgid = pid, "killed the command's process group");
+        let (group, tag) = (self.group(), self.tag.clone());
+        if let Some(leader) = self.leader {
+            toolmesh_process::release(leader);
+        }
+        // A dropped call cannot wait: the group is killed now, the stragglers on a thread.
+        if let Some(group) = group {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(group),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        let stragglers = move || toolmesh_process::kill_tree(group, &tag);
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(stragglers)),
+            Err(_) => drop(std::thread::spawn(stragglers)),
         }
     }
 }
