@@ -18,7 +18,7 @@ use axum::{
 use serde_json::{Value, json};
 use tonic::Code;
 use toolmesh::AppOptions;
-use toolmesh_e2e::{TestServer, eventually, process_alive, text, write_script};
+use toolmesh_e2e::{TestServer, eventually, process_alive, serve_http, text, write_script};
 
 type Seen = Arc<Mutex<Vec<(String, HeaderMap)>>>;
 
@@ -56,10 +56,7 @@ async fn http_server() -> (String, Seen) {
             get(|| async { (StatusCode::FOUND, [("location", "http://127.0.0.1:1/")]) }),
         )
         .with_state(seen.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (format!("http://{addr}"), seen)
+    (format!("http://{}", serve_http(app).await), seen)
 }
 
 #[tokio::test]
@@ -336,10 +333,7 @@ async fn recording_server() -> (String, Seen) {
         format!("you asked for {}", uri.path())
     };
     let app = Router::new().fallback(record).with_state(seen.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (format!("http://{addr}"), seen)
+    (format!("http://{}", serve_http(app).await), seen)
 }
 
 /// A server that redirects: `/same` to its own `/landed`, `/away` to `{to}/landed`.
@@ -368,10 +362,7 @@ async fn redirecting_server(to: String) -> (String, Seen) {
             }),
         )
         .with_state(seen.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (format!("http://{addr}"), seen)
+    (format!("http://{}", serve_http(app).await), seen)
 }
 
 /// URL templates keep arguments in their place (no dot segments), configured headers stay

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tonic::Code;
 use toolmesh::AppOptions;
-use toolmesh_e2e::{TestServer, eventually, process_alive, text};
+use toolmesh_e2e::{PyHttpServer, TestServer, eventually, process_alive, py_server, python, text};
 use toolmesh_proto::v1::{
     CallToolClientMessage, CallToolRequest, CancelCall, ElicitationAction, ElicitationAnswer,
     ListToolsRequest, SourceKind, Tool, call_tool_client_message,
@@ -18,14 +18,6 @@ use toolmesh_proto::v1::{
 };
 
 const EVERYTHING: &str = "mcp-server-everything";
-
-fn python() -> String {
-    std::env::var("TOOLMESH_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
-}
-
-fn py_server() -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/py_server.py").display().to_string()
-}
 
 async fn tools(server: &TestServer) -> Vec<Tool> {
     server.client().await.list_tools(ListToolsRequest::default()).await.unwrap().into_inner().tools
@@ -700,32 +692,6 @@ async fn a_lazy_server_runs_only_while_it_is_used() {
     eventually(Duration::from_secs(10), idle).await.expect("closed again after the idle timeout");
 }
 
-/// `tests/mcp/py_server.py` serving streamable HTTP on a free port; killed on drop.
-struct PyHttp {
-    _child: tokio::process::Child,
-    port: u16,
-}
-
-impl PyHttp {
-    async fn start() -> Self {
-        let port = free_port();
-        let child = tokio::process::Command::new(python())
-            .arg(py_server())
-            .args(["http", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        eventually(Duration::from_secs(30), || async {
-            tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()
-        })
-        .await
-        .expect("the Python server listens");
-        PyHttp { _child: child, port }
-    }
-}
-
 /// The Python SDK negotiates 2026-07-28, which has no `ping` (it answers -32601). On the
 /// shipped `ping_interval_ms`, a call that outlasts several probe intervals must still
 /// finish, over stdio and streamable HTTP alike, and the stdio server is never restarted.
@@ -733,7 +699,7 @@ impl PyHttp {
 async fn python_sdk_servers_on_2026_07_28_stay_connected_on_the_default_liveness_probe() {
     let tag = format!("TOOLMESH_TEST_TAG=alive-{}", std::process::id());
     let (key, value) = tag.split_once('=').unwrap();
-    let http = PyHttp::start().await;
+    let http = PyHttpServer::start().await;
     let config = format!(
         "[[mcp.servers]]\nname = \"py\"\ntransport = \"stdio\"\ncommand = \"{}\"\nargs = [\"{}\"]\nenv = {{ {key} = \"{value}\" }}\n\n\
          [[mcp.servers]]\nname = \"web\"\ntransport = \"streamable-http\"\nurl = \"http://127.0.0.1:{}/mcp\"\n",

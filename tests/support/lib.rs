@@ -4,9 +4,11 @@
 mod binary;
 mod server;
 pub mod tools;
+mod upstream;
 
 pub use binary::{BinaryServer, toolmesh_bin};
 pub use server::TestServer;
+pub use upstream::{PyHttpServer, py_server, python, serve_http};
 
 use std::time::Duration;
 

@@ -60,12 +60,19 @@ impl Default for BlockingProbe {
 /// `block`: runs until the probe's gate lets it finish.
 pub struct BlockingTool(pub Arc<BlockingProbe>);
 
-struct DropCounter(Arc<BlockingProbe>, bool);
+/// Counts a call whose future is dropped before it finished, unless it is `finish`ed.
+struct Unfinished<'a>(&'a AtomicUsize, bool);
 
-impl Drop for DropCounter {
+impl Unfinished<'_> {
+    fn finish(mut self) {
+        self.1 = true;
+    }
+}
+
+impl Drop for Unfinished<'_> {
     fn drop(&mut self) {
         if !self.1 {
-            self.0.dropped.fetch_add(1, Ordering::SeqCst);
+            self.0.fetch_add(1, Ordering::SeqCst);
         }
     }
 }
@@ -79,9 +86,9 @@ impl LocalTool for BlockingTool {
     async fn call(&self, _: &CallContext, _: Value) -> Result<ToolOutput, BackendError> {
         let probe = &self.0;
         probe.started.fetch_add(1, Ordering::SeqCst);
-        let mut guard = DropCounter(probe.clone(), false);
+        let unfinished = Unfinished(&probe.dropped, false);
         probe.gate.acquire().await.expect("gate open").forget();
-        guard.1 = true;
+        unfinished.finish();
         probe.finished.fetch_add(1, Ordering::SeqCst);
         Ok(ToolOutput::text("released"))
     }
@@ -146,16 +153,6 @@ pub struct FloodProbe {
 /// messages, then returns; `partial` sends partial outputs until it is cancelled.
 pub struct FloodTool(pub Arc<FloodProbe>);
 
-struct Dropped(Arc<FloodProbe>, bool);
-
-impl Drop for Dropped {
-    fn drop(&mut self) {
-        if !self.1 {
-            self.0.dropped.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-}
-
 #[async_trait::async_trait]
 impl LocalTool for FloodTool {
     fn spec(&self) -> ToolSpec {
@@ -168,7 +165,7 @@ impl LocalTool for FloodTool {
 
     async fn call(&self, ctx: &CallContext, arguments: Value) -> Result<ToolOutput, BackendError> {
         let probe = &self.0;
-        let mut guard = Dropped(probe.clone(), false);
+        let unfinished = Unfinished(&probe.dropped, false);
         let blob = "p".repeat(2048);
         if arguments["kind"] == "progress" {
             let count = arguments["count"].as_u64().unwrap_or(1);
@@ -186,7 +183,7 @@ impl LocalTool for FloodTool {
                 tokio::task::yield_now().await;
             }
         }
-        guard.1 = true;
+        unfinished.finish();
         probe.finished.fetch_add(1, Ordering::SeqCst);
         Ok(ToolOutput::text("flooded"))
     }

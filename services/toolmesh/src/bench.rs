@@ -412,7 +412,7 @@ pub async fn run_mcp(options: &BenchOptions, exe: &Path) -> anyhow::Result<McpRe
     std::fs::write(
         &config,
         format!(
-            "[[mcp.servers]]\nname = \"bench\"\ntransport = \"streamable-http\"\nurl = \"{url}\"\nping_interval_ms = 0\n"
+            "[[mcp.servers]]\nname = \"bench\"\ntransport = \"streamable-http\"\nurl = \"{url}\"\n"
         ),
     )?;
     let config_arg = config.display().to_string();
@@ -563,7 +563,7 @@ pub async fn run_search(dir: &Path, exe: &Path, fresh_cache: bool) -> anyhow::Re
     std::fs::write(
         &config,
         format!(
-            "[builtin]\nreasoning = false\necho = false\n\n[[mcp.servers]]\nname = \"bench\"\ntransport = \"streamable-http\"\nurl = \"http://{}/mcp\"\nprefix = \"none\"\nping_interval_ms = 0\n{search}",
+            "[builtin]\nreasoning = false\necho = false\n\n[[mcp.servers]]\nname = \"bench\"\ntransport = \"streamable-http\"\nurl = \"http://{}/mcp\"\nprefix = \"none\"\n{search}",
             upstream.addr
         ),
     )?;
