@@ -77,9 +77,10 @@ pub fn adopt_orphans() {
         }
         managed().get_or_insert_with(HashSet::new);
         let started = std::thread::Builder::new().name("toolmesh-reaper".into()).spawn(|| {
+            let mut seen = HashSet::new();
             loop {
                 std::thread::sleep(REAP_EVERY);
-                reap_orphans();
+                seen = reap_orphans(&seen);
             }
         });
         if let Err(error) = started {
@@ -147,15 +148,34 @@ fn carries(pid: i32, tag: &ProcessTag) -> bool {
     environ.split(|b| *b == 0).any(|entry| entry == wanted.as_bytes())
 }
 
-/// Reaps every child that exited and that nothing waits for.
-fn reap_orphans() {
+/// Reaps the children that exited, that nothing waits for, and that were zombies already
+/// at the last look (`before`); returns the zombies it left for the next look. Waiting one
+/// look lets a child that something does wait for (one this process started without
+/// [`spawn`], say) be reaped by its owner first.
+fn reap_orphans(before: &HashSet<i32>) -> HashSet<i32> {
     let guard = managed();
-    let Some(set) = guard.as_ref() else { return };
+    let Some(set) = guard.as_ref() else { return HashSet::new() };
+    let mut waiting = HashSet::new();
     for pid in children() {
-        if !set.contains(&pid) && state(pid) == Some('Z') {
+        if set.contains(&pid) || state(pid) != Some('Z') {
+            continue;
+        }
+        if before.contains(&pid) {
             let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
             debug!(pid, "reaped an orphaned descendant");
+        } else {
+            waiting.insert(pid);
         }
+    }
+    waiting
+}
+
+/// Reaps `pids`, descendants that [`kill_tree`] killed and that were reparented here.
+fn reap(pids: &[i32]) {
+    let guard = managed();
+    let Some(set) = guard.as_ref() else { return };
+    for pid in pids.iter().filter(|pid| !set.contains(pid)) {
+        let _ = waitpid(Pid::from_raw(*pid), Some(WaitPidFlag::WNOHANG));
     }
 }
 
@@ -169,6 +189,7 @@ pub fn kill_tree(group: Option<i32>, tag: &ProcessTag) {
         let _ = killpg(Pid::from_raw(group), Signal::SIGKILL);
     }
     let deadline = Instant::now() + KILL_WAIT;
+    let mut killed = Vec::new();
     loop {
         // A descendant whose parent dies only now is reparented here a moment later, so
         // look until the group leader is gone and a look finds no one tagged.
@@ -180,12 +201,15 @@ pub fn kill_tree(group: Option<i32>, tag: &ProcessTag) {
         for pid in &tagged {
             let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
         }
+        killed.extend(&tagged);
         let settled = tagged.is_empty() && !leader_alive;
         if settled || Instant::now() >= deadline {
             if !settled {
                 warn!(tag = tag.as_str(), "a process tree did not go within {KILL_WAIT:?}");
             }
-            reap_orphans();
+            killed.sort_unstable();
+            killed.dedup();
+            reap(&killed);
             return;
         }
         std::thread::sleep(Duration::from_millis(2));

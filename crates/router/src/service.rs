@@ -342,6 +342,7 @@ async fn run_stream(
     tokio::pin!(run);
     let mut inbound_open = true;
     let mut reader = true;
+    let mut askable = true;
     let mut questions: HashMap<String, oneshot::Sender<ElicitationAnswer>> = HashMap::new();
     let mut next_question = 0u64;
     let result = loop {
@@ -362,7 +363,7 @@ async fn run_stream(
             asked = async {
                 let permit = tx.reserve().await?;
                 Ok::<_, mpsc::error::SendError<()>>((permit, prompts.recv().await))
-            }, if reader => match asked {
+            }, if reader && askable => match asked {
                 Ok((permit, Some(prompt))) => {
                     next_question += 1;
                     let id = format!("e{next_question}");
@@ -370,7 +371,7 @@ async fn run_stream(
                     questions.insert(id, prompt.reply);
                 }
                 // The sink is gone with the call, whose result comes next.
-                Ok((_, None)) => {}
+                Ok((_, None)) => askable = false,
                 Err(_) => {
                     reader = false;
                     cancel.cancel();
