@@ -1143,7 +1143,7 @@ async fn calls_to_a_down_mcp_server_are_counted_not_logged_as_errors() {
 
 /// `proxy.py` on a free port (installed by tests/setup), logging each request it carries.
 struct HttpProxy {
-    _child: tokio::process::Child,
+    child: tokio::process::Child,
     _dir: tempfile::TempDir,
     url: String,
     log: std::path::PathBuf,
@@ -1161,6 +1161,8 @@ impl HttpProxy {
             .arg(&log)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
+            // proxy.py forks its workers: the whole group goes on drop.
+            .process_group(0)
             .kill_on_drop(true)
             .spawn()
             .expect("proxy.py is installed (tests/setup)");
@@ -1169,11 +1171,20 @@ impl HttpProxy {
         })
         .await
         .expect("the proxy listens");
-        HttpProxy { _child: child, _dir: dir, url: format!("http://127.0.0.1:{port}"), log }
+        HttpProxy { child, _dir: dir, url: format!("http://127.0.0.1:{port}"), log }
     }
 
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for HttpProxy {
+    fn drop(&mut self) {
+        if let Some(pid) = self.child.id() {
+            let _ =
+                nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGKILL);
+        }
     }
 }
 
