@@ -29,7 +29,9 @@ pub fn toolmesh_bin() -> PathBuf {
     bin
 }
 
-/// The real `toolmesh serve` as a child process on `127.0.0.1:0`; killed on drop.
+/// The real `toolmesh serve` as a child process on `127.0.0.1:0`. Dropping it stops the
+/// server as an operator would, with SIGTERM, so that it stops its MCP servers and their
+/// processes; it exits within its shutdown grace period.
 pub struct BinaryServer {
     /// The announced address.
     pub addr: SocketAddr,
@@ -69,8 +71,7 @@ impl BinaryServer {
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
+            .stderr(Stdio::piped());
         for (key, value) in env {
             command.env(key, value);
         }
@@ -111,5 +112,16 @@ impl BinaryServer {
     /// Returns what the server logged so far.
     pub fn logs(&self) -> String {
         self.stderr.lock().expect("stderr buffer").clone()
+    }
+}
+
+impl Drop for BinaryServer {
+    fn drop(&mut self) {
+        // Not waited for here: the test's runtime must go on to close its connections,
+        // which the server's graceful shutdown waits for (bounded by its grace period).
+        if let Some(pid) = self.child.id() {
+            let pid = nix::unistd::Pid::from_raw(pid as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        }
     }
 }
