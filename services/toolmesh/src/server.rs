@@ -6,7 +6,7 @@ use toolmesh_proto::v1::tool_service_server::ToolServiceServer;
 use toolmesh_router::ToolServiceImpl;
 use tracing::{info, warn};
 
-use crate::{App, ConnectionLimits, Listener, TrackCallsLayer, transport::MessageLimitLayer};
+use crate::{App, ConnectionLimits, Listener, MessageLimitLayer, TrackCallsLayer};
 
 /// Descriptors kept free of connections for everything else: MCP servers and their pipes,
 /// outbound HTTP, files.
