@@ -634,20 +634,12 @@ async fn bench_measures_toolmesh_and_the_bare_echo_baseline() {
 #[tokio::test]
 async fn mcp_calls_carry_the_trace_into_the_server() {
     let (receiver, otlp) = Receiver::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("toolmesh.toml");
-    let python = python();
-    let server_script = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/py_server.py");
-    std::fs::write(
-        &config,
-        format!(
-            "[[mcp.servers]]\nname = \"py\"\ntransport = \"stdio\"\ncommand = \"{python}\"\nargs = [\"{}\"]\n",
-            server_script.display()
+    let mut server = BinaryServer::with_config(
+        &format!(
+            "[[mcp.servers]]\nname = \"py\"\ntransport = \"stdio\"\ncommand = \"{}\"\nargs = [\"{}\"]\n",
+            python(),
+            py_server()
         ),
-    )
-    .unwrap();
-    let mut server = BinaryServer::start(
-        &["--config", config.to_str().unwrap()],
         &[("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str())],
     )
     .await
@@ -727,15 +719,8 @@ async fn streamable_http_mcp_calls_carry_the_trace_in_http_headers_too() {
     let mut upstream = PyHttpServer::start().await;
     let port = upstream.port;
 
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("toolmesh.toml");
-    std::fs::write(
-        &config,
-        format!("[[mcp.servers]]\nname = \"web\"\ntransport = \"streamable-http\"\nurl = \"http://127.0.0.1:{port}/mcp\"\n"),
-    )
-    .unwrap();
-    let server = BinaryServer::start(
-        &["--config", config.to_str().unwrap()],
+    let server = BinaryServer::with_config(
+        &format!("[[mcp.servers]]\nname = \"web\"\ntransport = \"streamable-http\"\nurl = \"http://127.0.0.1:{port}/mcp\"\n"),
         &[("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str())],
     )
     .await
@@ -845,18 +830,11 @@ async fn mcp_server_health_is_exported_as_metrics() {
     .await;
     let python = python();
     let mini = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/mini_server.py");
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("toolmesh.toml");
-    std::fs::write(
-        &config,
-        format!(
+    let _server = BinaryServer::with_config(
+        &format!(
             "[[mcp.servers]]\nname = \"hang\"\ntransport = \"stdio\"\ncommand = \"sleep\"\nargs = [\"600\"]\ntimeout_ms = 300\n\n[[mcp.servers]]\nname = \"mini\"\ntransport = \"stdio\"\ncommand = \"{python}\"\nargs = [\"{}\"]\n",
             mini.display()
         ),
-    )
-    .unwrap();
-    let _server = BinaryServer::start(
-        &["--config", config.to_str().unwrap()],
         &[("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()), ("OTEL_METRIC_EXPORT_INTERVAL", "200")],
     )
     .await
@@ -894,17 +872,15 @@ async fn mcp_server_health_is_exported_as_metrics() {
 async fn an_unprefixed_mcp_tool_that_collides_is_an_error_naming_both_sources() {
     let python = python();
     let mini = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/mini_server.py");
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("toolmesh.toml");
-    std::fs::write(
-        &config,
-        format!(
+    let server = BinaryServer::with_config(
+        &format!(
             "[[mcp.servers]]\nname = \"mini\"\ntransport = \"stdio\"\ncommand = \"{python}\"\nargs = [\"{}\"]\nprefix = \"none\"\n",
             mini.display()
         ),
+        &[],
     )
+    .await
     .unwrap();
-    let server = BinaryServer::start(&["--config", config.to_str().unwrap()], &[]).await.unwrap();
     let logged = eventually(Duration::from_secs(20), || async {
         server.logs().lines().find(|l| l.contains("collides")).map(str::to_owned)
     })
@@ -957,18 +933,16 @@ async fn bench_search_measures_a_tool_search_benchmark() {
 
 #[tokio::test]
 async fn tools_list_shows_the_upstream_name_of_renamed_tools() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("toolmesh.toml");
-    std::fs::write(
-        &config,
-        format!(
+    let server = BinaryServer::with_config(
+        &format!(
             "[[mcp.servers]]\nname = \"py\"\ntransport = \"stdio\"\ncommand = \"{}\"\nargs = [\"{}\"]\n",
             python(),
             py_server()
         ),
+        &[],
     )
+    .await
     .unwrap();
-    let server = BinaryServer::start(&["--config", config.to_str().unwrap()], &[]).await.unwrap();
     let addr = server.addr.to_string();
     eventually(Duration::from_secs(30), || async {
         tool_names(&addr).await.iter().any(|n| n == "py_add").then_some(())
@@ -1070,15 +1044,8 @@ async fn calls_to_a_down_mcp_server_are_counted_not_logged_as_errors() {
     .await;
     let mut upstream = PyHttpServer::start().await;
     let port = upstream.port;
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("toolmesh.toml");
-    std::fs::write(
-        &config,
-        format!("[[mcp.servers]]\nname = \"web\"\ntransport = \"streamable-http\"\nurl = \"http://127.0.0.1:{port}/mcp\"\n"),
-    )
-    .unwrap();
-    let server = BinaryServer::start(
-        &["--config", config.to_str().unwrap()],
+    let server = BinaryServer::with_config(
+        &format!("[[mcp.servers]]\nname = \"web\"\ntransport = \"streamable-http\"\nurl = \"http://127.0.0.1:{port}/mcp\"\n"),
         &[
             ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", otlp.as_str()),
             ("OTEL_METRIC_EXPORT_INTERVAL", "200"),
@@ -1207,12 +1174,8 @@ async fn http_tools_ignore_environment_proxies_and_guard_through_a_named_one() {
     let target = serve_http(app).await.port();
     let proxy = HttpProxy::start().await;
 
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("toolmesh.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"
+    let config = format!(
+        r#"
 [[tools.http]]
 name = "direct"
 description = "Loopback by name, no permission"
@@ -1231,17 +1194,15 @@ url = "http://localhost:{target}/named"
 proxy = "{proxy}"
 allow_private_network = true
 "#,
-            proxy = proxy.url
-        ),
-    )
-    .unwrap();
+        proxy = proxy.url
+    );
     let env = [
         ("HTTP_PROXY", proxy.url.as_str()),
         ("http_proxy", proxy.url.as_str()),
         ("HTTPS_PROXY", proxy.url.as_str()),
         ("ALL_PROXY", proxy.url.as_str()),
     ];
-    let server = BinaryServer::start(&["--config", config.to_str().unwrap()], &env).await.unwrap();
+    let server = BinaryServer::with_config(&config, &env).await.unwrap();
     let client = toolmesh::client::connect(&server.addr.to_string()).await.unwrap();
     let call = |name: &str| {
         let request = CallToolRequest { name: name.into(), ..Default::default() };

@@ -39,6 +39,8 @@ pub struct BinaryServer {
     pub child: Child,
     /// Everything the server wrote to stderr so far.
     pub stderr: Arc<Mutex<String>>,
+    /// The directory of a configuration written by [`BinaryServer::with_config`].
+    _config: Option<tempfile::TempDir>,
 }
 
 impl BinaryServer {
@@ -46,6 +48,17 @@ impl BinaryServer {
     /// and waits for the address line.
     pub async fn start(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<Self> {
         Self::start_under(&[], args, env).await
+    }
+
+    /// Starts the server with the configuration file `toml` (written to a directory that
+    /// lives as long as the server) and extra environment `env`.
+    pub async fn with_config(toml: &str, env: &[(&str, &str)]) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let config = dir.path().join("toolmesh.toml");
+        std::fs::write(&config, toml)?;
+        let mut server = Self::start(&["--config", &config.display().to_string()], env).await?;
+        server._config = Some(dir);
+        Ok(server)
     }
 
     /// Like [`BinaryServer::start`], run by the command `wrapper` (for example
@@ -95,7 +108,7 @@ impl BinaryServer {
         };
         let addr = line.rsplit(' ').next().and_then(|a| a.parse().ok()).context("address line")?;
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Ok(BinaryServer { addr, child, stderr })
+        Ok(BinaryServer { addr, child, stderr, _config: None })
     }
 
     /// Returns the child's pid.
