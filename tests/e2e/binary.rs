@@ -22,13 +22,22 @@ use opentelemetry_proto::tonic::{
 use serde_json::json;
 use tonic::Code;
 use toolmesh_e2e::{
-    BinaryServer, PyHttpServer, eventually, py_server, python, serve_http, toolmesh_bin,
-    write_script,
+    BinaryServer, PyHttpServer, eventually, py_server, python, serve_http, toolmesh_bench_bin,
+    toolmesh_bin, write_script,
 };
 use toolmesh_proto::v1::{CallToolRequest, ListToolsRequest};
 
 async fn run(args: &[&str]) -> Output {
-    tokio::process::Command::new(toolmesh_bin())
+    run_program(toolmesh_bin(), args).await
+}
+
+/// Runs `toolmesh-bench ARGS…`.
+async fn bench(args: &[&str]) -> Output {
+    run_program(toolmesh_bench_bin(), args).await
+}
+
+async fn run_program(program: std::path::PathBuf, args: &[&str]) -> Output {
+    tokio::process::Command::new(program)
         .args(args)
         .env_remove("RUST_LOG")
         .output()
@@ -81,16 +90,14 @@ async fn cli_lists_and_calls_the_embedded_default() {
     assert_eq!(missing.status.code(), Some(2));
     assert!(stderr(&missing).contains("NotFound"), "{}", stderr(&missing));
 
-    for args in [
-        &["--help"][..],
-        &["serve", "--help"],
-        &["call", "--help"],
-        &["bench", "--help"],
-        &["tools", "list", "--help"],
-    ] {
+    for args in
+        [&["--help"][..], &["serve", "--help"], &["call", "--help"], &["tools", "list", "--help"]]
+    {
         let help = run(args).await;
         assert!(help.status.success() && stdout(&help).contains("Usage"), "{args:?}");
     }
+    let help = bench(&["--help"]).await;
+    assert!(help.status.success() && stdout(&help).contains("--search"), "toolmesh-bench --help");
 }
 
 #[tokio::test]
@@ -596,8 +603,7 @@ async fn a_python_grpcio_client_lists_and_calls_tools() {
 #[tokio::test]
 async fn bench_measures_toolmesh_and_the_bare_echo_baseline() {
     // This checks that the load generator works and reports; it asserts no speed.
-    let output = run(&[
-        "bench",
+    let output = bench(&[
         "--concurrency",
         "4",
         "--connections",
@@ -616,7 +622,7 @@ async fn bench_measures_toolmesh_and_the_bare_echo_baseline() {
         .lines()
         .filter(|l| {
             l.starts_with("bare tonic echo ")
-                || (l.starts_with("toolmesh ") && !l.starts_with("toolmesh bench"))
+                || (l.starts_with("toolmesh ") && !l.starts_with("toolmesh-bench"))
         })
         .collect();
     assert_eq!(rows.len(), 4, "closed and open loop rows for both servers:\n{report}");
@@ -629,6 +635,16 @@ async fn bench_measures_toolmesh_and_the_bare_echo_baseline() {
     }
     assert!(report.contains("throughput ratio") && report.contains("p99 added"), "{report}");
     assert!(report.contains("3 alternating rounds"), "{report}");
+
+    // The same figures as JSON, for scripts.
+    let args = ["--concurrency", "2", "--duration", "0.2", "--warmup", "0.1", "--rounds", "1"];
+    let output = bench(&[&args[..], &["--no-half-load", "--json"]].concat()).await;
+    assert!(output.status.success(), "{}", stderr(&output));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    assert!(report["toolmesh"]["throughput"].as_f64().unwrap() > 0.0, "{report}");
+    assert_eq!(report["toolmesh"]["errors"], 0, "{report}");
+    assert!(report["echo"]["p99_ms"].is_number(), "{report}");
+    assert!(report["toolmesh_half"].is_null(), "{report}");
 }
 
 #[tokio::test]
@@ -686,8 +702,7 @@ async fn mcp_calls_carry_the_trace_into_the_server() {
 #[tokio::test]
 async fn bench_mcp_compares_toolmesh_with_a_direct_mcp_client() {
     // This checks that the MCP load generator works and reports; it asserts no speed.
-    let output = run(&[
-        "bench",
+    let output = bench(&[
         "--mcp",
         "--concurrency",
         "2",
@@ -923,7 +938,7 @@ async fn bench_search_measures_a_tool_search_benchmark() {
     let lines: Vec<String> = queries.iter().map(ToString::to_string).collect();
     std::fs::write(dir.path().join("queries-dev.jsonl"), lines.join("\n")).unwrap();
 
-    let output = run(&["bench", "--search", dir.path().to_str().unwrap(), "--fresh-cache"]).await;
+    let output = bench(&["--search", dir.path().to_str().unwrap(), "--fresh-cache"]).await;
     assert!(output.status.success(), "{}", stderr(&output));
     let report = stdout(&output);
     assert!(report.contains("2 queries over the whole pool of 4 tools"), "{report}");

@@ -29,6 +29,13 @@ pub fn toolmesh_bin() -> PathBuf {
     bin
 }
 
+/// Returns the path of the `toolmesh-bench` binary beside the `toolmesh` one.
+pub fn toolmesh_bench_bin() -> PathBuf {
+    let bin = toolmesh_bin().with_file_name("toolmesh-bench");
+    assert!(bin.exists(), "{} is missing: tests/run builds it", bin.display());
+    bin
+}
+
 /// The real `toolmesh serve` as a child process on `127.0.0.1:0`. Dropping it stops the
 /// server as an operator would, with SIGTERM, so that it stops its MCP servers and their
 /// processes; it exits within its shutdown grace period.

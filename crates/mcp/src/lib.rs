@@ -22,7 +22,6 @@
 
 mod actor;
 mod backend;
-pub mod bench;
 mod convert;
 mod handler;
 mod http_client;

@@ -9,14 +9,12 @@
 //!   and those left idle, and backs off when out of descriptors; [`TrackCallsLayer`]
 //!   counts each connection's calls; [`MessageLimitLayer`] refuses oversized messages at
 //!   their header.
-//! - [`bench`] is the load generator behind `toolmesh bench`.
 //! - [`client`] backs the `toolmesh tools list` and `toolmesh call` commands.
 //!
 //! Reading order for a newcomer: `proto/toolmesh/v1/tools.proto`, then
 //! `crates/router` (the call path), then `crates/workers` (one backend).
 
 mod app;
-pub mod bench;
 pub mod client;
 mod listener;
 mod server;

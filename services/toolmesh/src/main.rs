@@ -12,7 +12,7 @@ use std::{
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use tokio::signal::unix::{SignalKind, signal};
-use toolmesh::{App, AppOptions, bench, client};
+use toolmesh::{App, AppOptions, client};
 use toolmesh_proto::v1::CallToolRequest;
 use tracing::{error, info, warn};
 
@@ -39,9 +39,6 @@ enum Command {
     /// Calls a tool on a running server: progress goes to stderr, the result to stdout.
     /// Exits 1 when the tool reports an error, 2 when the call fails.
     Call(CallArgs),
-    /// Measures CallTool throughput and latency against a server, and against a bare tonic
-    /// echo server for comparison.
-    Bench(BenchArgs),
     /// Shows or checks configuration.
     Config {
         #[command(subcommand)]
@@ -98,61 +95,6 @@ struct CallArgs {
     profile: String,
 }
 
-#[derive(Args)]
-struct BenchArgs {
-    /// A running toolmesh to measure; without it the bench starts one with the defaults.
-    #[arg(long)]
-    server: Option<String>,
-    /// Concurrent callers.
-    #[arg(long, default_value_t = 32)]
-    concurrency: usize,
-    /// HTTP/2 connections the callers share.
-    #[arg(long, default_value_t = 4)]
-    connections: usize,
-    /// Seconds per measured phase and server (split into the rounds).
-    #[arg(long, default_value_t = 10.0)]
-    duration: f64,
-    /// Seconds of unmeasured warm-up before each phase.
-    #[arg(long, default_value_t = 2.0)]
-    warmup: f64,
-    /// The tool to call.
-    #[arg(long, default_value = "echo")]
-    tool: String,
-    /// Its arguments, as JSON.
-    #[arg(long, default_value = r#"{"message":"hello"}"#)]
-    arguments: String,
-    /// Skip the bare tonic echo baseline.
-    #[arg(long)]
-    no_baseline: bool,
-    /// Skip the open-loop phase at half of the maximum.
-    #[arg(long)]
-    no_half_load: bool,
-    /// Rounds per phase, alternating between the servers; medians are reported.
-    #[arg(long, default_value_t = 5)]
-    rounds: usize,
-    /// Measure CallTool through toolmesh to a streamable-HTTP MCP echo server against an MCP
-    /// client calling that server directly.
-    #[arg(long)]
-    mcp: bool,
-    /// Serve the bare echo baseline instead (used by the bench itself).
-    #[arg(long, hide = true)]
-    echo_server: bool,
-    /// Serve the MCP echo server instead (used by the bench itself).
-    #[arg(long, hide = true)]
-    mcp_echo_server: bool,
-    /// Tools for the MCP echo server, as JSON Lines (used by the bench itself).
-    #[arg(long, hide = true)]
-    tools: Option<PathBuf>,
-    /// Measure SearchTools on the tool-search benchmark in this directory (tools.jsonl,
-    /// queries-dev.jsonl): recall, NDCG, latency, indexing time.
-    #[arg(long, value_name = "DIR")]
-    search: Option<PathBuf>,
-    /// With --search: index into an empty cache directory, so that every tool is embedded
-    /// (the first start ever); without it, vectors cached by earlier runs are reused.
-    #[arg(long, requires = "search")]
-    fresh_cache: bool,
-}
-
 #[derive(Subcommand)]
 enum ConfigCommand {
     /// Prints the compiled-in default configuration, with comments.
@@ -189,7 +131,6 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             list(&server, json, &profile).await
         }
         Command::Call(args) => call(args).await,
-        Command::Bench(args) => run_bench(args).await,
         Command::Config { command: ConfigCommand::Defaults } => {
             print!("{}", toolmesh_config::DEFAULT_CONFIG);
             Ok(ExitCode::SUCCESS)
@@ -382,51 +323,4 @@ async fn call(args: CallArgs) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::from(2))
         }
     }
-}
-
-async fn run_bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
-    if args.echo_server {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        println!("echo listening on {}", listener.local_addr()?);
-        std::io::stdout().flush()?;
-        bench::serve_echo(listener).await?;
-        return Ok(ExitCode::SUCCESS);
-    }
-    if args.mcp_echo_server {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        println!("mcp echo listening on {}", listener.local_addr()?);
-        std::io::stdout().flush()?;
-        let server = match &args.tools {
-            Some(path) => toolmesh_mcp::bench::EchoServer::from_file(path)?,
-            None => toolmesh_mcp::bench::EchoServer::default(),
-        };
-        toolmesh_mcp::bench::serve_echo(listener, server).await?;
-        return Ok(ExitCode::SUCCESS);
-    }
-    let options = bench::BenchOptions {
-        server: args.server,
-        concurrency: args.concurrency.max(1),
-        connections: args.connections.max(1),
-        duration: Duration::from_secs_f64(args.duration),
-        warmup: Duration::from_secs_f64(args.warmup),
-        tool: args.tool,
-        arguments: args.arguments,
-        baseline: !args.no_baseline,
-        half_load: !args.no_half_load,
-        rounds: args.rounds.max(1),
-    };
-    let exe = std::env::current_exe()?;
-    if let Some(dir) = &args.search {
-        let report = bench::run_search(dir, &exe, args.fresh_cache).await?;
-        print!("{}", bench::render_search(&report));
-        return Ok(ExitCode::SUCCESS);
-    }
-    if args.mcp {
-        let report = bench::run_mcp(&options, &exe).await?;
-        print!("{}", bench::render_mcp(&options, &report));
-        return Ok(ExitCode::SUCCESS);
-    }
-    let report = bench::run(&options, &exe).await?;
-    print!("{}", bench::render(&options, &report));
-    Ok(ExitCode::SUCCESS)
 }

@@ -1,4 +1,5 @@
-//! The load generator behind `toolmesh bench`.
+//! The CallTool load generator, the bare tonic echo baseline, and the MCP and tool-search
+//! benchmarks.
 //!
 //! It drives `CallTool` against a toolmesh server and, with `baseline`, against a bare
 //! tonic server that answers `CallTool` by echoing the arguments (no router, no registry,
@@ -41,44 +42,44 @@ use toolmesh_proto::v1::{
 
 /// What to measure.
 #[derive(Debug, Clone)]
-pub struct BenchOptions {
+pub(crate) struct BenchOptions {
     /// A running toolmesh to measure; `None` starts one (`toolmesh serve`, defaults).
-    pub server: Option<String>,
+    pub(crate) server: Option<String>,
     /// Callers in the closed-loop phase.
-    pub concurrency: usize,
+    pub(crate) concurrency: usize,
     /// HTTP/2 connections the callers share.
-    pub connections: usize,
+    pub(crate) connections: usize,
     /// Length of each measured phase.
-    pub duration: Duration,
+    pub(crate) duration: Duration,
     /// Unmeasured calls before each phase.
-    pub warmup: Duration,
+    pub(crate) warmup: Duration,
     /// The tool to call.
-    pub tool: String,
+    pub(crate) tool: String,
     /// Its arguments, as JSON.
-    pub arguments: String,
+    pub(crate) arguments: String,
     /// Also measure the bare tonic echo server.
-    pub baseline: bool,
+    pub(crate) baseline: bool,
     /// Also measure latency in an open loop at half of the reached maximum.
-    pub half_load: bool,
+    pub(crate) half_load: bool,
     /// Rounds per phase, alternating between the servers; the report gives the median.
-    pub rounds: usize,
+    pub(crate) rounds: usize,
 }
 
 /// Figures of one phase against one server.
-#[derive(Debug, Clone)]
-pub struct Sample {
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct Sample {
     /// Successful calls per second.
-    pub throughput: f64,
+    pub(crate) throughput: f64,
     /// Latency percentiles in milliseconds: p50, p90, p99.
-    pub p50_ms: f64,
+    pub(crate) p50_ms: f64,
     /// p90 latency, ms.
-    pub p90_ms: f64,
+    pub(crate) p90_ms: f64,
     /// p99 latency, ms.
-    pub p99_ms: f64,
+    pub(crate) p99_ms: f64,
     /// Calls that failed.
-    pub errors: u64,
+    pub(crate) errors: u64,
     /// The first failure, to say what went wrong.
-    pub first_error: Option<String>,
+    pub(crate) first_error: Option<String>,
 }
 
 impl Sample {
@@ -101,18 +102,18 @@ impl Sample {
 }
 
 /// All figures of one bench run.
-#[derive(Debug, Clone)]
-pub struct BenchReport {
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct BenchReport {
     /// toolmesh, closed loop.
-    pub toolmesh: Sample,
+    pub(crate) toolmesh: Sample,
     /// The bare echo, closed loop.
-    pub echo: Option<Sample>,
+    pub(crate) echo: Option<Sample>,
     /// The open-loop rate, calls per second.
-    pub half_rate: Option<f64>,
+    pub(crate) half_rate: Option<f64>,
     /// toolmesh at half load.
-    pub toolmesh_half: Option<Sample>,
+    pub(crate) toolmesh_half: Option<Sample>,
     /// The bare echo at half load.
-    pub echo_half: Option<Sample>,
+    pub(crate) echo_half: Option<Sample>,
 }
 
 /// A child server process, killed on drop.
@@ -172,7 +173,7 @@ async fn clients(
 ) -> anyhow::Result<Vec<ToolServiceClient<Channel>>> {
     let mut clients = Vec::with_capacity(connections);
     for _ in 0..connections.max(1) {
-        clients.push(crate::client::connect(addr).await?);
+        clients.push(toolmesh::client::connect(addr).await?);
     }
     Ok(clients)
 }
@@ -342,8 +343,21 @@ where
     samples.into_iter().map(median).collect()
 }
 
-/// Runs the benchmark. `exe` is the toolmesh binary, used to start the servers.
-pub async fn run(options: &BenchOptions, exe: &Path) -> anyhow::Result<BenchReport> {
+/// Where the programs the benchmarks start are: the `toolmesh` binary for the servers
+/// under test, and this bench's own binary for the echo servers.
+#[derive(Debug, Clone)]
+pub(crate) struct Programs {
+    /// `toolmesh`.
+    pub(crate) toolmesh: std::path::PathBuf,
+    /// `toolmesh-bench`.
+    pub(crate) bench: std::path::PathBuf,
+}
+
+/// Runs the CallTool benchmark.
+pub(crate) async fn run(
+    options: &BenchOptions,
+    programs: &Programs,
+) -> anyhow::Result<BenchReport> {
     let request = CallToolRequest {
         name: options.tool.clone(),
         arguments_json: options.arguments.clone(),
@@ -353,14 +367,14 @@ pub async fn run(options: &BenchOptions, exe: &Path) -> anyhow::Result<BenchRepo
     // same machine conditions.
     let own = match &options.server {
         Some(_) => None,
-        None => Some(start_child(exe, &["serve", "--listen", "127.0.0.1:0"]).await?),
+        None => Some(start_child(&programs.toolmesh, &["serve", "--listen", "127.0.0.1:0"]).await?),
     };
     let addr = match (&own, &options.server) {
         (Some(child), _) => child.addr.to_string(),
         (None, server) => server.clone().context("a server to measure")?,
     };
     let echo = match options.baseline {
-        true => Some(start_child(exe, &["bench", "--echo-server"]).await?),
+        true => Some(start_child(&programs.bench, &["--echo-server"]).await?),
         false => None,
     };
     let mut targets = vec![Target::connect(&addr, options, &request).await?];
@@ -390,22 +404,25 @@ pub async fn run(options: &BenchOptions, exe: &Path) -> anyhow::Result<BenchRepo
     })
 }
 
-/// Figures of `toolmesh bench --mcp`.
-#[derive(Debug, Clone)]
-pub struct McpReport {
+/// Figures of `toolmesh-bench --mcp`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct McpReport {
     /// A plain MCP client calling the echo server directly.
-    pub direct: Sample,
+    pub(crate) direct: Sample,
     /// `CallTool` through toolmesh to the same server.
-    pub toolmesh: Sample,
+    pub(crate) toolmesh: Sample,
     /// Cores of this machine.
-    pub cores: usize,
+    pub(crate) cores: usize,
 }
 
 /// Measures `CallTool` through toolmesh to a streamable-HTTP MCP echo server against an
 /// MCP client calling that server directly: same machine, same concurrency, alternating
 /// rounds, medians. Both servers run as child processes; both clients run here.
-pub async fn run_mcp(options: &BenchOptions, exe: &Path) -> anyhow::Result<McpReport> {
-    let echo = start_child(exe, &["bench", "--mcp-echo-server"]).await?;
+pub(crate) async fn run_mcp(
+    options: &BenchOptions,
+    programs: &Programs,
+) -> anyhow::Result<McpReport> {
+    let echo = start_child(&programs.bench, &["--mcp-echo-server"]).await?;
     let url = format!("http://{}/mcp", echo.addr);
     let config =
         std::env::temp_dir().join(format!("toolmesh-bench-mcp-{}.toml", std::process::id()));
@@ -416,18 +433,21 @@ pub async fn run_mcp(options: &BenchOptions, exe: &Path) -> anyhow::Result<McpRe
         ),
     )?;
     let config_arg = config.display().to_string();
-    let toolmesh =
-        start_child(exe, &["serve", "--listen", "127.0.0.1:0", "--config", &config_arg]).await;
+    let toolmesh = start_child(
+        &programs.toolmesh,
+        &["serve", "--listen", "127.0.0.1:0", "--config", &config_arg],
+    )
+    .await;
     // The server watches its config file: remove it only once the server is gone.
     let _config = RemoveOnDrop(config);
     let toolmesh = toolmesh?;
     let addr = toolmesh.addr.to_string();
 
     // The MCP server's tools appear once toolmesh has connected to it.
-    let mut client = crate::client::connect(&addr).await?;
+    let mut client = toolmesh::client::connect(&addr).await?;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let (tools, _) = crate::client::list_all(&mut client).await?;
+        let (tools, _) = toolmesh::client::list_all(&mut client).await?;
         if tools.iter().any(|t| t.name == "bench_echo") {
             break;
         }
@@ -444,7 +464,7 @@ pub async fn run_mcp(options: &BenchOptions, exe: &Path) -> anyhow::Result<McpRe
         ..Default::default()
     };
     let target = Target::connect(&addr, options, &request).await?;
-    toolmesh_mcp::bench::direct_load(&url, options.concurrency, options.warmup)
+    crate::mcp_echo::direct_load(&url, options.concurrency, options.warmup)
         .await
         .map_err(anyhow::Error::msg)?;
 
@@ -452,7 +472,7 @@ pub async fn run_mcp(options: &BenchOptions, exe: &Path) -> anyhow::Result<McpRe
     let slice = options.duration / rounds as u32;
     let (mut direct, mut through) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
-        let load = toolmesh_mcp::bench::direct_load(&url, options.concurrency, slice)
+        let load = crate::mcp_echo::direct_load(&url, options.concurrency, slice)
             .await
             .map_err(anyhow::Error::msg)?;
         let mut histogram = new_histogram();
@@ -466,36 +486,36 @@ pub async fn run_mcp(options: &BenchOptions, exe: &Path) -> anyhow::Result<McpRe
     Ok(McpReport { direct: median(direct), toolmesh: median(through), cores })
 }
 
-/// Figures of `toolmesh bench --search`.
-#[derive(Debug, Clone)]
-pub struct SearchReport {
+/// Figures of `toolmesh-bench --search`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct SearchReport {
     /// Tools in the pool.
-    pub tools: usize,
+    pub(crate) tools: usize,
     /// Queries run.
-    pub queries: usize,
+    pub(crate) queries: usize,
     /// Mean Recall@1, @5, @10.
-    pub recall: [f64; 3],
+    pub(crate) recall: [f64; 3],
     /// Mean NDCG@10 (binary gains).
-    pub ndcg10: f64,
+    pub(crate) ndcg10: f64,
     /// Share of queries with every relevant tool in the top 10.
-    pub complete10: f64,
+    pub(crate) complete10: f64,
     /// Search latency (client-side, one query at a time), ms.
-    pub p50_ms: f64,
+    pub(crate) p50_ms: f64,
     /// Search latency p99, ms.
-    pub p99_ms: f64,
+    pub(crate) p99_ms: f64,
     /// From starting toolmesh to every tool indexed, seconds.
-    pub cold_index_s: f64,
+    pub(crate) cold_index_s: f64,
     /// From changing one tool on the MCP server until the index reflects it (searchable
     /// by its words), ms: the median of [`REINDEX_CHANGES`] changes.
-    pub reindex_median_ms: f64,
+    pub(crate) reindex_median_ms: f64,
     /// The slowest of those changes, ms.
-    pub reindex_max_ms: f64,
+    pub(crate) reindex_max_ms: f64,
     /// From the change until the changed tool's new vector is in too, ms: the median.
-    pub vector_median_ms: f64,
+    pub(crate) vector_median_ms: f64,
     /// The slowest of those, ms.
-    pub vector_max_ms: f64,
+    pub(crate) vector_max_ms: f64,
     /// The ranking the server reported.
-    pub ranking: String,
+    pub(crate) ranking: String,
 }
 
 /// One labelled query.
@@ -529,7 +549,11 @@ fn score_ranking(ranked: &[String], relevant: &[String]) -> ([f64; 3], f64, bool
 /// Loads the benchmark's tools into a toolmesh the way real tools arrive (as the tools of
 /// an MCP server), runs every dev query through SearchTools over the whole pool, and
 /// measures quality, latency, cold indexing and re-indexing after one change.
-pub async fn run_search(dir: &Path, exe: &Path, fresh_cache: bool) -> anyhow::Result<SearchReport> {
+pub(crate) async fn run_search(
+    dir: &Path,
+    programs: &Programs,
+    fresh_cache: bool,
+) -> anyhow::Result<SearchReport> {
     let tools_file = dir.join("tools.jsonl");
     let tool_names: Vec<String> = read_jsonl(&tools_file)?
         .iter()
@@ -549,7 +573,8 @@ pub async fn run_search(dir: &Path, exe: &Path, fresh_cache: bool) -> anyhow::Re
         .filter(|q| !q.query.is_empty() && !q.relevant.is_empty())
         .collect();
     let tools_arg = tools_file.display().to_string();
-    let upstream = start_child(exe, &["bench", "--mcp-echo-server", "--tools", &tools_arg]).await?;
+    let upstream =
+        start_child(&programs.bench, &["--mcp-echo-server", "--tools", &tools_arg]).await?;
     let config =
         std::env::temp_dir().join(format!("toolmesh-bench-search-{}.toml", std::process::id()));
     // A first-ever start indexes into an empty cache, removed afterwards.
@@ -572,9 +597,12 @@ pub async fn run_search(dir: &Path, exe: &Path, fresh_cache: bool) -> anyhow::Re
 
     // Cold: from starting toolmesh until every tool is searchable.
     let started = Instant::now();
-    let toolmesh =
-        start_child(exe, &["serve", "--listen", "127.0.0.1:0", "--config", &config_arg]).await?;
-    let client = crate::client::connect(&toolmesh.addr.to_string()).await?;
+    let toolmesh = start_child(
+        &programs.toolmesh,
+        &["serve", "--listen", "127.0.0.1:0", "--config", &config_arg],
+    )
+    .await?;
+    let client = toolmesh::client::connect(&toolmesh.addr.to_string()).await?;
     let expected = tool_names.len() + 1; // and the touch tool
     loop {
         let response = search_tools(&client, "tool", 1).await?;
@@ -661,7 +689,7 @@ fn all_embedded(response: &toolmesh_proto::v1::SearchToolsResponse) -> bool {
 }
 
 /// Tools changed one after another to measure re-indexing.
-pub const REINDEX_CHANGES: usize = 11;
+pub(crate) const REINDEX_CHANGES: usize = 11;
 
 /// How long one change took to reach the index, ms.
 struct Reindexed {
@@ -704,7 +732,7 @@ async fn reindex_once(
     let marker = format!("zqxmarker{}x{round}", std::process::id());
     let started = Instant::now();
     let touch = CallToolRequest {
-        name: toolmesh_mcp::bench::TOUCH_TOOL.into(),
+        name: crate::mcp_echo::TOUCH_TOOL.into(),
         arguments_json: serde_json::json!({"name": changed, "marker": marker}).to_string(),
         ..Default::default()
     };
@@ -728,10 +756,10 @@ async fn reindex_once(
     }
 }
 
-/// Formats the report of `toolmesh bench --search`.
-pub fn render_search(report: &SearchReport) -> String {
+/// Formats the report of `toolmesh-bench --search`.
+pub(crate) fn render_search(report: &SearchReport) -> String {
     format!(
-        "toolmesh bench --search: {} queries over the whole pool of {} tools (ranking: {})\n\n\
+        "toolmesh-bench --search: {} queries over the whole pool of {} tools (ranking: {})\n\n\
          Recall@1   {:.3}\nRecall@5   {:.3}\nRecall@10  {:.3}\nNDCG@10    {:.3}\nComplete@10 {:.3}\n\n\
          search latency p50 {:.3} ms, p99 {:.3} ms (gRPC round trip, one query at a time)\n\
          cold start to all tools indexed: {:.2} s (toolmesh start, MCP connect, tools/list, publish, index, embed)\n\
@@ -755,10 +783,10 @@ pub fn render_search(report: &SearchReport) -> String {
     )
 }
 
-/// Formats the report of `toolmesh bench --mcp`.
-pub fn render_mcp(options: &BenchOptions, report: &McpReport) -> String {
+/// Formats the report of `toolmesh-bench --mcp`.
+pub(crate) fn render_mcp(options: &BenchOptions, report: &McpReport) -> String {
     let mut out = format!(
-        "toolmesh bench --mcp: echo over streamable HTTP · concurrency {} · {:?} per client in {} \
+        "toolmesh-bench --mcp: echo over streamable HTTP · concurrency {} · {:?} per client in {} \
          alternating rounds (medians)\n\n",
         options.concurrency, options.duration, options.rounds
     );
@@ -787,10 +815,10 @@ pub fn render_mcp(options: &BenchOptions, report: &McpReport) -> String {
     out
 }
 
-/// Formats the report as the table `toolmesh bench` prints.
-pub fn render(options: &BenchOptions, report: &BenchReport) -> String {
+/// Formats the report as the table `toolmesh-bench` prints.
+pub(crate) fn render(options: &BenchOptions, report: &BenchReport) -> String {
     let mut out = format!(
-        "toolmesh bench: CallTool {} · concurrency {} · {} connections · {:?} per phase and server \
+        "toolmesh-bench: CallTool {} · concurrency {} · {} connections · {:?} per phase and server \
          in {} alternating rounds (medians)\n\n",
         options.tool, options.concurrency, options.connections, options.duration, options.rounds
     );
@@ -837,7 +865,7 @@ pub fn render(options: &BenchOptions, report: &BenchReport) -> String {
 
 /// A bare `ToolService`: `CallTool` echoes its arguments the way the `echo` tool does.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct EchoService;
+pub(crate) struct EchoService;
 
 type EchoStream = Pin<Box<dyn Stream<Item = Result<CallToolServerMessage, Status>> + Send>>;
 
@@ -885,7 +913,7 @@ impl ToolService for EchoService {
 }
 
 /// Serves [`EchoService`] on `listener` until the process is killed.
-pub async fn serve_echo(listener: TcpListener) -> anyhow::Result<()> {
+pub(crate) async fn serve_echo(listener: TcpListener) -> anyhow::Result<()> {
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     tonic::transport::Server::builder()
         .add_service(ToolServiceServer::new(EchoService))

@@ -1,4 +1,4 @@
-//! Load-test pieces for `toolmesh bench --mcp`: an MCP echo server over streamable HTTP,
+//! Load-test pieces for `toolmesh-bench --mcp`: an MCP echo server over streamable HTTP,
 //! and a plain MCP client driving it directly, so that toolmesh in front of the same server
 //! can be compared with a client that talks to it itself.
 
@@ -26,14 +26,14 @@ use serde_json::json;
 use tokio::net::TcpListener;
 
 /// Name of the tool that changes another tool's description (see [`EchoServer`]).
-pub const TOUCH_TOOL: &str = "bench__touch";
+pub(crate) const TOUCH_TOOL: &str = "bench__touch";
 
 /// An MCP server for load tests. It offers `echo` (answers with its `message` argument), or
 /// the tools of a file (each answers with its arguments), plus [`TOUCH_TOOL`], which appends
 /// `marker` to the description of tool `name` and announces `tools/list_changed`, so that
 /// re-indexing after one change can be measured.
 #[derive(Debug, Clone)]
-pub struct EchoServer {
+pub(crate) struct EchoServer {
     tools: Arc<std::sync::RwLock<Vec<Tool>>>,
 }
 
@@ -57,7 +57,7 @@ fn object(value: serde_json::Value) -> serde_json::Map<String, serde_json::Value
 
 impl EchoServer {
     /// Returns a server offering `tools` (and [`TOUCH_TOOL`]).
-    pub fn with_tools(mut tools: Vec<Tool>) -> Self {
+    pub(crate) fn with_tools(mut tools: Vec<Tool>) -> Self {
         let touch = json!({"type": "object", "required": ["name", "marker"],
                            "properties": {"name": {"type": "string"}, "marker": {"type": "string"}}});
         tools.push(Tool::new(
@@ -70,7 +70,7 @@ impl EchoServer {
 
     /// Returns a server offering the tools of a JSON Lines file of
     /// `{"name", "description", "input_schema"}` objects.
-    pub fn from_file(path: &std::path::Path) -> std::io::Result<Self> {
+    pub(crate) fn from_file(path: &std::path::Path) -> std::io::Result<Self> {
         let text = std::fs::read_to_string(path)?;
         let mut tools = Vec::new();
         for (number, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
@@ -143,7 +143,7 @@ impl ServerHandler for EchoServer {
 }
 
 /// Serves `server` over streamable HTTP at `/mcp` on `listener`.
-pub async fn serve_echo(listener: TcpListener, server: EchoServer) -> std::io::Result<()> {
+pub(crate) async fn serve_echo(listener: TcpListener, server: EchoServer) -> std::io::Result<()> {
     let service = StreamableHttpService::new(
         move || Ok(server.clone()),
         Arc::new(LocalSessionManager::default()),
@@ -155,20 +155,20 @@ pub async fn serve_echo(listener: TcpListener, server: EchoServer) -> std::io::R
 
 /// What [`direct_load`] measured.
 #[derive(Debug, Default)]
-pub struct DirectLoad {
+pub(crate) struct DirectLoad {
     /// Latency of each successful call, in nanoseconds.
-    pub latencies_ns: Vec<u64>,
+    pub(crate) latencies_ns: Vec<u64>,
     /// Calls that failed.
-    pub errors: u64,
+    pub(crate) errors: u64,
     /// The first failure.
-    pub first_error: Option<String>,
+    pub(crate) first_error: Option<String>,
     /// Time from the first call to the last answer.
-    pub elapsed: Duration,
+    pub(crate) elapsed: Duration,
 }
 
 /// Drives `echo` at `url` from one MCP client connection (as toolmesh holds one per server)
 /// with `concurrency` callers for `duration`.
-pub async fn direct_load(
+pub(crate) async fn direct_load(
     url: &str,
     concurrency: usize,
     duration: Duration,

@@ -1,0 +1,160 @@
+//! `toolmesh-bench`: toolmesh's benchmarks, kept out of the serving binary.
+//!
+//! - [`load`]: `CallTool` against a toolmesh and against a bare tonic echo server, in
+//!   alternating rounds; the MCP proxying benchmark; the tool-search benchmark.
+//! - [`mcp_echo`]: the MCP echo server those benchmarks put behind toolmesh, and a plain MCP
+//!   client driving it directly.
+//!
+//! The servers under test are child processes: `toolmesh serve` (the binary beside this
+//! one, or `--toolmesh`), and this binary itself with a hidden flag for the echo servers.
+
+mod load;
+mod mcp_echo;
+
+use std::{io::Write as _, path::PathBuf, process::ExitCode, time::Duration};
+
+use clap::Parser;
+
+/// toolmesh's benchmarks. Without a mode flag it measures CallTool throughput and latency
+/// against a toolmesh server and against a bare tonic echo server; --mcp measures MCP
+/// proxying, --search a tool-search benchmark.
+#[derive(Parser)]
+#[command(name = "toolmesh-bench", version, about, long_about = None)]
+struct Cli {
+    /// A running toolmesh to measure; without it the bench starts one with the defaults.
+    #[arg(long)]
+    server: Option<String>,
+    /// Concurrent callers.
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// HTTP/2 connections the callers share.
+    #[arg(long, default_value_t = 4)]
+    connections: usize,
+    /// Seconds per measured phase and server (split into the rounds).
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Seconds of unmeasured warm-up before each phase.
+    #[arg(long, default_value_t = 2.0)]
+    warmup: f64,
+    /// The tool to call.
+    #[arg(long, default_value = "echo")]
+    tool: String,
+    /// Its arguments, as JSON.
+    #[arg(long, default_value = r#"{"message":"hello"}"#)]
+    arguments: String,
+    /// Skip the bare tonic echo baseline.
+    #[arg(long)]
+    no_baseline: bool,
+    /// Skip the open-loop phase at half of the maximum.
+    #[arg(long)]
+    no_half_load: bool,
+    /// Rounds per phase, alternating between the servers; medians are reported.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// Measure CallTool through toolmesh to a streamable-HTTP MCP echo server against an MCP
+    /// client calling that server directly.
+    #[arg(long)]
+    mcp: bool,
+    /// Serve the bare echo baseline instead (used by the bench itself).
+    #[arg(long, hide = true)]
+    echo_server: bool,
+    /// Serve the MCP echo server instead (used by the bench itself).
+    #[arg(long, hide = true)]
+    mcp_echo_server: bool,
+    /// Print the report as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// The toolmesh binary to start the servers under test with; default: `toolmesh` beside
+    /// this binary.
+    #[arg(long, env = "TOOLMESH_BIN")]
+    toolmesh: Option<PathBuf>,
+    /// Tools for the MCP echo server, as JSON Lines (used by the bench itself).
+    #[arg(long, hide = true)]
+    tools: Option<PathBuf>,
+    /// Measure SearchTools on the tool-search benchmark in this directory (tools.jsonl,
+    /// queries-dev.jsonl): recall, NDCG, latency, indexing time.
+    #[arg(long, value_name = "DIR")]
+    search: Option<PathBuf>,
+    /// With --search: index into an empty cache directory, so that every tool is embedded
+    /// (the first start ever); without it, vectors cached by earlier runs are reused.
+    #[arg(long, requires = "search")]
+    fresh_cache: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("toolmesh-bench: cannot start the runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("toolmesh-bench: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run(args: Cli) -> anyhow::Result<ExitCode> {
+    if args.echo_server {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        println!("echo listening on {}", listener.local_addr()?);
+        std::io::stdout().flush()?;
+        load::serve_echo(listener).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if args.mcp_echo_server {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        println!("mcp echo listening on {}", listener.local_addr()?);
+        std::io::stdout().flush()?;
+        let server = match &args.tools {
+            Some(path) => mcp_echo::EchoServer::from_file(path)?,
+            None => mcp_echo::EchoServer::default(),
+        };
+        mcp_echo::serve_echo(listener, server).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let options = load::BenchOptions {
+        server: args.server,
+        concurrency: args.concurrency.max(1),
+        connections: args.connections.max(1),
+        duration: Duration::from_secs_f64(args.duration),
+        warmup: Duration::from_secs_f64(args.warmup),
+        tool: args.tool,
+        arguments: args.arguments,
+        baseline: !args.no_baseline,
+        half_load: !args.no_half_load,
+        rounds: args.rounds.max(1),
+    };
+    let bench = std::env::current_exe()?;
+    let toolmesh = match args.toolmesh {
+        Some(path) => path,
+        None => bench.with_file_name("toolmesh"),
+    };
+    anyhow::ensure!(
+        toolmesh.exists(),
+        "{} not found: build it first (cargo build --release --bins) or give --toolmesh",
+        toolmesh.display()
+    );
+    let programs = load::Programs { toolmesh, bench };
+    let (table, json) = if let Some(dir) = &args.search {
+        let report = load::run_search(dir, &programs, args.fresh_cache).await?;
+        (load::render_search(&report), serde_json::to_value(&report)?)
+    } else if args.mcp {
+        let report = load::run_mcp(&options, &programs).await?;
+        (load::render_mcp(&options, &report), serde_json::to_value(&report)?)
+    } else {
+        let report = load::run(&options, &programs).await?;
+        (load::render(&options, &report), serde_json::to_value(&report)?)
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&json)?);
+    } else {
+        print!("{table}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
