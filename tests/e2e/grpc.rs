@@ -314,10 +314,13 @@ async fn client_deadline_is_deadline_exceeded_and_stops_the_tool() {
     let server = server("", &probe).await;
     let mut client = server.client().await;
 
+    // The deadline travels as `grpc-timeout` only: with `set_timeout`, the client's own timer
+    // of the same length would race the server's answer.
     let mut req = tonic::Request::new(request("block", json!({})));
-    req.set_timeout(Duration::from_millis(200));
+    req.metadata_mut().insert("grpc-timeout", "200m".parse().unwrap());
     let status = client.call_tool(req).await.unwrap_err();
     assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    assert!(status.message().contains("block"), "the server answered: {status:?}");
     let dropped = eventually(Duration::from_secs(5), || async {
         (probe.dropped.load(Ordering::SeqCst) == 1).then_some(())
     })

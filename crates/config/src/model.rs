@@ -153,6 +153,8 @@ pub struct SearchConfig {
     pub fusion: FusionConfig,
     /// Longest query searched, in bytes; longer ones are INVALID_ARGUMENT.
     pub max_query_bytes: NonZeroUsize,
+    /// Threads that embed the catalog in the background; 0: one fewer than the cores.
+    pub embed_threads: usize,
     /// Where vectors and fetched models are kept; `None` when no place could be found
     /// (no `cache_dir`, `XDG_CACHE_HOME` or `HOME`): then nothing is kept between runs.
     pub cache_dir: Option<PathBuf>,
@@ -472,6 +474,7 @@ struct RawSearch {
     rrf_k: f64,
     dense_weight: f64,
     max_query_bytes: NonZeroUsize,
+    embed_threads: usize,
 }
 
 #[derive(Deserialize, Default)]
@@ -973,6 +976,7 @@ impl Config {
                 model_index: Some(raw.search.model_index).filter(|u| !u.is_empty()),
                 fusion,
                 max_query_bytes: raw.search.max_query_bytes,
+                embed_threads: raw.search.embed_threads,
                 cache_dir: Some(PathBuf::from(raw.search.cache_dir))
                     .filter(|p| !p.as_os_str().is_empty())
                     .or_else(|| default_cache_dir(env)),

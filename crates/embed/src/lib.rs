@@ -25,8 +25,14 @@ pub trait Embedder: Send + Sync + 'static {
     /// Returns the number of dimensions of each vector.
     fn dimensions(&self) -> usize;
 
-    /// Embeds a batch of texts; the vectors are L2-normalised.
+    /// Embeds a batch of texts (the catalog's, in the background); the vectors are
+    /// L2-normalised.
     fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError>;
+
+    /// Embeds one query, which a caller waits for; by default as a batch of one.
+    fn embed_query(&self, query: &str) -> Result<Vec<f32>, EmbedError> {
+        Ok(self.embed(&[query])?.pop().unwrap_or_default())
+    }
 }
 
 /// Why embedding failed.

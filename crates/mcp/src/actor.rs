@@ -21,7 +21,7 @@ use toolmesh_config::McpTransport;
 use toolmesh_core::{SourceKind, ToolSource};
 use toolmesh_process::ProcessTag;
 use toolmesh_registry::{RegistryHandle, SourceUpdate, ToolEntry};
-use tracing::{debug, error, info, warn};
+use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::{
     ServerHealth, backend::McpBackend, convert, handler::McpClientHandler,
@@ -108,6 +108,15 @@ pub struct McpClientState {
 }
 
 impl McpClientActor {
+    /// Spawns `task` in a span naming this server, so that what it logs says whose it is.
+    fn spawn(
+        &self,
+        task: &'static str,
+        future: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        tokio::spawn(future.instrument(info_span!("mcp", server = %self.shared.name(), task)));
+    }
+
     fn source(&self) -> ToolSource {
         ToolSource { kind: SourceKind::Mcp, name: self.shared.name().to_owned() }
     }
@@ -122,66 +131,24 @@ impl McpClientActor {
     /// Publishes `tools` as this server's whole set, in one registry update.
     async fn publish(&self, tools: Vec<Tool>, state: &mut McpClientState) {
         let server = self.shared.name();
-        let config = &self.shared.config;
-        let source = self.source();
-        let catalog = self.registry.snapshot();
-        // Naming the tools and comparing them with the last listing touch every byte of
-        // thousands of tools: on a blocking thread, split across the cores.
+        // Naming thousands of tools, comparing them with the last listing and compiling the
+        // schemas of the new and changed ones touch every byte: on a blocking thread, split
+        // across the cores, never on the actor.
         let previous = std::mem::take(&mut state.listed);
-        let (prefix, server_name) = (config.prefix, server.to_owned());
-        let compared = tokio::task::spawn_blocking(move || {
-            let checked: Vec<(String, bool)> = tools
-                .par_iter()
-                .map(|tool| {
-                    let same = previous.get(tool.name.as_ref()) == Some(tool);
-                    (publish_name(prefix, &server_name, &tool.name), same)
-                })
-                .collect();
-            (tools, previous, checked)
+        let (shared, source, catalog) =
+            (self.shared.clone(), self.source(), self.registry.snapshot());
+        let prepared = tokio::task::spawn_blocking(move || {
+            prepare(&shared, &source, &catalog, tools, previous)
         })
         .await;
-        let (tools, previous, checked) = match compared {
-            Ok(compared) => compared,
+        let Prepared { tools, previous, entries, unchanged } = match prepared {
+            Ok(prepared) => prepared,
             Err(error) => {
-                error!(server, %error, "comparing the tool listing failed; not published");
+                error!(server, %error, "preparing the tool listing failed; not published");
                 return;
             }
         };
-        let mut entries: Vec<ToolEntry> = Vec::new();
-        let mut unchanged: Vec<String> = Vec::new();
-        let mut published = std::collections::HashSet::new();
-        for (tool, (name, same)) in tools.iter().zip(checked) {
-            let existing = catalog.get(&name);
-            if let Some(existing) = existing.filter(|e| e.spec.source != source) {
-                error!(
-                    tool = %name, server, other = %existing.spec.source,
-                    "tool name collides with a tool of another source; not published (set prefix = \"always\")"
-                );
-                continue;
-            }
-            if !published.insert(name.clone()) {
-                error!(tool = %name, server, "two tools of the server map to one name; the second is not published");
-                continue;
-            }
-            // An unchanged tool keeps its entry: no conversion and no schema compilation when
-            // one tool of thousands changes.
-            if existing.is_some() && same {
-                unchanged.push(name);
-                continue;
-            }
-            let spec = convert::spec(server, name.clone(), tool, config.timeout);
-            let backend =
-                Arc::new(McpBackend { shared: self.shared.clone(), tool: tool.name.to_string() });
-            match ToolEntry::lenient(spec, backend) {
-                Ok((entry, problem)) => {
-                    if let Some(problem) = problem {
-                        warn!(tool = %name, server, %problem, "published without argument validation");
-                    }
-                    entries.push(entry);
-                }
-                Err(error) => warn!(tool = %name, server, %error, "tool not published"),
-            }
-        }
+        let source = self.source();
         let count = entries.len() + unchanged.len();
         let update = SourceUpdate { source, tools: entries, toolkits: vec![], unchanged };
         // The listing is kept for the next one's comparison once the catalog has it; after a
@@ -193,13 +160,85 @@ impl McpClientActor {
             }
             Err(error) => error!(server, %error, "publishing the mcp tools failed"),
         }
-        // Freeing thousands of schemas takes a while: not on the actor, and not while the
-        // change is being indexed and embedded.
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            tokio::task::spawn_blocking(move || drop(previous));
-        });
+        // Freeing thousands of schemas takes a while: on a blocking thread, not the actor.
+        tokio::task::spawn_blocking(move || drop(previous));
     }
+}
+
+/// A listing made ready for the registry.
+struct Prepared {
+    /// The listing, kept for the next one's comparison.
+    tools: Vec<Tool>,
+    /// The listing before it, to be freed.
+    previous: std::collections::HashMap<String, Tool>,
+    /// Entries of the new and changed tools.
+    entries: Vec<ToolEntry>,
+    /// Names of the tools that did not change.
+    unchanged: Vec<String>,
+}
+
+/// Names the tools of a listing, compares them with the `previous` one and builds the
+/// entries of those that are new or changed (an unchanged tool keeps its entry: no
+/// conversion and no schema compilation when one tool of thousands changes). A name taken
+/// by another source, or by two tools of the server, is logged and left out.
+fn prepare(
+    shared: &Arc<ServerShared>,
+    source: &ToolSource,
+    catalog: &toolmesh_registry::Catalog,
+    tools: Vec<Tool>,
+    previous: std::collections::HashMap<String, Tool>,
+) -> Prepared {
+    let config = &shared.config;
+    let server = shared.name();
+    let checked: Vec<(String, bool)> = tools
+        .par_iter()
+        .map(|tool| {
+            let same = previous.get(tool.name.as_ref()) == Some(tool);
+            (publish_name(config.prefix, server, &tool.name), same)
+        })
+        .collect();
+    let mut changed: Vec<(&Tool, String)> = Vec::new();
+    let mut unchanged: Vec<String> = Vec::new();
+    let mut published = std::collections::HashSet::new();
+    for (tool, (name, same)) in tools.iter().zip(checked) {
+        let existing = catalog.get(&name);
+        if let Some(existing) = existing.filter(|e| e.spec.source != *source) {
+            error!(
+                tool = %name, server, other = %existing.spec.source,
+                "tool name collides with a tool of another source; not published (set prefix = \"always\")"
+            );
+            continue;
+        }
+        if !published.insert(name.clone()) {
+            error!(tool = %name, server, "two tools of the server map to one name; the second is not published");
+            continue;
+        }
+        if existing.is_some() && same {
+            unchanged.push(name);
+        } else {
+            changed.push((tool, name));
+        }
+    }
+    let entries: Vec<ToolEntry> = changed
+        .into_par_iter()
+        .filter_map(|(tool, name)| {
+            let spec = convert::spec(server, name.clone(), tool, config.timeout);
+            let backend = Arc::new(McpBackend { shared: shared.clone(), tool: tool.name.to_string() });
+            match ToolEntry::lenient(spec, backend) {
+                Ok((entry, problem)) => {
+                    if let Some(problem) = problem {
+                        warn!(tool = %name, server, %problem, "published without argument validation");
+                    }
+                    Some(entry)
+                }
+                Err(error) => {
+                    warn!(tool = %name, server, %error, "tool not published");
+                    None
+                }
+            }
+        })
+        .collect();
+    Prepared { tools, previous, entries, unchanged }
 }
 
 /// Lists every page of the server's tools. rmcp's `list_all_tools` would also keep a deep
@@ -336,12 +375,15 @@ async fn connect(
                 .map(|group| ProcessGroupGuard { group, tag });
             if let Some(stderr) = stderr {
                 let server = config.name.clone();
-                tokio::spawn(async move {
-                    let mut lines = BufReader::new(stderr).lines();
-                    while let Ok(Some(line)) = lines.next_line().await {
-                        debug!(server = %server, "stderr: {line}");
+                tokio::spawn(
+                    async move {
+                        let mut lines = BufReader::new(stderr).lines();
+                        while let Ok(Some(line)) = lines.next_line().await {
+                            debug!("stderr: {line}");
+                        }
                     }
-                });
+                    .instrument(info_span!("mcp", server = %server, task = "stderr")),
+                );
             }
             handler
                 .serve_with_lifecycle(transport, lifecycle())
@@ -494,7 +536,7 @@ impl Actor for McpClientActor {
                 // Bounded by the server's timeout, so a server that never answers cannot
                 // keep the actor waiting.
                 let limit = self.shared.config.timeout;
-                tokio::spawn(async move {
+                self.spawn("connect", async move {
                     let message =
                         match tokio::time::timeout(limit, connect(shared, actor.clone())).await {
                             Ok(Ok((connection, group, tools))) => {
@@ -531,14 +573,20 @@ impl Actor for McpClientActor {
                 state.connection = Some(close.clone().drop_guard());
                 if modern {
                     let lost = CancellationToken::clone(&self.shared.lost.load());
-                    tokio::spawn(follow_tool_list(peer.clone(), myself.clone(), lost));
+                    self.spawn(
+                        "subscription",
+                        follow_tool_list(peer.clone(), myself.clone(), lost),
+                    );
                 }
                 if let Some(interval) = self.shared.config.ping_interval {
                     let lost = CancellationToken::clone(&self.shared.lost.load());
-                    tokio::spawn(probe(peer, modern, interval, lost, myself.clone(), generation));
+                    self.spawn(
+                        "liveness",
+                        probe(peer, modern, interval, lost, myself.clone(), generation),
+                    );
                 }
                 let actor = myself.clone();
-                tokio::spawn(async move {
+                self.spawn("connection", async move {
                     let _group = group;
                     tokio::select! {
                         reason = connection.waiting() => {
@@ -557,7 +605,7 @@ impl Actor for McpClientActor {
                 if self.shared.config.connect == toolmesh_config::ConnectMode::Lazy {
                     let (shared, actor) = (self.shared.clone(), myself.clone());
                     let lost = CancellationToken::clone(&self.shared.lost.load());
-                    tokio::spawn(watch_idle(shared, actor, lost, generation));
+                    self.spawn("idle", watch_idle(shared, actor, lost, generation));
                 }
             }
             McpMsg::ConnectFailed { reason } => {
@@ -586,7 +634,7 @@ impl Actor for McpClientActor {
             McpMsg::ToolsChanged => {
                 let Some(peer) = self.shared.peer.load_full() else { return Ok(()) };
                 let (actor, generation) = (myself.clone(), state.generation);
-                tokio::spawn(async move {
+                self.spawn("relist", async move {
                     let started = std::time::Instant::now();
                     match list_tools(&peer).await {
                         Ok(tools) => {

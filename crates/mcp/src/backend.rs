@@ -77,10 +77,13 @@ impl Drop for CancelOnDrop {
         if let Some(id) = self.id.take() {
             let peer = self.peer.clone();
             let reason = self.reason;
-            tokio::spawn(async move {
-                let params = CancelledNotificationParam::new(Some(id), Some(reason.to_owned()));
-                let _ = peer.notify_cancelled(params).await;
-            });
+            tokio::spawn(
+                async move {
+                    let params = CancelledNotificationParam::new(Some(id), Some(reason.to_owned()));
+                    let _ = peer.notify_cancelled(params).await;
+                }
+                .instrument(tracing::Span::current()),
+            );
         }
     }
 }
@@ -129,6 +132,7 @@ impl McpBackend {
         tracing::Span::current().record("jsonrpc.request.id", tracing::field::display(&handle.id));
         self.shared.progress_sinks().insert(handle.progress_token.clone(), ctx.events.clone());
         self.shared.inflight_calls().insert(handle.id.clone(), ctx.events.clone());
+        self.shared.registered.notify_waiters();
         let _routes = CallRoutes {
             shared: &self.shared,
             token: handle.progress_token.clone(),

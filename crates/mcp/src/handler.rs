@@ -13,6 +13,9 @@ use tracing::debug;
 
 use crate::{McpMsg, shared::ServerShared};
 
+/// How long a server request may wait for the call it belongs to to be registered.
+const ROUTE_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// toolmesh's side of one MCP connection: routes progress to the call it belongs to,
 /// tells the actor when the server's tool list changed, and answers server requests.
 pub struct McpClientHandler {
@@ -74,15 +77,19 @@ impl ClientHandler for McpClientHandler {
     ) -> Result<ElicitResult, ErrorData> {
         let origin = context.extensions.get::<InboundStreamOrigin>().cloned();
         // The call registers its request id just after sending; a fast server can ask
-        // before that, so look again for a short while.
-        let mut sink = None;
-        for _ in 0..10 {
-            sink = self.caller(origin.as_ref());
-            if sink.is_some() {
-                break;
+        // before that, so wait for the registration, for a short while at most.
+        let waited = tokio::time::Instant::now() + ROUTE_WAIT;
+        let sink = loop {
+            let registered = self.shared.registered.notified();
+            tokio::pin!(registered);
+            registered.as_mut().enable();
+            if let Some(sink) = self.caller(origin.as_ref()) {
+                break Some(sink);
             }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
+            if tokio::time::timeout_at(waited, registered).await.is_err() {
+                break None;
+            }
+        };
         let Some(sink) = sink else {
             debug!(server = self.shared.name(), "elicitation with no caller to answer it: cancel");
             return Ok(ElicitResult::new(ElicitationAction::Cancel));

@@ -50,6 +50,9 @@ pub(crate) struct ServerShared {
     /// The running calls by JSON-RPC request id, for routing the server's requests
     /// (elicitations) back to the call they belong to.
     pub(crate) inflight: Mutex<HashMap<RequestId, EventSink>>,
+    /// Told whenever a call registers in `inflight`: a server request that arrives before
+    /// its call is registered waits for this instead of polling.
+    pub(crate) registered: Notify,
     /// Told whenever any server's health changes.
     pub(crate) changed: Arc<Notify>,
     /// Counts connection attempts that ended (success or failure); calls waiting for a
@@ -74,6 +77,7 @@ impl ServerShared {
             since: ArcSwap::from_pointee(Instant::now()),
             progress: Mutex::new(HashMap::new()),
             inflight: Mutex::new(HashMap::new()),
+            registered: Notify::new(),
             changed,
             attempts: watch::channel(0).0,
             last_used: AtomicU64::new(0),

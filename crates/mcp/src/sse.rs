@@ -11,7 +11,7 @@ use rmcp::{
     transport::Transport,
 };
 use tokio::{sync::mpsc, task::JoinHandle};
-use tracing::{debug, warn};
+use tracing::{Instrument, debug, warn};
 
 /// Server messages buffered before the reader waits for the client to take them.
 const BUFFER: usize = 256;
@@ -145,37 +145,40 @@ impl SseClientTransport {
             )));
         }
         let (tx, messages) = mpsc::channel(BUFFER);
-        let reader = tokio::spawn(async move {
-            let forward = |event: Event| {
-                let tx = tx.clone();
-                async move {
-                    if event.name != "message" && !event.name.is_empty() {
-                        return true;
-                    }
-                    match serde_json::from_str::<ServerJsonRpcMessage>(&event.data) {
-                        Ok(message) => tx.send(message).await.is_ok(),
-                        Err(error) => {
-                            warn!(%error, "an SSE message is not JSON-RPC; skipped");
-                            true
+        let reader = tokio::spawn(
+            async move {
+                let forward = |event: Event| {
+                    let tx = tx.clone();
+                    async move {
+                        if event.name != "message" && !event.name.is_empty() {
+                            return true;
+                        }
+                        match serde_json::from_str::<ServerJsonRpcMessage>(&event.data) {
+                            Ok(message) => tx.send(message).await.is_ok(),
+                            Err(error) => {
+                                warn!(%error, "an SSE message is not JSON-RPC; skipped");
+                                true
+                            }
                         }
                     }
-                }
-            };
-            for event in pending {
-                if !forward(event).await {
-                    return;
-                }
-            }
-            while let Some(chunk) = body.next().await {
-                let Ok(chunk) = chunk else { break };
-                for event in parser.feed(&chunk) {
+                };
+                for event in pending {
                     if !forward(event).await {
                         return;
                     }
                 }
+                while let Some(chunk) = body.next().await {
+                    let Ok(chunk) = chunk else { break };
+                    for event in parser.feed(&chunk) {
+                        if !forward(event).await {
+                            return;
+                        }
+                    }
+                }
+                debug!("the SSE stream ended");
             }
-            debug!("the SSE stream ended");
-        });
+            .instrument(tracing::Span::current()),
+        );
         Ok(SseClientTransport {
             client,
             endpoint: Arc::new(endpoint),

@@ -290,26 +290,30 @@ impl MetaTools {
         let (weak, registry) = (Arc::downgrade(&self.inner), registry.clone());
         let stop = self.inner.stop.clone();
         let mut changes = registry.subscribe();
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    changed = changes.changed() => if changed.is_err() { return },
-                }
-                // Let a burst of changes settle before describing the catalog again.
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                changes.borrow_and_update();
-                let Some(inner) = weak.upgrade() else { return };
-                let meta = MetaTools { inner };
-                let catalog = registry.snapshot();
-                let description = meta.default_description(&catalog);
-                if catalog.get(SEARCH_TOOLS).is_some_and(|e| e.spec.description != description)
-                    && let Err(error) = registry.replace_source(update(&meta, description)).await
-                {
-                    warn!(%error, "cannot update the description of searchTools");
+        tokio::spawn(
+            async move {
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        changed = changes.changed() => if changed.is_err() { return },
+                    }
+                    // Let a burst of changes settle before describing the catalog again.
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    changes.borrow_and_update();
+                    let Some(inner) = weak.upgrade() else { return };
+                    let meta = MetaTools { inner };
+                    let catalog = registry.snapshot();
+                    let description = meta.default_description(&catalog);
+                    if catalog.get(SEARCH_TOOLS).is_some_and(|e| e.spec.description != description)
+                        && let Err(error) =
+                            registry.replace_source(update(&meta, description)).await
+                    {
+                        warn!(%error, "cannot update the description of searchTools");
+                    }
                 }
             }
-        });
+            .instrument(info_span!("meta", task = "describe searchTools")),
+        );
         Ok(())
     }
 }

@@ -8,7 +8,7 @@ use std::{
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use toolmesh_embed::Embedder;
 use toolmesh_registry::{RegistryHandle, ToolEntry};
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, warn};
 
 use crate::{
     Fusion, SearchHandle,
@@ -125,53 +125,25 @@ impl ToolSearchActor {
         Ok((actor, SearchHandle { shared, registry }))
     }
 
-    fn reindex(&self, myself: &ActorRef<SearchMsg>, state: &mut ToolSearchState) {
+    /// Brings the index up to the current catalog. The texts, digests and BM25 updates of
+    /// a whole catalog are CPU work: they run on a blocking thread, with the map of what is
+    /// indexed lent to it.
+    async fn reindex(
+        &self,
+        myself: &ActorRef<SearchMsg>,
+        state: &mut ToolSearchState,
+    ) -> Result<(), ActorProcessingErr> {
         let catalog = self.registry.snapshot();
         if catalog.version == self.shared.version.load(Ordering::Acquire) && catalog.version != 0 {
-            return;
+            return Ok(());
         }
         let started = Instant::now();
-        // Work out the changes before taking the write lock, so searches wait only for the
-        // updates themselves.
-        let mut upserts = Vec::new();
-        for (name, entry) in &catalog.tools {
-            let previous = state.indexed.get_mut(name);
-            if let Some((indexed, _)) = &previous
-                && Arc::ptr_eq(indexed, entry)
-            {
-                continue;
-            }
-            let text = tool_text(&entry.spec);
-            let text_digest = digest(&text);
-            match previous {
-                Some((indexed, old)) if *old == text_digest => *indexed = entry.clone(),
-                _ => upserts.push((name.clone(), entry.clone(), text, text_digest)),
-            }
-        }
-        // Every catalog tool is indexed or new: when the counts agree, nothing went.
-        let new = upserts.iter().filter(|(name, ..)| !state.indexed.contains_key(name)).count();
-        let removed: Vec<String> = if catalog.tools.len() == state.indexed.len() + new {
-            Vec::new()
-        } else {
-            state
-                .indexed
-                .keys()
-                .filter(|name| !catalog.tools.contains_key(*name))
-                .cloned()
-                .collect()
-        };
-        {
-            let mut index = self.shared.index.write().unwrap_or_else(PoisonError::into_inner);
-            for name in &removed {
-                index.remove(name);
-            }
-            for (name, _, text, _) in &upserts {
-                index.upsert(name, &terms(text));
-            }
-        }
-        for name in &removed {
-            state.indexed.remove(name);
-        }
+        let (shared, indexed, lexical) =
+            (self.shared.clone(), std::mem::take(&mut state.indexed), catalog.clone());
+        let (indexed, upserts, removed) =
+            tokio::task::spawn_blocking(move || index_lexically(&shared, &lexical, indexed))
+                .await?;
+        state.indexed = indexed;
         let embedding = self.shared.embedder.is_some();
         let updated = upserts.len();
         {
@@ -217,6 +189,7 @@ impl ToolSearchActor {
             elapsed_us = started.elapsed().as_micros() as u64,
             "search index updated"
         );
+        Ok(())
     }
 
     async fn embed_next(
@@ -298,6 +271,59 @@ impl ToolSearchActor {
     }
 }
 
+/// What is indexed, by tool name: the entry and the digest of its text.
+type Indexed = HashMap<String, (Arc<ToolEntry>, TextDigest)>;
+
+/// Tools whose text is new or changed: name, entry, text and its digest.
+type Upserts = Vec<(String, Arc<ToolEntry>, String, TextDigest)>;
+
+/// Compares `catalog` with what is `indexed` (entries by pointer: the registry keeps an
+/// unchanged tool's entry), hashes the text of new and changed tools only, and applies the
+/// changes to the BM25 index. Returns the map (updated for tools whose text did not change,
+/// and without the removed ones), the upserts, and the removed tool names.
+fn index_lexically(
+    shared: &SearchShared,
+    catalog: &toolmesh_registry::Catalog,
+    mut indexed: Indexed,
+) -> (Indexed, Upserts, Vec<String>) {
+    let mut upserts = Vec::new();
+    for (name, entry) in &catalog.tools {
+        let previous = indexed.get_mut(name);
+        if let Some((known, _)) = &previous
+            && Arc::ptr_eq(known, entry)
+        {
+            continue;
+        }
+        let text = tool_text(&entry.spec);
+        let text_digest = digest(&text);
+        match previous {
+            Some((known, old)) if *old == text_digest => *known = entry.clone(),
+            _ => upserts.push((name.clone(), entry.clone(), text, text_digest)),
+        }
+    }
+    // Every catalog tool is indexed or new: when the counts agree, nothing went.
+    let new = upserts.iter().filter(|(name, ..)| !indexed.contains_key(name)).count();
+    let removed: Vec<String> = if catalog.tools.len() == indexed.len() + new {
+        Vec::new()
+    } else {
+        indexed.keys().filter(|name| !catalog.tools.contains_key(*name)).cloned().collect()
+    };
+    {
+        // Searches wait only for the updates themselves.
+        let mut index = shared.index.write().unwrap_or_else(PoisonError::into_inner);
+        for name in &removed {
+            index.remove(name);
+        }
+        for (name, _, text, _) in &upserts {
+            index.upsert(name, &terms(text));
+        }
+    }
+    for name in &removed {
+        indexed.remove(name);
+    }
+    (indexed, upserts, removed)
+}
+
 impl Actor for ToolSearchActor {
     type Msg = SearchMsg;
     type State = ToolSearchState;
@@ -310,13 +336,16 @@ impl Actor for ToolSearchActor {
     ) -> Result<Self::State, ActorProcessingErr> {
         let mut changes = self.registry.subscribe();
         let actor = myself.clone();
-        tokio::spawn(async move {
-            while changes.changed().await.is_ok() {
-                if actor.cast(SearchMsg::CatalogChanged).is_err() {
-                    return;
+        tokio::spawn(
+            async move {
+                while changes.changed().await.is_ok() {
+                    if actor.cast(SearchMsg::CatalogChanged).is_err() {
+                        return;
+                    }
                 }
             }
-        });
+            .instrument(tracing::info_span!("search", task = "follow catalog")),
+        );
         let dimensions = self.shared.embedder.as_ref().map_or(0, |e| e.dimensions());
         let store = match (&self.shared.embedder, &self.vector_cache) {
             (Some(embedder), Some(dir)) => {
@@ -349,10 +378,7 @@ impl Actor for ToolSearchActor {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match message {
-            SearchMsg::CatalogChanged => {
-                self.reindex(&myself, state);
-                Ok(())
-            }
+            SearchMsg::CatalogChanged => self.reindex(&myself, state).await,
             SearchMsg::EmbedNext => self.embed_next(&myself, state).await,
         }
     }

@@ -99,10 +99,8 @@ impl SearchHandle {
                 let vector: Arc<[f32]> = match recent {
                     Some(vector) => vector,
                     None => embedder
-                        .embed(&[text.as_str()])
+                        .embed_query(&text)
                         .map_err(|e| SearchError::Embedding(e.to_string()))?
-                        .pop()
-                        .unwrap_or_default()
                         .into(),
                 };
                 let vectors = shared.vectors.read().unwrap_or_else(PoisonError::into_inner);

@@ -41,10 +41,13 @@ async fn load_embedder(config: &Config) -> Option<Arc<dyn toolmesh_embed::Embedd
         return None;
     }
     let loaded = match locate_model(config).await {
-        Ok(dir) => tokio::task::spawn_blocking(move || toolmesh_embed::MiniLm::load(&dir))
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r.map_err(|e| e.to_string())),
+        Ok(dir) => {
+            let threads = config.search.embed_threads;
+            tokio::task::spawn_blocking(move || toolmesh_embed::MiniLm::load(&dir, threads))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string()))
+        }
         Err(reason) => Err(reason),
     };
     match loaded {

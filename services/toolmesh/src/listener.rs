@@ -35,7 +35,7 @@ use tokio::{
 };
 use tokio_util::sync::CancellationToken;
 use tonic::{body::Body, transport::server::Connected};
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, warn};
 
 /// The client's first bytes on an HTTP/2 connection (RFC 9113, section 3.4).
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -91,7 +91,7 @@ impl Listener {
     /// Starts accepting on `listener` within `limits`.
     pub fn new(listener: TcpListener, limits: ConnectionLimits) -> Self {
         let (tx, ready) = mpsc::channel(64);
-        tokio::spawn(accept(listener, limits, tx));
+        tokio::spawn(accept(listener, limits, tx).instrument(tracing::info_span!("listener")));
         Listener { ready }
     }
 }
@@ -186,7 +186,7 @@ async fn accept(listener: TcpListener, limits: ConnectionLimits, ready: mpsc::Se
                 }
                 Err(reason) => debug!(%peer, %reason, "connection closed before its handshake"),
             }
-        });
+        }.instrument(tracing::debug_span!("handshake", %peer)));
     }
 }
 

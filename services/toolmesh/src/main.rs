@@ -14,7 +14,7 @@ use clap::{Args, Parser, Subcommand};
 use tokio::signal::unix::{SignalKind, signal};
 use toolmesh::{App, AppOptions, client};
 use toolmesh_proto::v1::CallToolRequest;
-use tracing::{error, info, warn};
+use tracing::{Instrument, error, info, warn};
 
 /// toolmesh gives LLM agents their hands: one gRPC catalog of tools, called the same way
 /// whether they run locally, in worker processes, behind MCP servers or over knowledge
@@ -179,7 +179,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             _ = interrupt.recv() => info!("interrupt received"),
         }
     };
-    tokio::spawn(watch_config(app.clone(), args.config.clone(), config.clone(), args.listen));
+    tokio::spawn(
+        watch_config(app.clone(), args.config.clone(), config.clone(), args.listen)
+            .instrument(tracing::info_span!("config", task = "reload")),
+    );
 
     let drained = toolmesh::serve(listener, app, config.server.clone(), shutdown).await?;
     Ok(if drained { ExitCode::SUCCESS } else { ExitCode::FAILURE })

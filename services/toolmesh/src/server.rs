@@ -4,7 +4,7 @@ use tokio::net::TcpListener;
 use toolmesh_config::ServerConfig;
 use toolmesh_proto::v1::tool_service_server::ToolServiceServer;
 use toolmesh_router::ToolServiceImpl;
-use tracing::{info, warn};
+use tracing::{Instrument, info, warn};
 
 use crate::{App, ConnectionLimits, Listener, MessageLimitLayer, TrackCallsLayer};
 
@@ -64,7 +64,10 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
 
-    let mcp_health = tokio::spawn(report_mcp_health(app.clone(), health.clone()));
+    let mcp_health = tokio::spawn(
+        report_mcp_health(app.clone(), health.clone())
+            .instrument(tracing::info_span!("health", task = "mcp servers")),
+    );
     let limits = ConnectionLimits {
         max_connections: within_descriptors(config.max_connections.get()),
         handshake_timeout: config.handshake_timeout,
