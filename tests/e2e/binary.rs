@@ -856,20 +856,24 @@ async fn mcp_server_health_is_exported_as_metrics() {
     .unwrap();
 
     let value = |metric: &str, server: &str| {
+        // The generic gauge names its source by kind and name, the MCP counter by server.
+        let names = |attributes: &[(String, String)]| {
+            attributes.iter().any(|(k, v)| k == "mcp.server" && v == server)
+                || (attributes.iter().any(|(k, v)| k == "toolmesh.source.kind" && v == "mcp")
+                    && attributes.iter().any(|(k, v)| k == "toolmesh.source.name" && v == server))
+        };
         receiver
             .points
             .lock()
             .unwrap()
             .iter()
             .rev()
-            .find(|(name, attributes, _)| {
-                name == metric && attributes.iter().any(|(k, v)| k == "mcp.server" && v == server)
-            })
+            .find(|(name, attributes, _)| name == metric && names(attributes))
             .map(|(_, _, value)| *value)
     };
     let settled = eventually(Duration::from_secs(20), || async {
-        let ready = value("toolmesh.mcp.server.up", "mini") == Some(1.0)
-            && value("toolmesh.mcp.server.up", "hang") == Some(0.0)
+        let ready = value("toolmesh.source.up", "mini") == Some(1.0)
+            && value("toolmesh.source.up", "hang") == Some(0.0)
             && value("toolmesh.mcp.connection.failures", "hang").is_some_and(|n| n >= 1.0);
         ready.then_some(())
     })
@@ -877,8 +881,8 @@ async fn mcp_server_health_is_exported_as_metrics() {
     assert!(
         settled.is_some(),
         "up: mini {:?}, hang {:?}; failures: hang {:?}",
-        value("toolmesh.mcp.server.up", "mini"),
-        value("toolmesh.mcp.server.up", "hang"),
+        value("toolmesh.source.up", "mini"),
+        value("toolmesh.source.up", "hang"),
         value("toolmesh.mcp.connection.failures", "hang")
     );
 }

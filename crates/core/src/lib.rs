@@ -7,6 +7,8 @@
 //! - [`Backend`]: the one trait that local workers, remote workers, MCP servers and
 //!   knowledge collections implement; the router dispatches through it and knows no backend
 //!   by name.
+//! - [`Provider`]: a source of tools with a lifecycle (start, reload, health, stop), the
+//!   seam the binary drives every backend through; [`HealthBoard`] holds their health.
 //! - [`ErrorCode`], [`BackendError`]: failure kinds, mapped to gRPC status codes once, in
 //!   the proto crate.
 
@@ -14,6 +16,7 @@ mod backend;
 mod call;
 mod content;
 mod error;
+mod provider;
 mod tool;
 
 pub use backend::Backend;
@@ -25,6 +28,7 @@ pub use content::{ContentPart, ToolOutput};
 pub use error::{
     BackendError, CallFailure, ECHO_CHARS, ErrorCode, FailureDetail, FieldViolation, clip,
 };
+pub use provider::{Health, HealthBoard, Provider, ProviderError};
 pub use tool::{
     InvalidToolName, SourceKind, ToolAnnotations, ToolSource, ToolSpec, Toolkit, validate_tool_name,
 };

@@ -598,8 +598,10 @@ impl Actor for McpClientActor {
                         () = close.cancelled() => {}
                     }
                 });
-                self.publish(tools, state).await;
+                // Healthy first: the health board is current by the time the tools are
+                // listed.
                 self.shared.set_health(ServerHealth::Healthy);
+                self.publish(tools, state).await;
                 self.shared.touch();
                 self.shared.attempts.send_modify(|n| *n += 1);
                 if self.shared.config.connect == toolmesh_config::ConnectMode::Lazy {

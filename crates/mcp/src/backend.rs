@@ -227,19 +227,6 @@ impl McpBackend {
 
 #[async_trait::async_trait]
 impl Backend for McpBackend {
-    fn status(&self) -> Result<(), String> {
-        match &**self.shared.health.load() {
-            // An idle lazy server is opened by the next call.
-            crate::ServerHealth::Healthy | crate::ServerHealth::Idle => Ok(()),
-            crate::ServerHealth::Connecting => {
-                Err(format!("mcp server {} is connecting", self.shared.name()))
-            }
-            crate::ServerHealth::Unhealthy { reason } => {
-                Err(format!("mcp server {} is unavailable: {reason}", self.shared.name()))
-            }
-        }
-    }
-
     async fn call(&self, ctx: CallContext, arguments: Value) -> Result<ToolOutput, BackendError> {
         // A full server refuses at once, as a full local tool does: waiting callers would
         // pile up without bound behind a slow server.

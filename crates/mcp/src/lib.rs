@@ -28,13 +28,14 @@ mod http_client;
 mod manager;
 mod metrics;
 mod naming;
+mod provider;
 mod shared;
 mod sse;
 
 pub use actor::{McpClientActor, McpClientState, McpMsg, ProcessGroupGuard};
 pub use handler::McpClientHandler;
 pub use http_client::TracingHttpClient;
-pub use manager::{McpManager, McpSupervisorActor, McpSupervisorMsg, McpSupervisorState};
+pub use manager::{McpError, McpManager, McpSupervisorActor, McpSupervisorMsg, McpSupervisorState};
 pub use naming::publish_name;
 pub use shared::ServerHealth;
 pub use sse::{SseClientTransport, SseError};

@@ -1,14 +1,12 @@
-use std::{
-    collections::BTreeMap,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
+use arc_swap::ArcSwap;
 use ractor::{
     Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent, rpc::CallResult,
 };
 use tokio::sync::Notify;
 use toolmesh_config::McpServerConfig;
+use toolmesh_core::ErrorCode;
 use toolmesh_registry::RegistryHandle;
 use tracing::{error, info, warn};
 
@@ -24,31 +22,58 @@ pub enum McpSupervisorMsg {
         /// Done.
         reply: RpcReplyPort<()>,
     },
-    /// Ends a server's actor abruptly, as a crash would; the supervisor starts a new one.
-    Restart {
-        /// The server.
-        server: String,
-        /// Whether such a server runs.
-        reply: RpcReplyPort<bool>,
-    },
 }
+
+/// Why the MCP supervisor could not be asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum McpError {
+    /// It did not answer within the time given.
+    #[error("the mcp supervisor did not answer within {0:?}")]
+    Timeout(Duration),
+    /// It has stopped.
+    #[error("the mcp supervisor has stopped")]
+    Stopped,
+}
+
+impl McpError {
+    /// The failure kind a caller sees.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            McpError::Timeout(_) => ErrorCode::DeadlineExceeded,
+            McpError::Stopped => ErrorCode::Unavailable,
+        }
+    }
+}
+
+/// One running server, as the supervisor publishes it.
+#[derive(Clone)]
+struct Running {
+    shared: Arc<ServerShared>,
+    actor: ActorRef<McpMsg>,
+}
+
+/// What the supervisor publishes after every change, for readers that must not wait on
+/// its mailbox (health, the protocol in use): the running servers by name.
+type Published = ArcSwap<BTreeMap<String, Running>>;
 
 /// Supervises one [`McpClientActor`] per configured server and restarts any that fails.
 pub struct McpSupervisorActor {
     registry: RegistryHandle,
-    servers: Arc<Mutex<BTreeMap<String, Arc<ServerShared>>>>,
+    published: Arc<Published>,
     changed: Arc<Notify>,
 }
 
-/// The [`McpSupervisorActor`]'s state: the running server actors by name.
+/// The [`McpSupervisorActor`]'s state: the running servers by name. Only the actor
+/// changes it; each change is published whole.
 #[derive(Default)]
 pub struct McpSupervisorState {
-    actors: BTreeMap<String, ActorRef<McpMsg>>,
+    servers: BTreeMap<String, Running>,
 }
 
 impl McpSupervisorActor {
-    fn servers(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<ServerShared>>> {
-        self.servers.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn publish(&self, state: &McpSupervisorState) {
+        self.published.store(Arc::new(state.servers.clone()));
+        self.changed.notify_one();
     }
 
     async fn start_server(
@@ -61,17 +86,18 @@ impl McpSupervisorActor {
         let actor = McpClientActor { shared: shared.clone(), registry: self.registry.clone() };
         match Actor::spawn_linked(None, actor, (), myself.get_cell()).await {
             Ok((actor, _)) => {
-                state.actors.insert(name.clone(), actor);
-                self.servers().insert(name, shared);
+                state.servers.insert(name, Running { shared, actor });
             }
             Err(error) => error!(server = %name, %error, "cannot start the mcp client actor"),
         }
     }
 
     async fn stop_server(&self, state: &mut McpSupervisorState, name: &str) {
-        if let Some(actor) = state.actors.remove(name) {
+        // Removed first: an actor that ends while not in the map ended on our request.
+        if let Some(running) = state.servers.remove(name) {
             // Waiting lets the actor close its connection and withdraw its tools first.
-            if let Err(error) = actor
+            if let Err(error) = running
+                .actor
                 .stop_and_wait(
                     Some("removed from the configuration".into()),
                     Some(Duration::from_secs(10)),
@@ -81,11 +107,14 @@ impl McpSupervisorActor {
                 warn!(server = name, %error, "mcp client actor did not stop cleanly");
             }
         }
-        self.servers().remove(name);
     }
 
     fn name_of(&self, state: &McpSupervisorState, cell: &ActorCell) -> Option<String> {
-        state.actors.iter().find(|(_, a)| a.get_id() == cell.get_id()).map(|(n, _)| n.clone())
+        state
+            .servers
+            .iter()
+            .find(|(_, running)| running.actor.get_id() == cell.get_id())
+            .map(|(name, _)| name.clone())
     }
 }
 
@@ -107,10 +136,11 @@ impl Actor for McpSupervisorActor {
         _: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        let names: Vec<String> = state.actors.keys().cloned().collect();
+        let names: Vec<String> = state.servers.keys().cloned().collect();
         for name in names {
             self.stop_server(state, &name).await;
         }
+        self.publish(state);
         Ok(())
     }
 
@@ -124,16 +154,20 @@ impl Actor for McpSupervisorActor {
             McpSupervisorMsg::Reload { servers, reply } => {
                 let wanted: BTreeMap<String, McpServerConfig> =
                     servers.into_iter().map(|s| (s.name.clone(), s)).collect();
-                let running: Vec<(String, McpServerConfig)> =
-                    self.servers().iter().map(|(n, s)| (n.clone(), s.config.clone())).collect();
+                let running: Vec<(String, McpServerConfig)> = state
+                    .servers
+                    .iter()
+                    .map(|(n, r)| (n.clone(), r.shared.config.clone()))
+                    .collect();
                 for (name, config) in running {
                     if wanted.get(&name) != Some(&config) {
                         info!(server = %name, "stopping mcp server (removed or changed)");
                         self.stop_server(state, &name).await;
+                        self.publish(state);
                     }
                 }
                 for (name, config) in wanted {
-                    if !state.actors.contains_key(&name) {
+                    if !state.servers.contains_key(&name) {
                         info!(server = %name, "starting mcp server");
                         self.start_server(
                             &myself,
@@ -141,17 +175,10 @@ impl Actor for McpSupervisorActor {
                             ServerShared::new(config, self.changed.clone()),
                         )
                         .await;
+                        self.publish(state);
                     }
                 }
-                self.changed.notify_one();
                 let _ = reply.send(());
-            }
-            McpSupervisorMsg::Restart { server, reply } => {
-                let actor = state.actors.get(&server);
-                if let Some(actor) = actor {
-                    actor.kill();
-                }
-                let _ = reply.send(actor.is_some());
             }
         }
         Ok(())
@@ -165,8 +192,8 @@ impl Actor for McpSupervisorActor {
         event: SupervisionEvent,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        // A server actor that ends while still registered did not end on our request
-        // (stop_server unregisters first): it crashed or was killed. Start a fresh one.
+        // A server actor that ends while still in the map did not end on our request
+        // (stop_server removes it first): it crashed or was killed. Start a fresh one.
         let (cell, reason) = match event {
             SupervisionEvent::ActorFailed(cell, reason) => (cell, reason.to_string()),
             SupervisionEvent::ActorTerminated(cell, _, reason) => {
@@ -174,16 +201,16 @@ impl Actor for McpSupervisorActor {
             }
             _ => return Ok(()),
         };
-        if let Some(name) = self.name_of(state, &cell) {
+        if let Some(name) = self.name_of(state, &cell)
+            && let Some(Running { shared, .. }) = state.servers.remove(&name)
+        {
             error!(server = %name, %reason, "mcp client actor ended unexpectedly; restarting it");
-            state.actors.remove(&name);
-            let shared = self.servers().remove(&name);
-            if let Some(shared) = shared {
-                shared.peer.store(None);
-                shared.lost.load().cancel();
-                let fresh = ServerShared::new(shared.config.clone(), self.changed.clone());
-                self.start_server(&myself, state, fresh).await;
-            }
+            shared.peer.store(None);
+            shared.lost.load().cancel();
+            let fresh = ServerShared::new(shared.config.clone(), self.changed.clone());
+            // The gap shows: the fresh server is Connecting until it has listed its tools.
+            self.start_server(&myself, state, fresh).await;
+            self.publish(state);
         }
         Ok(())
     }
@@ -193,7 +220,7 @@ impl Actor for McpSupervisorActor {
 #[derive(Clone)]
 pub struct McpManager {
     actor: ActorRef<McpSupervisorMsg>,
-    servers: Arc<Mutex<BTreeMap<String, Arc<ServerShared>>>>,
+    published: Arc<Published>,
     changed: Arc<Notify>,
 }
 
@@ -206,55 +233,50 @@ impl std::fmt::Debug for McpManager {
 impl McpManager {
     /// Starts the supervisor; servers start with [`McpManager::reload`].
     pub async fn start(registry: RegistryHandle) -> Result<Self, ActorProcessingErr> {
-        let servers = Arc::new(Mutex::new(BTreeMap::new()));
+        let published = Arc::new(Published::default());
         let changed = Arc::new(Notify::new());
         let supervisor =
-            McpSupervisorActor { registry, servers: servers.clone(), changed: changed.clone() };
+            McpSupervisorActor { registry, published: published.clone(), changed: changed.clone() };
         let (actor, _) = Actor::spawn(None, supervisor, ()).await?;
-        Ok(McpManager { actor, servers, changed })
+        Ok(McpManager { actor, published, changed })
     }
 
     /// Makes the running servers match `servers`.
-    pub async fn reload(&self, servers: Vec<McpServerConfig>) -> Result<(), String> {
-        self.call(|reply| McpSupervisorMsg::Reload { servers, reply }, Duration::from_secs(60))
+    pub async fn reload(&self, servers: Vec<McpServerConfig>) -> Result<(), McpError> {
+        let timeout = Duration::from_secs(60);
+        match self
+            .actor
+            .call(|reply| McpSupervisorMsg::Reload { servers, reply }, Some(timeout))
             .await
-    }
-
-    /// Asks the supervisor, turning ractor's call outcomes into one error message.
-    async fn call<T: Send + 'static>(
-        &self,
-        message: impl FnOnce(RpcReplyPort<T>) -> McpSupervisorMsg,
-        timeout: Duration,
-    ) -> Result<T, String> {
-        match self.actor.call(message, Some(timeout)).await {
-            Ok(CallResult::Success(value)) => Ok(value),
-            Ok(CallResult::Timeout) => Err("the mcp supervisor did not answer in time".into()),
-            Ok(CallResult::SenderError) | Err(_) => Err("the mcp supervisor is gone".into()),
+        {
+            Ok(CallResult::Success(())) => Ok(()),
+            Ok(CallResult::Timeout) => Err(McpError::Timeout(timeout)),
+            Ok(CallResult::SenderError) | Err(_) => Err(McpError::Stopped),
         }
     }
 
     /// Returns each server's health.
     pub fn health(&self) -> Vec<(String, ServerHealth)> {
-        let servers = self.servers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        servers
+        self.published
+            .load()
             .iter()
-            .map(|(name, shared)| (name.clone(), (**shared.health.load()).clone()))
+            .map(|(name, running)| (name.clone(), (**running.shared.health.load()).clone()))
             .collect()
     }
 
     /// Returns the protocol version negotiated with `server`, while connected.
     pub fn protocol(&self, server: &str) -> Option<String> {
-        let servers = self.servers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        servers.get(server).and_then(|s| s.protocol.load_full()).map(|p| (*p).clone())
+        self.published
+            .load()
+            .get(server)
+            .and_then(|r| r.shared.protocol.load_full())
+            .map(|p| (*p).clone())
     }
 
-    /// Ends a server's actor abruptly, as a crash would: its connection and child process go
-    /// with it, and the supervisor starts a fresh actor that reconnects. Returns whether
-    /// such a server runs.
-    pub async fn restart(&self, server: &str) -> Result<bool, String> {
-        let server = server.to_owned();
-        self.call(|reply| McpSupervisorMsg::Restart { server, reply }, Duration::from_secs(10))
-            .await
+    /// Returns the actor that serves `server`, to inspect or supervise it: killing it
+    /// is what a crash looks like to the supervisor, which starts a fresh one.
+    pub fn actor(&self, server: &str) -> Option<ActorCell> {
+        self.published.load().get(server).map(|running| running.actor.get_cell())
     }
 
     /// Waits until some server's health changes, or servers are added or removed.

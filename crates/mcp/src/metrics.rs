@@ -2,14 +2,10 @@
 
 use std::sync::OnceLock;
 
-use opentelemetry::{
-    KeyValue,
-    metrics::{Counter, Gauge},
-};
+use opentelemetry::{KeyValue, metrics::Counter};
 use toolmesh_telemetry::names;
 
 struct Instruments {
-    up: Gauge<i64>,
     failures: Counter<u64>,
 }
 
@@ -18,21 +14,12 @@ fn instruments() -> &'static Instruments {
     INSTRUMENTS.get_or_init(|| {
         let meter = opentelemetry::global::meter("toolmesh");
         Instruments {
-            up: meter
-                .i64_gauge(names::METRIC_MCP_SERVER_UP)
-                .with_description("1 while the MCP server can take calls, 0 otherwise")
-                .build(),
             failures: meter
                 .u64_counter(names::METRIC_MCP_CONNECTION_FAILURES)
                 .with_description("failed connection attempts and lost connections")
                 .build(),
         }
     })
-}
-
-/// Records whether `server` can take calls.
-pub(crate) fn server_up(server: &str, up: bool) {
-    instruments().up.record(i64::from(up), &[KeyValue::new(names::MCP_SERVER, server.to_owned())]);
 }
 
 /// Counts a failed connection attempt (`connect`) or a lost connection (`disconnect`).

@@ -108,10 +108,6 @@ impl ServerShared {
         if changed {
             self.since.store(Arc::new(Instant::now()));
         }
-        crate::metrics::server_up(
-            self.name(),
-            matches!(health, ServerHealth::Healthy | ServerHealth::Idle),
-        );
         self.health.store(Arc::new(health));
         if changed {
             self.changed.notify_one();

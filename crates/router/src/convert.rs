@@ -15,7 +15,7 @@ pub(crate) fn source_kind(kind: SourceKind) -> v1::SourceKind {
     }
 }
 
-pub(crate) fn tool(spec: &ToolSpec, status: Result<(), String>) -> v1::Tool {
+pub(crate) fn tool(spec: &ToolSpec, health: toolmesh_core::Health) -> v1::Tool {
     v1::Tool {
         name: spec.name.clone(),
         title: spec.title.clone(),
@@ -27,8 +27,8 @@ pub(crate) fn tool(spec: &ToolSpec, status: Result<(), String>) -> v1::Tool {
         source: Some(v1::ToolSource {
             kind: source_kind(spec.source.kind).into(),
             name: spec.source.name.clone(),
-            available: status.is_ok(),
-            status: status.err().unwrap_or_default(),
+            available: health.up,
+            status: health.status,
             upstream_name: spec.upstream_name.clone().unwrap_or_default(),
         }),
         annotations: Some(v1::ToolAnnotations {

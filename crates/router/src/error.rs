@@ -4,7 +4,6 @@ use toolmesh_core::{
     BackendError, CallFailure, ECHO_CHARS, ErrorCode, FailureDetail, FieldViolation, clip,
 };
 use toolmesh_registry::SchemaViolation;
-use toolmesh_search::SearchError;
 
 /// Why a call or listing failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -49,9 +48,9 @@ pub enum RouterError {
         /// The call.
         call_id: String,
     },
-    /// The search failed.
-    #[error(transparent)]
-    Search(#[from] SearchError),
+    /// Refused whole, with its own kind and details: by the admission step, or a search.
+    #[error("{}", .0.message)]
+    Refused(Box<CallFailure>),
     /// The backend failed.
     #[error(transparent)]
     Backend(#[from] BackendError),
@@ -71,7 +70,7 @@ impl RouterError {
             | RouterError::InvalidRequest { .. } => ErrorCode::InvalidArgument,
             RouterError::DeadlineExceeded { .. } => ErrorCode::DeadlineExceeded,
             RouterError::Cancelled { .. } => ErrorCode::Cancelled,
-            RouterError::Search(error) => error.code(),
+            RouterError::Refused(failure) => failure.code,
             RouterError::Backend(error) => error.code(),
         }
     }
@@ -85,7 +84,7 @@ impl RouterError {
             RouterError::InvalidRequest { .. } => "invalid_request",
             RouterError::DeadlineExceeded { .. } => "deadline_exceeded",
             RouterError::Cancelled { .. } => "cancelled",
-            RouterError::Search(error) => error.kind(),
+            RouterError::Refused(failure) => failure.kind,
             RouterError::Backend(error) => error.kind(),
         }
     }
@@ -96,7 +95,10 @@ impl RouterError {
     /// returned as it is.
     pub fn failure(&self) -> CallFailure {
         let detail = match self {
-            RouterError::Backend(BackendError::Failure(failure)) => return (**failure).clone(),
+            RouterError::Backend(BackendError::Failure(failure))
+            | RouterError::Refused(failure) => {
+                return (**failure).clone();
+            }
             RouterError::InvalidArguments { violations, .. } => FailureDetail::BadRequest(
                 violations
                     .iter()
@@ -112,12 +114,6 @@ impl RouterError {
                     description: reason.clone(),
                 }])
             }
-            RouterError::Search(
-                error @ (SearchError::EmptyQuery | SearchError::QueryTooLong { .. }),
-            ) => FailureDetail::BadRequest(vec![FieldViolation {
-                field: "query".into(),
-                description: error.to_string(),
-            }]),
             RouterError::Backend(BackendError::Crashed { tool, call_id, .. }) => {
                 FailureDetail::Info {
                     reason: "TOOL_CRASHED",

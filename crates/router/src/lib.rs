@@ -8,9 +8,9 @@
 //! - [`ToolServiceImpl`] is the gRPC `toolmesh.v1.ToolService` on top of it: paging and
 //!   filters for `ListTools`, `CallTool`, and the `StreamCallTool` stream of progress,
 //!   partial outputs and the result.
-//! - [`MetaTools`] are the catalog tools `searchTools` and `callTool` with the routing
-//!   profiles: search within a profile's pool, and calls checked against a signed
-//!   `searchToken`, so no session state is kept anywhere.
+//! - [`Admission`] is the admission step of every call: the routing profiles' rules
+//!   today, identity and policy later. [`Discovery`] is how the front door searches and
+//!   describes what it does not list; the meta-tools crate (`toolmesh-meta`) provides it.
 //! - [`RouterActor`] supervises the [`RegistryActor`](toolmesh_registry::RegistryActor); a
 //!   registry that dies is restarted from the last published catalog.
 //!
@@ -22,18 +22,19 @@
 //! [`RouterError`] is mapped to a gRPC status once, in [`RouterError::to_status`].
 
 mod actor;
+mod admission;
 mod convert;
 mod deadline;
+mod discovery;
 mod error;
-mod meta;
 mod metrics;
 mod router;
 mod service;
-mod token;
 
 pub use actor::{RouterActor, RouterMsg};
+pub use admission::{Admission, CALL_TOOL, Door, META_SOURCE, SEARCH_TOOLS, Searched, is_meta};
 pub use deadline::parse_grpc_timeout;
+pub use discovery::{Discovery, Found, Keep};
 pub use error::RouterError;
-pub use meta::{CALL_TOOL, DEFAULT_PROFILE, META_SOURCE, MetaTools, SEARCH_TOOLS, is_meta};
 pub use router::{CallRequest, Router, RouterOptions};
 pub use service::ToolServiceImpl;

@@ -1,14 +1,14 @@
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use serde_json::Value;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use toolmesh_core::{BackendError, CallContext, ContentPart, EventSink, ToolOutput, ToolSource};
-use toolmesh_registry::RegistryHandle;
+use toolmesh_registry::{RegistryHandle, ToolEntry};
 use toolmesh_telemetry::names;
 use tracing::{Instrument, Span, field::Empty, info_span};
 
-use crate::RouterError;
+use crate::{Admission, Door, RouterError, Searched};
 
 /// Timeouts the router applies.
 #[derive(Debug, Clone, Copy)]
@@ -45,23 +45,29 @@ pub struct CallRequest {
     pub client_timeout: Option<Duration>,
 }
 
-/// Runs calls: resolve, validate, dispatch with deadline and cancellation, shape results.
-/// Cheap to clone; every call runs in the caller's own task.
+/// Runs calls: resolve, admit, validate, dispatch with deadline and cancellation, shape
+/// results. Cheap to clone; every call runs in the caller's own task.
 #[derive(Debug, Clone)]
 pub struct Router {
     registry: RegistryHandle,
+    admission: Arc<Admission>,
     options: RouterOptions,
 }
 
 impl Router {
-    /// Returns a router over `registry`.
-    pub fn new(registry: RegistryHandle, options: RouterOptions) -> Self {
-        Router { registry, options }
+    /// Returns a router over `registry` that admits calls by `admission`.
+    pub fn new(registry: RegistryHandle, admission: Admission, options: RouterOptions) -> Self {
+        Router { registry, admission: Arc::new(admission), options }
     }
 
     /// Returns the registry handle.
     pub fn registry(&self) -> &RegistryHandle {
         &self.registry
+    }
+
+    /// Returns the admission rules (the routing profiles).
+    pub fn admission(&self) -> &Admission {
+        &self.admission
     }
 
     /// Returns a fresh call id (UUIDv7: unique and ordered by time).
@@ -74,6 +80,31 @@ impl Router {
     /// the tool. Returns the call id with the output.
     pub async fn call(
         &self,
+        request: CallRequest,
+        events: EventSink,
+        cancel: CancellationToken,
+    ) -> Result<(String, ToolOutput), RouterError> {
+        self.enter(None, Door::Direct, request, events, cancel).await
+    }
+
+    /// Runs a call that `callTool` makes of `entry`, which it resolved: admitted through
+    /// its door (the profile's pool, and what its search token shows), then as
+    /// [`Router::call`].
+    pub async fn call_resolved(
+        &self,
+        entry: Arc<ToolEntry>,
+        searched: Searched,
+        request: CallRequest,
+        events: EventSink,
+        cancel: CancellationToken,
+    ) -> Result<(String, ToolOutput), RouterError> {
+        self.enter(Some(entry), Door::CallTool(searched), request, events, cancel).await
+    }
+
+    async fn enter(
+        &self,
+        entry: Option<Arc<ToolEntry>>,
+        door: Door,
         request: CallRequest,
         events: EventSink,
         cancel: CancellationToken,
@@ -96,7 +127,7 @@ impl Router {
         let started = std::time::Instant::now();
         let mut source = None;
         let result = self
-            .run(request, call_id.clone(), events, cancel, &mut source)
+            .run(entry, door, request, call_id.clone(), events, cancel, &mut source)
             .instrument(span.clone())
             .await;
         let error_type = match &result {
@@ -114,17 +145,29 @@ impl Router {
         result.map(|output| (call_id, output))
     }
 
+    #[allow(clippy::too_many_arguments)] // One call's parts, passed on once.
     async fn run(
         &self,
+        entry: Option<Arc<ToolEntry>>,
+        door: Door,
         request: CallRequest,
         call_id: String,
         events: EventSink,
         cancel: CancellationToken,
         source: &mut Option<ToolSource>,
     ) -> Result<ToolOutput, RouterError> {
-        let entry = info_span!(names::SPAN_RESOLVE)
-            .in_scope(|| self.registry.resolve(&request.name))
-            .ok_or_else(|| RouterError::NotFound(request.name.clone()))?;
+        // Resolved once per call: here, or by callTool, which hands the entry over.
+        let entry = info_span!(names::SPAN_RESOLVE).in_scope(|| {
+            let entry = match entry {
+                Some(entry) => entry,
+                None => self
+                    .registry
+                    .resolve(&request.name)
+                    .ok_or_else(|| RouterError::NotFound(request.name.clone()))?,
+            };
+            self.admission.admit(&request.profile, door, &entry.spec)?;
+            Ok::<_, RouterError>(entry)
+        })?;
         *source = Some(entry.spec.source.clone());
         let span = Span::current();
         span.record(names::TOOLMESH_SOURCE_KIND, entry.spec.source.kind.as_str());

@@ -1,24 +1,20 @@
-use std::{collections::HashMap, pin::Pin};
+use std::{collections::HashMap, pin::Pin, sync::Arc};
 
 use futures::Stream;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
-use toolmesh_config::ProfileConfig;
-use toolmesh_core::{CallFailure, ElicitationAnswer, ErrorCode, EventSink};
+use toolmesh_core::{ElicitationAnswer, ErrorCode, EventSink, HealthBoard};
 use toolmesh_proto::v1::{
     self, CallToolClientMessage, CallToolRequest, CallToolResponse, CallToolServerMessage,
     ListToolsRequest, ListToolsResponse, call_tool_client_message, call_tool_server_message,
     tool_service_server::ToolService,
 };
-use toolmesh_search::SearchHandle;
 use toolmesh_telemetry::{names, set_parent_from_metadata};
 use tracing::{Instrument, Span, debug, info_span};
 
-use crate::{
-    CallRequest, MetaTools, Router, RouterError, SEARCH_TOOLS, convert, is_meta, parse_grpc_timeout,
-};
+use crate::{Admission, CallRequest, Discovery, Router, RouterError, convert, parse_grpc_timeout};
 
 /// Default tools per `ListTools` page.
 const DEFAULT_PAGE_SIZE: usize = 100;
@@ -29,52 +25,25 @@ const PAGE_TOKEN_PREFIX: &str = "after:";
 /// Server messages buffered per stream before the tool's events wait for the client.
 const STREAM_BUFFER: usize = 64;
 
-/// Default hits per `SearchTools`.
-const DEFAULT_TOP_K: usize = 5;
-/// Most hits per `SearchTools`.
-const MAX_TOP_K: usize = 50;
-
 /// The gRPC `toolmesh.v1.ToolService`.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ToolServiceImpl {
     router: Router,
-    search: SearchHandle,
-    meta: MetaTools,
+    discovery: Arc<dyn Discovery>,
+    health: HealthBoard,
+}
+
+impl std::fmt::Debug for ToolServiceImpl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToolServiceImpl").field("router", &self.router).finish_non_exhaustive()
+    }
 }
 
 impl ToolServiceImpl {
-    /// Returns the service over `router`, searching with `search`, with the routing
-    /// profiles of `meta`.
-    pub fn new(router: Router, search: SearchHandle, meta: MetaTools) -> Self {
-        ToolServiceImpl { router, search, meta }
-    }
-
-    /// Returns the routing profile a request names; `None` when it names none.
-    fn profile(&self, name: &str) -> Result<Option<&ProfileConfig>, Status> {
-        match name {
-            "" => Ok(None),
-            name => self.meta.profile(name).map(Some).map_err(|e| e.to_status()),
-        }
-    }
-
-    /// Refuses a call that names a routing profile in which the tool is not visible: such a
-    /// tool is reached through `callTool`, after a search.
-    fn admit(&self, call: &CallRequest) -> Result<(), Status> {
-        let Some(profile) = self.profile(&call.profile)? else { return Ok(()) };
-        match self.router.registry().resolve(&call.name) {
-            Some(entry) if !MetaTools::visible(profile, &entry.spec) => {
-                Err(toolmesh_proto::status(&CallFailure::new(
-                    ErrorCode::FailedPrecondition,
-                    "not_visible",
-                    format!(
-                        "tool {} is not visible in routing profile {}: find it with searchTools \
-                         and call it with callTool",
-                        call.name, call.profile
-                    ),
-                )))
-            }
-            _ => Ok(()),
-        }
+    /// Returns the service over `router`, finding and describing tools with `discovery`;
+    /// a tool's source is available as `health` says.
+    pub fn new(router: Router, discovery: Arc<dyn Discovery>, health: HealthBoard) -> Self {
+        ToolServiceImpl { router, discovery, health }
     }
 }
 
@@ -142,39 +111,32 @@ impl ToolServiceImpl {
         &self,
         request: v1::SearchToolsRequest,
     ) -> Result<Response<v1::SearchToolsResponse>, Status> {
-        let top_k = match request.top_k as usize {
-            0 => DEFAULT_TOP_K,
-            n => n.min(MAX_TOP_K),
-        };
+        let top_k = Some(request.top_k as usize).filter(|k| *k > 0);
         let filter = ToolFilter::new(
             request.toolkit,
             request.tags,
             request.source_kind,
             request.source_name,
         );
-        let profile = self.profile(&request.profile)?.cloned();
-        let hits = self
-            .search
-            .search(&request.query, top_k, move |spec| {
-                filter.keeps(spec)
-                    && profile
-                        .as_ref()
-                        .map_or(!is_meta(spec), |profile| MetaTools::in_pool(profile, spec))
-            })
+        let found = self
+            .discovery
+            .find(&request.query, top_k, &request.profile, Box::new(move |spec| filter.keeps(spec)))
             .await
-            .map_err(|error| status(&RouterError::Search(error)))?
+            .map_err(|error| status(&error))?;
+        let hits = found
+            .hits
             .into_iter()
-            .map(|hit| v1::SearchHit {
-                tool: Some(convert::tool(&hit.tool.spec, hit.tool.backend.status())),
-                score: hit.score,
+            .map(|(tool, score)| v1::SearchHit {
+                tool: Some(convert::tool(&tool.spec, self.health.of(&tool.spec.source))),
+                score,
             })
             .collect();
         Ok(Response::new(v1::SearchToolsResponse {
             hits,
-            ranking: self.search.ranking(),
-            indexed_tools: self.search.indexed() as u64,
-            embedded_tools: self.search.embedded() as u64,
-            index_version: self.search.version(),
+            ranking: found.ranking,
+            indexed_tools: found.indexed,
+            embedded_tools: found.embedded,
+            index_version: found.index_version,
         }))
     }
 }
@@ -204,7 +166,8 @@ impl ToolService for ToolServiceImpl {
                 .to_status()
             })?),
         };
-        let profile = self.profile(&request.profile)?;
+        let admission = self.router.admission();
+        let profile = admission.named(&request.profile).map_err(|e| e.to_status())?;
         let filter = ToolFilter::new(
             request.toolkit,
             request.tags,
@@ -223,7 +186,7 @@ impl ToolService for ToolServiceImpl {
         for (_, entry) in range {
             let spec = &entry.spec;
             let matches = filter.keeps(spec)
-                && profile.is_none_or(|profile| MetaTools::visible(profile, spec));
+                && profile.is_none_or(|profile| Admission::visible(profile, spec));
             if !matches {
                 continue;
             }
@@ -233,13 +196,10 @@ impl ToolService for ToolServiceImpl {
                 next_page_token = format!("{PAGE_TOKEN_PREFIX}{}", last.name);
                 break;
             }
-            let mut tool = convert::tool(spec, entry.backend.status());
-            if let Some(profile) = profile
-                && spec.name == SEARCH_TOOLS
-                && is_meta(spec)
-            {
-                // Described for this profile's pool.
-                tool.description = MetaTools::describe(profile, &catalog);
+            let mut tool = convert::tool(spec, self.health.of(&spec.source));
+            // searchTools describes this profile's pool, as the catalog is now.
+            if let Some(description) = self.discovery.describe(spec, &request.profile, &catalog) {
+                tool.description = description;
             }
             tools.push(tool);
         }
@@ -262,7 +222,6 @@ impl ToolService for ToolServiceImpl {
         let span = rpc_span("CallTool", &request);
         let timeout = client_timeout(&request);
         let call = call_request(request.into_inner(), timeout);
-        self.admit(&call)?;
         let result = self
             .router
             .call(call, EventSink::disabled(), CancellationToken::new())
@@ -304,7 +263,6 @@ impl ToolService for ToolServiceImpl {
             }
         };
         let mut call = call_request(start, timeout);
-        self.admit(&call)?;
         if call.call_id.is_empty() {
             call.call_id = Router::new_call_id();
         }

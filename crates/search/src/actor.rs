@@ -8,7 +8,7 @@ use std::{
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use toolmesh_embed::Embedder;
 use toolmesh_registry::{RegistryHandle, ToolEntry};
-use tracing::{Instrument, debug, info, warn};
+use tracing::{Instrument, debug, error, info, warn};
 
 use crate::{
     Fusion, SearchHandle,
@@ -115,14 +115,22 @@ impl ToolSearchActor {
             fusion: options.fusion,
             version: Default::default(),
             max_query_bytes: options.max_query_bytes,
+            recovering: Default::default(),
+            restarts: Default::default(),
+            changed: Default::default(),
         });
-        let actor = ToolSearchActor {
-            registry: registry.clone(),
-            shared: shared.clone(),
-            vector_cache: options.vector_cache,
-        };
+        let actor = Self::over(registry.clone(), shared.clone(), options.vector_cache);
         let (actor, _) = Actor::spawn(None, actor, ()).await?;
         Ok((actor, SearchHandle { shared, registry }))
+    }
+
+    /// An actor over the index `shared`, as a supervisor restarts it.
+    pub(crate) fn over(
+        registry: RegistryHandle,
+        shared: Arc<SearchShared>,
+        vector_cache: Option<PathBuf>,
+    ) -> Self {
+        ToolSearchActor { registry, shared, vector_cache }
     }
 
     /// Brings the index up to the current catalog. The texts, digests and BM25 updates of
@@ -170,6 +178,12 @@ impl ToolSearchActor {
             }
         }
         self.shared.version.store(catalog.version, Ordering::Release);
+        let recovered =
+            self.shared.recovering.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(reason) = recovered {
+            info!(%reason, version = catalog.version, "the search index caught up after a failure");
+            self.shared.changed.notify_one();
+        }
         if !removed.is_empty() {
             let live: HashSet<TextDigest> = state.indexed.values().map(|(_, d)| *d).collect();
             state.store.compact(&live);
@@ -227,7 +241,11 @@ impl ToolSearchActor {
                 let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
                 embedder.embed(&refs)
             })
-            .await?;
+            .await
+            // A panic in the model costs this batch its vectors, not the index its actor.
+            .unwrap_or_else(|panic| {
+                Err(toolmesh_embed::EmbedError::Run(format!("the model panicked: {panic}")))
+            });
             match embedded {
                 Ok(embedded) => {
                     let vectors = state
@@ -250,7 +268,8 @@ impl ToolSearchActor {
                     }
                 }
                 Err(error) => {
-                    warn!(%error, tools = batch.len(), "embedding tools failed; they are searchable lexically only");
+                    let tools: Vec<&str> = batch.iter().map(|p| p.name.as_str()).collect();
+                    error!(%error, ?tools, "embedding tools failed; they are searchable lexically only");
                 }
             }
         }

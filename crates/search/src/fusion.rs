@@ -1,42 +1,17 @@
 //! How the lexical and the dense ranking become one.
 
-use std::{collections::HashMap, fmt};
+use std::collections::HashMap;
 
-/// Combines a BM25 ranking and an embedding ranking (each best first, with its scores).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Fusion {
-    /// Reciprocal-rank fusion: a tool scores `1 / (k + rank)` in each list it is in.
-    Rrf {
-        /// The rank offset; 60 is the usual choice.
-        k: f64,
-    },
-    /// A convex combination of scores normalised to [0, 1] per list (min-max over the
-    /// candidates; all 1 when they score alike): `dense_weight * dense + (1 - dense_weight)
-    /// * lexical`; a tool missing from a list scores 0 there.
-    Convex {
-        /// The weight of the embedding score.
-        dense_weight: f64,
-    },
-}
+pub use toolmesh_config::Fusion;
 
-impl Default for Fusion {
-    fn default() -> Self {
-        Fusion::Rrf { k: 60.0 }
-    }
-}
-
-impl fmt::Display for Fusion {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Fusion::Rrf { k } => write!(f, "rrf[k={k}]"),
-            Fusion::Convex { dense_weight } => write!(f, "convex[dense={dense_weight}]"),
-        }
-    }
-}
-
-impl Fusion {
+/// How the index applies a [`Fusion`].
+pub(crate) trait Fuse {
     /// Returns the fused ranking, best first (ties by name).
-    pub fn fuse(&self, lexical: &[(String, f64)], dense: &[(String, f64)]) -> Vec<(String, f64)> {
+    fn fuse(&self, lexical: &[(String, f64)], dense: &[(String, f64)]) -> Vec<(String, f64)>;
+}
+
+impl Fuse for Fusion {
+    fn fuse(&self, lexical: &[(String, f64)], dense: &[(String, f64)]) -> Vec<(String, f64)> {
         let mut fused: HashMap<&str, f64> = HashMap::new();
         match *self {
             Fusion::Rrf { k } => {

@@ -9,7 +9,7 @@ use toolmesh_core::ToolSpec;
 use toolmesh_registry::{RegistryHandle, ToolEntry};
 
 use crate::{
-    Bm25Index, Fusion, SearchError, bm25::best, digest, recent::RecentQueries, terms,
+    Bm25Index, Fusion, SearchError, bm25::best, digest, fusion::Fuse, recent::RecentQueries, terms,
     vectors::VectorTable,
 };
 
@@ -46,6 +46,12 @@ pub(crate) struct SearchShared {
     pub(crate) version: AtomicU64,
     /// Longest query searched, in bytes.
     pub(crate) max_query_bytes: usize,
+    /// Why the index is being rebuilt after its actor failed; `None` once it has caught up.
+    pub(crate) recovering: Mutex<Option<String>>,
+    /// How often the index's actor was restarted, with the last failure.
+    pub(crate) restarts: Mutex<(u64, String)>,
+    /// Told when the index's health changes.
+    pub(crate) changed: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for SearchShared {

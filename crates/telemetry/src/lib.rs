@@ -5,10 +5,12 @@
 //! [`init`] installs everything and returns a [`TelemetryGuard`]; dropping the guard
 //! flushes and shuts the exporter down, so the last batch of spans is not lost.
 
+mod health;
 mod init;
 pub mod names;
 mod propagation;
 
+pub use health::record_source_up;
 pub use init::{TelemetryError, TelemetryGuard, TelemetryOptions, init};
 pub use propagation::{
     MetadataExtractor, MetadataInjector, SpanIds, add_link, context_headers, inject_context,

@@ -35,9 +35,10 @@ pub const SPAN_DISPATCH: &str = "toolmesh.dispatch";
 /// Span of a local worker running a tool.
 pub const SPAN_WORKER_EXECUTE: &str = "toolmesh.worker.execute";
 
-/// Gauge: 1 while an MCP server can take calls (connected, or idle and lazy), 0 otherwise;
-/// attribute `mcp.server`.
-pub const METRIC_MCP_SERVER_UP: &str = "toolmesh.mcp.server.up";
+/// Gauge: 1 while a part of a provider can take calls (an MCP server connected, or idle
+/// and lazy; the worker pool; the search index), 0 otherwise, and 0 once it is gone;
+/// attributes `toolmesh.source.kind` and `toolmesh.source.name`.
+pub const METRIC_SOURCE_UP: &str = "toolmesh.source.up";
 /// Counter: failed connection attempts and lost connections of an MCP server; attributes
 /// `mcp.server` and `error.type` (`connect` or `disconnect`).
 pub const METRIC_MCP_CONNECTION_FAILURES: &str = "toolmesh.mcp.connection.failures";

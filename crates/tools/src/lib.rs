@@ -6,12 +6,14 @@
 //! - [`CommandTool`]: an executable run with the JSON arguments on stdin, defined in
 //!   configuration, its process group killed on timeout or cancellation.
 //!
-//! [`config_tools`] builds the HTTP and command tools of a configuration.
+//! [`config_tools`] builds the HTTP and command tools of a configuration, and
+//! [`LocalProvider`] publishes them all: the local tools' provider.
 
 mod addresses;
 mod command;
 mod echo;
 mod http;
+mod provider;
 mod reasoning;
 mod template;
 
@@ -20,6 +22,7 @@ use std::sync::Arc;
 pub use command::CommandTool;
 pub use echo::EchoTool;
 pub use http::{HttpTool, HttpToolError};
+pub use provider::{EMBEDDED_SOURCE, LocalProvider, LocalTools, LocalToolsError};
 pub use reasoning::{AnalyzeTool, REASONING_INSTRUCTIONS, ThinkTool, reasoning_toolkit};
 
 use toolmesh_config::ToolsConfig;

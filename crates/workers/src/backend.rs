@@ -63,6 +63,13 @@ impl Backend for LocalBackend {
 
         // Admission is all-or-nothing and immediate: a full tool or pool refuses the call
         // instead of letting waiters pile up.
+        let pool = &self.pool.inner;
+        if pool.stopping.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(BackendError::Unavailable {
+                backend: "local worker pool".into(),
+                reason: "toolmesh is shutting down".into(),
+            });
+        }
         let slots = &self.slots;
         let _tool_slot = slots.admission.clone().try_acquire_owned().map_err(|_| {
             overloaded(format!(
@@ -70,7 +77,6 @@ impl Backend for LocalBackend {
                 slots.max_running, slots.max_queued, slots.origin
             ))
         })?;
-        let pool = &self.pool.inner;
         let _pool_slot = pool.admission.clone().try_acquire_owned().map_err(|_| {
             overloaded(format!(
                 "the local worker pool is full: {} running and {} waiting",

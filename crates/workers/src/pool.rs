@@ -3,7 +3,7 @@ use std::{
     num::NonZeroUsize,
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
 };
 
@@ -189,6 +189,8 @@ pub(crate) struct PoolInner {
     pub(crate) options: PoolOptions,
     supervisor: ActorRef<WorkerPoolMsg>,
     restarts: Arc<AtomicU64>,
+    /// Set once the pool is stopping: calls are refused.
+    pub(crate) stopping: AtomicBool,
 }
 
 impl WorkerPool {
@@ -198,9 +200,7 @@ impl WorkerPool {
         let (idle_tx, idle_rx) = async_channel::bounded(size);
         let restarts = Arc::new(AtomicU64::new(0));
         let actor = WorkerPoolActor { size, idle: idle_tx, restarts: restarts.clone() };
-        let (supervisor, _) = Actor::spawn(None, actor, ())
-            .await
-            .map_err(|error| WorkersError::Spawn(error.to_string()))?;
+        let (supervisor, _) = Actor::spawn(None, actor, ()).await.map_err(WorkersError::Spawn)?;
         Ok(WorkerPool {
             inner: Arc::new(PoolInner {
                 idle: idle_rx,
@@ -208,6 +208,7 @@ impl WorkerPool {
                 options,
                 supervisor,
                 restarts,
+                stopping: AtomicBool::new(false),
             }),
         })
     }
@@ -237,8 +238,32 @@ impl WorkerPool {
         ractor::call!(self.inner.supervisor, |reply| WorkerPoolMsg::LiveWorkers { reply }).ok()
     }
 
-    /// Stops the supervisor and every worker.
-    pub fn stop(&self) {
-        self.inner.supervisor.stop(Some("shutdown".into()));
+    /// Returns whether the pool runs (it was not stopped, and its supervisor is alive).
+    pub fn is_running(&self) -> bool {
+        self.inner.supervisor.get_status() == ractor::ActorStatus::Running
+    }
+
+    /// Resolves when the pool's supervisor has ended.
+    pub async fn stopped(&self) {
+        let _ = self.inner.supervisor.wait(None).await;
+    }
+
+    /// Stops the pool: new calls are refused as unavailable at once, calls admitted before
+    /// get up to `grace` to finish, then the supervisor and every worker stop.
+    pub async fn stop(&self, grace: std::time::Duration) {
+        self.inner.stopping.store(true, Ordering::Release);
+        let capacity = self.inner.options.size.get() + self.inner.options.queue;
+        let admitted = self.inner.admission.acquire_many(capacity as u32);
+        if tokio::time::timeout(grace, admitted).await.is_err() {
+            warn!(
+                admitted = self.stats().admitted,
+                "local calls still running after the grace period; stopping the pool anyway"
+            );
+        }
+        let _ = self
+            .inner
+            .supervisor
+            .stop_and_wait(Some("shutdown".into()), Some(std::time::Duration::from_secs(5)))
+            .await;
     }
 }

