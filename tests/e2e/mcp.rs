@@ -786,3 +786,78 @@ async fn calls_beyond_a_servers_max_concurrency_are_resource_exhausted() {
     // The slots are free again.
     assert_eq!(text(&server.call("py_add", json!({"a": 1, "b": 1})).await.unwrap()), "2");
 }
+
+/// Every child of the root supervisor (registry, worker pool, MCP supervisor, search
+/// index) that ends unasked is started again: its health (`toolmesh.actor.<name>`) shows
+/// the restart, and what it did works again: local calls, MCP calls, search.
+#[tokio::test]
+async fn crashed_children_of_the_root_supervisor_are_restarted_and_their_health_shows_it() {
+    use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/mini_server.py");
+    let config = format!(
+        "[[mcp.servers]]\nname = \"mini\"\ntransport = \"stdio\"\ncommand = \"{}\"\nargs = [\"{}\"]\n",
+        python(),
+        script.display()
+    );
+    let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
+    wait_for_tool(&server, "mini_echo").await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let status = |service: String| {
+        let mut health = health.clone();
+        async move {
+            health.check(HealthCheckRequest { service }).await.map(|r| r.into_inner().status()).ok()
+        }
+    };
+    let search = |query: &'static str| {
+        let server = &server;
+        async move {
+            let request = toolmesh_proto::v1::SearchToolsRequest {
+                query: query.into(),
+                top_k: 3,
+                ..Default::default()
+            };
+            let mut client = server.client().await;
+            let hits = client.search_tools(request).await.ok()?.into_inner().hits;
+            hits.into_iter().map(|h| h.tool.unwrap().name).find(|n| n == "echo")
+        }
+    };
+    let names: Vec<&str> = server.app.actors().into_iter().map(|(name, _)| name).collect();
+    assert_eq!(names, ["mcp", "registry", "search", "workers"]);
+
+    for child in ["registry", "workers", "mcp", "search"] {
+        let service = format!("toolmesh.actor.{child}");
+        assert_eq!(status(service.clone()).await, Some(ServingStatus::Serving), "{child}");
+        let old = server.app.actors().into_iter().find(|(n, _)| *n == child).unwrap().1;
+        old.kill();
+        let restarted = eventually(Duration::from_secs(20), || async {
+            let fresh = server.app.actors().into_iter().find(|(n, _)| *n == child)?.1;
+            let serving = status(service.clone()).await == Some(ServingStatus::Serving);
+            (fresh.get_id() != old.get_id() && serving).then_some(())
+        })
+        .await;
+        assert!(restarted.is_some(), "{child} was restarted and is serving again");
+        let entry = server.app.health().get("actor", child).unwrap();
+        assert!(entry.status.starts_with("restarted 1 times"), "{child}: {entry:?}");
+
+        // What the child did works again.
+        let local = eventually(Duration::from_secs(20), || async {
+            server.call("echo", json!({"after": child})).await.ok()
+        })
+        .await;
+        assert!(local.is_some(), "local calls work after {child} restarted");
+        let remote = eventually(Duration::from_secs(30), || async {
+            server.call("mini_echo", json!({"text": child})).await.ok()
+        })
+        .await
+        .unwrap_or_else(|| panic!("mcp calls work after {child} restarted"));
+        assert_eq!(text(&remote), child);
+        let found =
+            eventually(Duration::from_secs(20), || search("repeat my arguments back")).await;
+        assert!(found.is_some(), "search works after {child} restarted");
+    }
+}

@@ -298,3 +298,28 @@ async fn call_tool_passes_the_called_tools_errors_through_whole() {
     let unknown = call(&server, "callTool", json!({"name": "nope"}), "s1", "").await.unwrap_err();
     assert_eq!(unknown.code(), Code::NotFound, "{unknown:?}");
 }
+
+/// A reload puts new routing profiles in force through the front door: what a profile
+/// exposes, lists and admits follows at once, and searchTools describes the new pool.
+#[tokio::test]
+async fn reloaded_routing_profiles_apply_to_the_next_calls() {
+    let before = "[[routing.profiles]]\nname = \"ops\"\nexpose = [\"echo\"]\npool = [\"toolkit:reasoning\"]\n";
+    let server = TestServer::start(before, AppOptions::default()).await.unwrap();
+    let names = |tools: Vec<toolmesh_proto::v1::Tool>| {
+        tools.into_iter().map(|t| t.name).collect::<Vec<_>>()
+    };
+    assert_eq!(names(list(&server, "ops").await), ["callTool", "echo", "searchTools"]);
+    assert!(call(&server, "echo", json!({}), "", "ops").await.is_ok());
+
+    let after = "[[routing.profiles]]\nname = \"ops\"\nexpose = [\"think\"]\npool = [\"echo\"]\n";
+    server.app.reload(&TestServer::config(after).unwrap()).await.unwrap();
+    let visible = list(&server, "ops").await;
+    let description = visible.iter().find(|t| t.name == "searchTools").unwrap().description.clone();
+    assert_eq!(names(visible), ["callTool", "searchTools", "think"]);
+    assert!(description.contains("among 1 tools"), "the new pool: {description}");
+    let refused = call(&server, "echo", json!({}), "", "ops").await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(
+        call(&server, "think", json!({"title": "t", "thought": "ok"}), "", "ops").await.is_ok()
+    );
+}

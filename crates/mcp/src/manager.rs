@@ -8,7 +8,7 @@ use tokio::sync::Notify;
 use toolmesh_config::McpServerConfig;
 use toolmesh_core::ErrorCode;
 use toolmesh_registry::RegistryHandle;
-use tracing::{error, info, warn};
+use tracing::{Instrument, error, info, warn};
 
 use crate::{McpClientActor, McpMsg, ServerHealth, shared::ServerShared};
 
@@ -219,7 +219,11 @@ impl Actor for McpSupervisorActor {
 /// Handle to the MCP backend: reload the configured servers, read their health.
 #[derive(Clone)]
 pub struct McpManager {
-    actor: ActorRef<McpSupervisorMsg>,
+    /// The supervisor; one that restarts it swaps in the new one.
+    actor: Arc<ArcSwap<ActorRef<McpSupervisorMsg>>>,
+    /// The servers last configured, which a restarted supervisor starts again.
+    configured: Arc<ArcSwap<Vec<McpServerConfig>>>,
+    registry: RegistryHandle,
     published: Arc<Published>,
     changed: Arc<Notify>,
 }
@@ -235,20 +239,64 @@ impl McpManager {
     pub async fn start(registry: RegistryHandle) -> Result<Self, ActorProcessingErr> {
         let published = Arc::new(Published::default());
         let changed = Arc::new(Notify::new());
-        let supervisor =
-            McpSupervisorActor { registry, published: published.clone(), changed: changed.clone() };
+        let supervisor = McpSupervisorActor {
+            registry: registry.clone(),
+            published: published.clone(),
+            changed: changed.clone(),
+        };
         let (actor, _) = Actor::spawn(None, supervisor, ()).await?;
-        Ok(McpManager { actor, published, changed })
+        Ok(McpManager {
+            actor: Arc::new(ArcSwap::from_pointee(actor)),
+            configured: Arc::default(),
+            registry,
+            published,
+            changed,
+        })
+    }
+
+    /// Returns the supervisor's actor, for a supervisor above it to link.
+    pub fn supervisor(&self) -> ActorCell {
+        self.actor.load().get_cell()
+    }
+
+    /// Starts a fresh supervisor under `above`, after the old one failed and its server
+    /// actors were stopped (their tools withdrawn), and starts the configured servers
+    /// again; the handle uses the new supervisor.
+    pub async fn respawn(&self, above: ActorCell) -> Result<ActorCell, ractor::SpawnErr> {
+        let supervisor = McpSupervisorActor {
+            registry: self.registry.clone(),
+            published: self.published.clone(),
+            changed: self.changed.clone(),
+        };
+        let (actor, _) = Actor::spawn_linked(None, supervisor, (), above).await?;
+        self.actor.store(Arc::new(actor.clone()));
+        // What the old supervisor published is gone with its servers.
+        self.published.store(Arc::default());
+        self.changed.notify_one();
+        let servers = (*self.configured.load_full()).clone();
+        let (manager, count) = (self.clone(), servers.len());
+        // Connecting takes as long as the servers take; the supervisor above does not wait.
+        tokio::spawn(
+            async move {
+                if let Err(error) = manager.reload(servers).await {
+                    error!(%error, "the restarted mcp supervisor could not start its servers");
+                }
+            }
+            .instrument(tracing::info_span!(
+                "mcp",
+                task = "restart servers",
+                servers = count
+            )),
+        );
+        Ok(actor.get_cell())
     }
 
     /// Makes the running servers match `servers`.
     pub async fn reload(&self, servers: Vec<McpServerConfig>) -> Result<(), McpError> {
+        self.configured.store(Arc::new(servers.clone()));
         let timeout = Duration::from_secs(60);
-        match self
-            .actor
-            .call(|reply| McpSupervisorMsg::Reload { servers, reply }, Some(timeout))
-            .await
-        {
+        let actor = self.actor.load_full();
+        match actor.call(|reply| McpSupervisorMsg::Reload { servers, reply }, Some(timeout)).await {
             Ok(CallResult::Success(())) => Ok(()),
             Ok(CallResult::Timeout) => Err(McpError::Timeout(timeout)),
             Ok(CallResult::SenderError) | Err(_) => Err(McpError::Stopped),
@@ -286,7 +334,7 @@ impl McpManager {
 
     /// Stops every server and the supervisor.
     pub async fn stop(&self) {
-        let _ =
-            self.actor.stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(15))).await;
+        let actor = self.actor.load_full();
+        let _ = actor.stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(15))).await;
     }
 }

@@ -1,7 +1,6 @@
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
-    time::Instant,
 };
 
 use arc_swap::{ArcSwap, ArcSwapOption};
@@ -12,7 +11,11 @@ use rmcp::{
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use tokio::sync::{Notify, watch};
+use tokio::{
+    sync::{Notify, watch},
+    // tokio's clock, so that idle timeouts can be tested on a paused one.
+    time::Instant,
+};
 use tokio_util::sync::CancellationToken;
 use toolmesh_config::McpServerConfig;
 use toolmesh_core::EventSink;

@@ -27,6 +27,13 @@ pub enum SseError {
     Protocol(String),
 }
 
+impl SseError {
+    /// The failure kind a caller sees: the server cannot be reached as it should.
+    pub fn code(&self) -> toolmesh_core::ErrorCode {
+        toolmesh_core::ErrorCode::Unavailable
+    }
+}
+
 /// A client connection over the legacy HTTP+SSE transport.
 pub struct SseClientTransport {
     client: reqwest::Client,

@@ -270,7 +270,8 @@ impl Discovery for MetaTools {
         if spec.name != SEARCH_TOOLS || !is_meta(spec) {
             return None;
         }
-        let (_, profile) = self.inner.router.admission().profile(profile).ok()?;
+        let admission = self.inner.router.admission();
+        let (_, profile) = admission.profile(profile).ok()?;
         Some(Self::describe(profile, catalog))
     }
 }
@@ -327,7 +328,7 @@ impl Backend for MetaBackend {
             reason: "toolmesh is shutting down".into(),
         })?;
         let meta = MetaTools { inner };
-        let admission = meta.inner.router.admission().clone();
+        let admission = meta.inner.router.admission();
         let (profile_name, profile) = admission
             .profile(ctx.profile.as_deref().unwrap_or_default())
             .map_err(|e| BackendError::Failure(Box::new(e.failure())))?;

@@ -26,6 +26,37 @@ impl RegistryHandle {
         RegistryHandle { actor, published, timeout: Duration::from_secs(10) }
     }
 
+    /// Starts a registry with an empty catalog; returns its handle.
+    pub async fn start() -> Result<Self, ractor::SpawnErr> {
+        let published = Arc::new(PublishedCatalog::default());
+        let (actor, _) =
+            ractor::Actor::spawn(None, crate::RegistryActor, published.clone()).await?;
+        Ok(RegistryHandle::new(Arc::new(ArcSwap::from_pointee(actor)), published))
+    }
+
+    /// Returns the registry's actor, for a supervisor to link.
+    pub fn actor(&self) -> ractor::ActorCell {
+        self.actor.load().get_cell()
+    }
+
+    /// Starts a fresh registry actor under `supervisor`, resuming from the last published
+    /// catalog (a restart loses nothing committed), and points this handle and its clones
+    /// at it.
+    pub async fn respawn(
+        &self,
+        supervisor: ractor::ActorCell,
+    ) -> Result<ractor::ActorCell, ractor::SpawnErr> {
+        let (actor, _) = ractor::Actor::spawn_linked(
+            None,
+            crate::RegistryActor,
+            self.published.clone(),
+            supervisor,
+        )
+        .await?;
+        self.actor.store(Arc::new(actor.clone()));
+        Ok(actor.get_cell())
+    }
+
     /// Returns the current catalog snapshot; no mailbox round trip.
     pub fn snapshot(&self) -> Arc<Catalog> {
         self.published.load()

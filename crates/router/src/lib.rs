@@ -11,17 +11,13 @@
 //! - [`Admission`] is the admission step of every call: the routing profiles' rules
 //!   today, identity and policy later. [`Discovery`] is how the front door searches and
 //!   describes what it does not list; the meta-tools crate (`toolmesh-meta`) provides it.
-//! - [`RouterActor`] supervises the [`RegistryActor`](toolmesh_registry::RegistryActor); a
-//!   registry that dies is restarted from the last published catalog.
 //!
-//! ```text
-//! RouterActor
-//!  └── RegistryActor (publishes Catalog snapshots)
-//! ```
+//! The binary's `RouterActor` owns this front door: it serves [`ToolServiceImpl`], puts
+//! reloaded routing profiles in force ([`Router::set_admission`]) and drains the calls in
+//! flight ([`Router::drained`]).
 //!
 //! [`RouterError`] is mapped to a gRPC status once, in [`RouterError::to_status`].
 
-mod actor;
 mod admission;
 mod convert;
 mod deadline;
@@ -31,7 +27,6 @@ mod metrics;
 mod router;
 mod service;
 
-pub use actor::{RouterActor, RouterMsg};
 pub use admission::{Admission, CALL_TOOL, Door, META_SOURCE, SEARCH_TOOLS, Searched, is_meta};
 pub use deadline::parse_grpc_timeout;
 pub use discovery::{Discovery, Found, Keep};

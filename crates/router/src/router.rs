@@ -1,7 +1,15 @@
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use arc_swap::ArcSwap;
 
 use serde_json::Value;
-use tokio::time::Instant;
+use tokio::{sync::Notify, time::Instant};
 use tokio_util::sync::CancellationToken;
 use toolmesh_core::{BackendError, CallContext, ContentPart, EventSink, ToolOutput, ToolSource};
 use toolmesh_registry::{RegistryHandle, ToolEntry};
@@ -50,14 +58,46 @@ pub struct CallRequest {
 #[derive(Debug, Clone)]
 pub struct Router {
     registry: RegistryHandle,
-    admission: Arc<Admission>,
+    admission: Arc<ArcSwap<Admission>>,
+    in_flight: Arc<InFlight>,
     options: RouterOptions,
+}
+
+/// The calls running through a router, for draining.
+#[derive(Debug, Default)]
+struct InFlight {
+    count: AtomicUsize,
+    /// Told when the count falls to zero.
+    idle: Notify,
+}
+
+/// Counts one call while it runs.
+struct Running<'a>(&'a InFlight);
+
+impl<'a> Running<'a> {
+    fn enter(in_flight: &'a InFlight) -> Self {
+        in_flight.count.fetch_add(1, Ordering::AcqRel);
+        Running(in_flight)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
 }
 
 impl Router {
     /// Returns a router over `registry` that admits calls by `admission`.
     pub fn new(registry: RegistryHandle, admission: Admission, options: RouterOptions) -> Self {
-        Router { registry, admission: Arc::new(admission), options }
+        Router {
+            registry,
+            admission: Arc::new(ArcSwap::from_pointee(admission)),
+            in_flight: Arc::default(),
+            options,
+        }
     }
 
     /// Returns the registry handle.
@@ -65,9 +105,33 @@ impl Router {
         &self.registry
     }
 
-    /// Returns the admission rules (the routing profiles).
-    pub fn admission(&self) -> &Admission {
-        &self.admission
+    /// Returns the admission rules (the routing profiles) in force.
+    pub fn admission(&self) -> Arc<Admission> {
+        self.admission.load_full()
+    }
+
+    /// Puts `admission` in force for the calls that start from now on.
+    pub fn set_admission(&self, admission: Admission) {
+        self.admission.store(Arc::new(admission));
+    }
+
+    /// Returns the number of calls running (a callTool and the call it makes count twice).
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.count.load(Ordering::Acquire)
+    }
+
+    /// Resolves once no call is running.
+    pub async fn drained(&self) {
+        loop {
+            let idle = self.in_flight.idle.notified();
+            tokio::pin!(idle);
+            // Registered before the count is read, so the last call's notice is not missed.
+            idle.as_mut().enable();
+            if self.in_flight() == 0 {
+                return;
+            }
+            idle.await;
+        }
     }
 
     /// Returns a fresh call id (UUIDv7: unique and ordered by time).
@@ -125,6 +189,7 @@ impl Router {
             { names::ERROR_TYPE } = Empty,
         );
         let started = std::time::Instant::now();
+        let _running = Running::enter(&self.in_flight);
         let mut source = None;
         let result = self
             .run(entry, door, request, call_id.clone(), events, cancel, &mut source)
@@ -165,7 +230,7 @@ impl Router {
                     .resolve(&request.name)
                     .ok_or_else(|| RouterError::NotFound(request.name.clone()))?,
             };
-            self.admission.admit(&request.profile, door, &entry.spec)?;
+            self.admission.load().admit(&request.profile, door, &entry.spec)?;
             Ok::<_, RouterError>(entry)
         })?;
         *source = Some(entry.spec.source.clone());

@@ -1,5 +1,6 @@
 use std::{
     collections::{HashMap, HashSet, VecDeque},
+    panic::AssertUnwindSafe,
     path::PathBuf,
     sync::{Arc, PoisonError, atomic::Ordering},
     time::Instant,
@@ -185,8 +186,14 @@ impl ToolSearchActor {
             self.shared.changed.notify_one();
         }
         if !removed.is_empty() {
+            // Rewriting the vector file is file work: on a blocking thread, the store lent.
             let live: HashSet<TextDigest> = state.indexed.values().map(|(_, d)| *d).collect();
-            state.store.compact(&live);
+            let mut store = std::mem::replace(&mut state.store, VectorStore::in_memory(0));
+            state.store = tokio::task::spawn_blocking(move || {
+                store.compact(&live);
+                store
+            })
+            .await?;
         }
         if !state.pending.is_empty() {
             state.pending.make_contiguous().sort_unstable_by_key(|p| p.text.len());
@@ -237,20 +244,29 @@ impl ToolSearchActor {
             // The texts go to the model; the batch keeps name and digest.
             let texts: Vec<String> =
                 batch.iter_mut().map(|p| std::mem::take(&mut p.text)).collect();
-            let embedded = tokio::task::spawn_blocking(move || {
+            // The model's forward pass and the store's file append run on a blocking
+            // thread; the store is lent to it and comes back either way.
+            let digests: Vec<TextDigest> = batch.iter().map(|p| p.digest).collect();
+            let store = std::mem::replace(&mut state.store, VectorStore::in_memory(0));
+            let (store, embedded) = tokio::task::spawn_blocking(move || {
+                let mut store = store;
                 let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-                embedder.embed(&refs)
+                // A panic in the model costs this batch its vectors, not the index its actor.
+                let embedded = std::panic::catch_unwind(AssertUnwindSafe(|| embedder.embed(&refs)))
+                    .unwrap_or_else(|panic| {
+                        Err(toolmesh_embed::EmbedError::Run(format!(
+                            "the model panicked: {}",
+                            panic_message(panic.as_ref())
+                        )))
+                    });
+                let stored = embedded
+                    .map(|vectors| store.insert(digests.into_iter().zip(vectors).collect()));
+                (store, stored)
             })
-            .await
-            // A panic in the model costs this batch its vectors, not the index its actor.
-            .unwrap_or_else(|panic| {
-                Err(toolmesh_embed::EmbedError::Run(format!("the model panicked: {panic}")))
-            });
+            .await?;
+            state.store = store;
             match embedded {
-                Ok(embedded) => {
-                    let vectors = state
-                        .store
-                        .insert(batch.iter().map(|p| p.digest).zip(embedded).collect::<Vec<_>>());
+                Ok(vectors) => {
                     if let Some((_, count)) = &mut state.run {
                         *count += batch.len();
                     }
@@ -341,6 +357,15 @@ fn index_lexically(
         indexed.remove(name);
     }
     (indexed, upserts, removed)
+}
+
+/// The message a panic carried.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("no message")
 }
 
 impl Actor for ToolSearchActor {

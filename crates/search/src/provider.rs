@@ -4,14 +4,17 @@ use std::{
     time::Duration,
 };
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
+use arc_swap::ArcSwap;
+use ractor::{Actor, ActorCell, ActorRef};
 use toolmesh_config::Config;
 use toolmesh_core::{Health, Provider, ProviderError};
 use toolmesh_embed::Embedder;
 use toolmesh_registry::RegistryHandle;
 use tracing::{error, info};
 
-use crate::{SearchError, SearchHandle, SearchOptions, ToolSearchActor, handle::SearchShared};
+use crate::SearchMsg;
+
+use crate::{SearchError, SearchHandle, SearchOptions, ToolSearchActor};
 
 /// The tool-search index as a provider: it follows the catalog by itself, so it has no
 /// tools to publish. Health entries: `toolmesh.search.index` (down from a crash of the
@@ -19,7 +22,9 @@ use crate::{SearchError, SearchHandle, SearchOptions, ToolSearchActor, handle::S
 /// `toolmesh.search.embeddings` (down while search is lexical only).
 pub struct SearchProvider {
     handle: SearchHandle,
-    supervisor: ActorRef<()>,
+    /// The index's actor; a supervisor that restarts it swaps in the new one.
+    actor: ArcSwap<ActorRef<SearchMsg>>,
+    vector_cache: Option<PathBuf>,
     /// Why search is lexical only; `None` when it ranks with embeddings.
     lexical: Option<String>,
 }
@@ -49,22 +54,48 @@ impl SearchProvider {
         Ok(provider)
     }
 
-    /// Starts the index over `registry`, supervised: an index actor that fails (a panic
-    /// in an embedding batch) is replaced by one that re-indexes the catalog.
+    /// Starts the index over `registry`.
     pub async fn start(
         registry: RegistryHandle,
         options: SearchOptions,
     ) -> Result<Self, SearchError> {
         let lexical = options.embedder.is_none().then(|| "no embedding model".to_owned());
         let vector_cache = options.vector_cache.clone();
-        let (child, handle) = ToolSearchActor::start(registry.clone(), options)
+        let (actor, handle) = ToolSearchActor::start(registry, options)
             .await
             .map_err(|e| SearchError::Task(e.to_string()))?;
-        let supervisor = IndexSupervisor { registry, shared: handle.shared.clone(), vector_cache };
-        let (supervisor, _) = Actor::spawn(None, supervisor, child)
-            .await
-            .map_err(|e| SearchError::Task(e.to_string()))?;
-        Ok(SearchProvider { handle, supervisor, lexical })
+        Ok(SearchProvider { handle, actor: ArcSwap::from_pointee(actor), vector_cache, lexical })
+    }
+
+    /// Returns the index's actor, for a supervisor to link.
+    pub fn actor(&self) -> ActorCell {
+        self.actor.load().get_cell()
+    }
+
+    /// Starts a fresh index actor under `supervisor` after the old one failed: it indexes
+    /// the whole catalog again (the vectors it has are kept), and until it has caught up
+    /// the index's health is down; afterwards it says how often it was restarted.
+    pub async fn respawn(
+        &self,
+        supervisor: ActorCell,
+        reason: String,
+    ) -> Result<ActorCell, ractor::SpawnErr> {
+        let shared = &self.handle.shared;
+        {
+            let mut restarts = shared.restarts.lock().unwrap_or_else(PoisonError::into_inner);
+            *restarts = (restarts.0 + 1, reason.clone());
+        }
+        *shared.recovering.lock().unwrap_or_else(PoisonError::into_inner) = Some(reason);
+        shared.changed.notify_one();
+        shared.version.store(0, Ordering::Release);
+        let actor = ToolSearchActor::over(
+            self.handle.registry.clone(),
+            shared.clone(),
+            self.vector_cache.clone(),
+        );
+        let (actor, _) = Actor::spawn_linked(None, actor, (), supervisor).await?;
+        self.actor.store(Arc::new(actor.clone()));
+        Ok(actor.get_cell())
     }
 
     /// Returns the handle searches use.
@@ -112,76 +143,8 @@ impl Provider<Config> for SearchProvider {
     }
 
     async fn stop(&self, _grace: Duration) {
-        let _ = self
-            .supervisor
-            .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(5)))
-            .await;
-    }
-}
-
-/// Restarts the index's actor when it fails.
-struct IndexSupervisor {
-    registry: RegistryHandle,
-    shared: Arc<SearchShared>,
-    vector_cache: Option<PathBuf>,
-}
-
-impl Actor for IndexSupervisor {
-    type Msg = ();
-    type State = ActorRef<crate::SearchMsg>;
-    type Arguments = ActorRef<crate::SearchMsg>;
-
-    async fn pre_start(
-        &self,
-        myself: ActorRef<()>,
-        child: Self::Arguments,
-    ) -> Result<Self::State, ActorProcessingErr> {
-        child.get_cell().link(myself.get_cell());
-        Ok(child)
-    }
-
-    async fn post_stop(
-        &self,
-        _: ActorRef<()>,
-        child: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        child.stop(Some("shutdown".into()));
-        Ok(())
-    }
-
-    async fn handle_supervisor_evt(
-        &self,
-        myself: ActorRef<()>,
-        event: SupervisionEvent,
-        child: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        let (cell, reason) = match event {
-            SupervisionEvent::ActorFailed(cell, reason) => (cell, reason.to_string()),
-            SupervisionEvent::ActorTerminated(cell, _, reason) => {
-                (cell, reason.unwrap_or_else(|| "stopped".into()))
-            }
-            _ => return Ok(()),
-        };
-        if cell.get_id() != child.get_id() {
-            return Ok(());
-        }
-        error!(%reason, "the search index failed; restarting it over the current catalog");
-        {
-            let mut restarts = self.shared.restarts.lock().unwrap_or_else(PoisonError::into_inner);
-            *restarts = (restarts.0 + 1, reason.clone());
-        }
-        *self.shared.recovering.lock().unwrap_or_else(PoisonError::into_inner) = Some(reason);
-        self.shared.changed.notify_one();
-        // The fresh actor indexes the whole catalog again.
-        self.shared.version.store(0, Ordering::Release);
-        let actor = ToolSearchActor::over(
-            self.registry.clone(),
-            self.shared.clone(),
-            self.vector_cache.clone(),
-        );
-        let (fresh, _) = Actor::spawn_linked(None, actor, (), myself.get_cell()).await?;
-        *child = fresh;
-        Ok(())
+        let actor = self.actor.load_full();
+        let _ = actor.stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(5))).await;
     }
 }
 
@@ -254,6 +217,8 @@ mod tests {
     use toolmesh_core::{Backend, BackendError, CallContext, ToolOutput, ToolSource, ToolSpec};
     use toolmesh_embed::EmbedError;
     use toolmesh_registry::{PublishedCatalog, RegistryActor, ToolEntry};
+
+    use ractor::{ActorProcessingErr, SupervisionEvent};
 
     use super::*;
 
@@ -337,7 +302,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_crashed_index_actor_is_restarted_and_health_shows_the_gap() {
+    async fn a_respawned_index_catches_up_and_health_shows_the_gap() {
         let registry = registry().await;
         let provider =
             SearchProvider::start(registry.clone(), SearchOptions::default()).await.unwrap();
@@ -348,17 +313,42 @@ mod tests {
         };
         assert!(index(&provider).up);
 
-        let child = provider.supervisor.get_children().pop().expect("the index actor");
-        let changed = provider.health_changed();
-        child.kill();
-        tokio::time::timeout(Duration::from_secs(10), changed).await.expect("health changed");
-        // Down from the crash until the fresh actor has indexed the catalog again.
-        until("caught up", || index(&provider).up).await;
-        assert!(index(&provider).status.starts_with("restarted 1 times"), "{:?}", index(&provider));
-        let fresh = provider.supervisor.get_children().pop().expect("a fresh index actor");
-        assert_ne!(fresh.get_id(), child.get_id());
+        // A crash, and what a supervisor does about it: a fresh actor under it.
+        let (supervisor, _) = Actor::spawn(None, Idle, ()).await.unwrap();
+        let old = provider.actor();
+        old.kill();
+        old.wait(None).await.unwrap();
         registry.register(tool("stocks", "Gets stock prices.")).await.unwrap();
-        until("the fresh actor follows the catalog", || provider.handle().indexed() == 2).await;
+        let fresh = provider.respawn(supervisor.get_cell(), "killed".into()).await.unwrap();
+        assert_ne!(fresh.get_id(), old.get_id());
+        until("caught up", || index(&provider).up).await;
+        assert_eq!(index(&provider).status, "restarted 1 times; last failure: killed");
+        // The fresh actor indexed what changed while none ran, and follows the catalog.
+        assert_eq!(provider.handle().indexed(), 2);
+        registry.register(tool("tides", "Gets tide tables.")).await.unwrap();
+        until("the fresh actor follows the catalog", || provider.handle().indexed() == 3).await;
         provider.stop(Duration::from_secs(1)).await;
+    }
+
+    /// A supervisor that does nothing.
+    struct Idle;
+
+    impl Actor for Idle {
+        type Msg = ();
+        type State = ();
+        type Arguments = ();
+
+        async fn pre_start(&self, _: ActorRef<()>, _: ()) -> Result<(), ActorProcessingErr> {
+            Ok(())
+        }
+
+        async fn handle_supervisor_evt(
+            &self,
+            _: ActorRef<()>,
+            _: SupervisionEvent,
+            _: &mut (),
+        ) -> Result<(), ActorProcessingErr> {
+            Ok(())
+        }
     }
 }

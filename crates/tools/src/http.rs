@@ -23,6 +23,13 @@ pub struct HttpToolError {
     reason: String,
 }
 
+impl HttpToolError {
+    /// The failure kind: the configuration is not valid.
+    pub fn code(&self) -> toolmesh_core::ErrorCode {
+        toolmesh_core::ErrorCode::InvalidArgument
+    }
+}
+
 /// A tool that makes one HTTP request per call, from configuration (`[[tools.http]]`).
 ///
 /// Unless `allow_private_network` is set, it refuses destinations that the IANA

@@ -86,27 +86,41 @@ impl Backend for LocalBackend {
 
         let wait = async {
             let _running = slots.running.acquire().await;
-            let worker = pool.idle.recv().await.map_err(|_| BackendError::Unavailable {
-                backend: "local worker pool".into(),
-                reason: "the pool is stopped".into(),
-            })?;
             let (reply, outcome) = oneshot::channel();
             let span = info_span!(
                 names::SPAN_WORKER_EXECUTE,
                 { names::GEN_AI_TOOL_NAME } = %ctx.tool,
                 { names::GEN_AI_TOOL_CALL_ID } = %ctx.call_id,
             );
-            let message = WorkerMsg::Execute {
+            let mut message = WorkerMsg::Execute {
                 tool: self.tool.clone(),
                 ctx: ctx.clone(),
                 arguments,
                 span,
                 reply,
             };
-            worker.cast(message).map_err(|_| BackendError::Unavailable {
-                backend: "local worker pool".into(),
-                reason: "a worker stopped while taking the call".into(),
-            })?;
+            // A worker that died while idle (or went with a restarted pool) never took the
+            // call: the next idle worker does.
+            let mut tries = pool.options.size.get() + 1;
+            loop {
+                let worker = pool.idle.recv().await.map_err(|_| BackendError::Unavailable {
+                    backend: "local worker pool".into(),
+                    reason: "the pool is stopped".into(),
+                })?;
+                match worker.cast(message) {
+                    Ok(()) => break,
+                    Err(ractor::MessagingErr::SendErr(returned)) if tries > 1 => {
+                        message = returned;
+                        tries -= 1;
+                    }
+                    Err(_) => {
+                        return Err(BackendError::Unavailable {
+                            backend: "local worker pool".into(),
+                            reason: "no live worker took the call".into(),
+                        });
+                    }
+                }
+            }
             // A dropped reply port means the worker died without answering.
             outcome.await.unwrap_or_else(|_| {
                 Err(BackendError::Crashed {

@@ -7,6 +7,7 @@ use std::{
     },
 };
 
+use arc_swap::ArcSwap;
 use ractor::{
     Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
 };
@@ -187,7 +188,10 @@ pub(crate) struct PoolInner {
     pub(crate) idle: async_channel::Receiver<ActorRef<WorkerMsg>>,
     pub(crate) admission: Arc<Semaphore>,
     pub(crate) options: PoolOptions,
-    supervisor: ActorRef<WorkerPoolMsg>,
+    /// The pool's actor; a supervisor that restarts it swaps in the new one.
+    supervisor: ArcSwap<ActorRef<WorkerPoolMsg>>,
+    /// Where workers put themselves when idle; kept for a restarted pool actor.
+    idle_tx: async_channel::Sender<ActorRef<WorkerMsg>>,
     restarts: Arc<AtomicU64>,
     /// Set once the pool is stopping: calls are refused.
     pub(crate) stopping: AtomicBool,
@@ -199,14 +203,15 @@ impl WorkerPool {
         let size = options.size.get();
         let (idle_tx, idle_rx) = async_channel::bounded(size);
         let restarts = Arc::new(AtomicU64::new(0));
-        let actor = WorkerPoolActor { size, idle: idle_tx, restarts: restarts.clone() };
+        let actor = WorkerPoolActor { size, idle: idle_tx.clone(), restarts: restarts.clone() };
         let (supervisor, _) = Actor::spawn(None, actor, ()).await.map_err(WorkersError::Spawn)?;
         Ok(WorkerPool {
             inner: Arc::new(PoolInner {
                 idle: idle_rx,
                 admission: Arc::new(Semaphore::new(size + options.queue)),
                 options,
-                supervisor,
+                supervisor: ArcSwap::from_pointee(supervisor),
+                idle_tx,
                 restarts,
                 stopping: AtomicBool::new(false),
             }),
@@ -235,17 +240,41 @@ impl WorkerPool {
 
     /// Returns the number of live workers, asking the supervisor.
     pub async fn live_workers(&self) -> Option<usize> {
-        ractor::call!(self.inner.supervisor, |reply| WorkerPoolMsg::LiveWorkers { reply }).ok()
+        let supervisor = self.inner.supervisor.load_full();
+        ractor::call!(supervisor, |reply| WorkerPoolMsg::LiveWorkers { reply }).ok()
+    }
+
+    /// Returns the pool's actor, for a supervisor to link.
+    pub fn actor(&self) -> ActorCell {
+        self.inner.supervisor.load().get_cell()
+    }
+
+    /// Starts a fresh pool actor, with a full set of fresh workers, under `supervisor`,
+    /// after the old one failed and its workers were stopped; the handle and the tools
+    /// bound to it use the new one.
+    pub async fn respawn(&self, supervisor: ActorCell) -> Result<ActorCell, WorkersError> {
+        // The old workers are gone; what the idle queue still holds of them is stale.
+        while self.inner.idle.try_recv().is_ok() {}
+        let actor = WorkerPoolActor {
+            size: self.inner.options.size.get(),
+            idle: self.inner.idle_tx.clone(),
+            restarts: self.inner.restarts.clone(),
+        };
+        let (actor, _) =
+            Actor::spawn_linked(None, actor, (), supervisor).await.map_err(WorkersError::Spawn)?;
+        self.inner.supervisor.store(Arc::new(actor.clone()));
+        Ok(actor.get_cell())
     }
 
     /// Returns whether the pool runs (it was not stopped, and its supervisor is alive).
     pub fn is_running(&self) -> bool {
-        self.inner.supervisor.get_status() == ractor::ActorStatus::Running
+        self.inner.supervisor.load().get_status() == ractor::ActorStatus::Running
     }
 
     /// Resolves when the pool's supervisor has ended.
     pub async fn stopped(&self) {
-        let _ = self.inner.supervisor.wait(None).await;
+        let supervisor = self.inner.supervisor.load_full();
+        let _ = supervisor.wait(None).await;
     }
 
     /// Stops the pool: new calls are refused as unavailable at once, calls admitted before
@@ -263,6 +292,7 @@ impl WorkerPool {
         let _ = self
             .inner
             .supervisor
+            .load()
             .stop_and_wait(Some("shutdown".into()), Some(std::time::Duration::from_secs(5)))
             .await;
     }

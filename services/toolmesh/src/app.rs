@@ -9,11 +9,16 @@ use toolmesh_core::{HealthBoard, Provider, Toolkit};
 use toolmesh_mcp::McpManager;
 use toolmesh_meta::MetaTools;
 use toolmesh_registry::RegistryHandle;
-use toolmesh_router::{Admission, Router, RouterActor, RouterMsg, RouterOptions};
+use toolmesh_router::{Admission, Router, RouterOptions};
 use toolmesh_search::{SearchHandle, SearchProvider};
 use toolmesh_tools::{LocalProvider, LocalTools};
 use toolmesh_workers::{LocalToolInstall, WorkerPool};
 use tracing::{Instrument, info, warn};
+
+use crate::{
+    front::FrontDoor,
+    supervisor::{ActorsHealth, Child, Children, RootSupervisor},
+};
 
 /// What an embedding program (or a test) adds to the configured toolmesh: local tools,
 /// standalone or in toolkits, and whole providers of tools.
@@ -45,7 +50,9 @@ pub struct App {
     health: HealthBoard,
     /// Ends the health loop.
     stop: CancellationToken,
-    router_actor: ActorRef<RouterMsg>,
+    front: FrontDoor,
+    root: ActorRef<()>,
+    children: Arc<Children>,
 }
 
 impl std::fmt::Debug for App {
@@ -63,9 +70,7 @@ impl App {
     /// then those of `options`), the meta-tools, and the loop that publishes the providers'
     /// health.
     pub async fn start(config: &Config, options: AppOptions) -> anyhow::Result<Self> {
-        let (router_actor, registry) = RouterActor::start()
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot start the registry: {e}"))?;
+        let registry = RegistryHandle::start().await.context("starting the registry")?;
         let router = Router::new(
             registry.clone(),
             Admission::new(&config.routing),
@@ -81,9 +86,49 @@ impl App {
             .await
             .map_err(|e| anyhow::anyhow!("cannot start the mcp supervisor: {e}"))?;
         let search = Arc::new(SearchProvider::from_config(registry.clone(), config).await?);
-        let mut providers: Vec<Arc<dyn Provider<Config>>> =
-            vec![local.clone(), Arc::new(mcp.clone()), search.clone()];
+        let (root, children) = RootSupervisor::start(vec![
+            child("registry", registry.actor(), {
+                let registry = registry.clone();
+                move |root, _| {
+                    let registry = registry.clone();
+                    async move { registry.respawn(root).await.map_err(|e| e.to_string()) }.boxed()
+                }
+            }),
+            child("workers", local.pool().actor(), {
+                let pool = local.pool().clone();
+                move |root, _| {
+                    let pool = pool.clone();
+                    async move { pool.respawn(root).await.map_err(|e| e.to_string()) }.boxed()
+                }
+            }),
+            child("mcp", mcp.supervisor(), {
+                let mcp = mcp.clone();
+                move |root, _| {
+                    let mcp = mcp.clone();
+                    async move { mcp.respawn(root).await.map_err(|e| e.to_string()) }.boxed()
+                }
+            }),
+            child("search", search.actor(), {
+                let search = search.clone();
+                move |root, reason| {
+                    let search = search.clone();
+                    async move { search.respawn(root, reason).await.map_err(|e| e.to_string()) }
+                        .boxed()
+                }
+            }),
+        ])
+        .await
+        .context("starting the root supervisor")?;
+        let mut providers: Vec<Arc<dyn Provider<Config>>> = vec![
+            local.clone(),
+            Arc::new(mcp.clone()),
+            search.clone(),
+            Arc::new(ActorsHealth(children.clone())),
+        ];
         providers.extend(options.providers.into_iter().map(|make| make(&registry)));
+        let front = FrontDoor::start(router.clone(), config.routing.clone())
+            .await
+            .context("starting the front door")?;
 
         let meta = MetaTools::new(router.clone(), search.handle().clone(), &config.routing);
         let app = App {
@@ -95,7 +140,9 @@ impl App {
             providers: Arc::new(providers),
             health: HealthBoard::default(),
             stop: CancellationToken::new(),
-            router_actor,
+            front,
+            root,
+            children,
         };
         for provider in app.providers.iter() {
             provider.start(config).await?;
@@ -113,9 +160,12 @@ impl App {
     /// Hands `config` to every provider: the configured local tools are replaced
     /// atomically (calls in flight keep the definition they started with), the MCP servers
     /// are made to match `[[mcp.servers]]` (only added, removed or changed servers are
-    /// touched). Every provider is given the configuration even when one fails; the first
+    /// touched), and the routing profiles of `[routing]` apply to calls that start from
+    /// then on. Every provider is given the configuration even when one fails; the first
     /// failure is returned.
     pub async fn reload(&self, config: &Config) -> anyhow::Result<()> {
+        // The routing profiles, through the front door.
+        self.front.reload(config.routing.clone()).await?;
         let mut failure = None;
         for provider in self.providers.iter() {
             if let Err(error) = provider.reload(config).await {
@@ -161,15 +211,46 @@ impl App {
         &self.health
     }
 
-    /// Stops the providers, last started first (their processes and connections with
-    /// them), then the registry. The front door has drained calls in flight before this.
+    /// Returns the root supervisor's children (`registry`, `workers`, `mcp`, `search`)
+    /// and their actors now.
+    pub fn actors(&self) -> Vec<(&'static str, ractor::ActorCell)> {
+        self.children.actors()
+    }
+
+    /// Returns the front door.
+    pub(crate) fn front_door(&self) -> &FrontDoor {
+        &self.front
+    }
+
+    /// Stops, in order: the front door (a server still running), the root supervisor (so
+    /// that nothing stopping now is restarted), the providers, last started first (their
+    /// processes and connections with them), then the registry. [`crate::serve`] drains
+    /// the calls in flight before this.
     pub async fn shutdown(&self) {
+        self.front.stop().await;
+        let _ = self.root.stop_and_wait(None, Some(Duration::from_secs(5))).await;
         self.stop.cancel();
         for provider in self.providers.iter().rev() {
             provider.stop(PROVIDER_STOP_GRACE).await;
         }
-        self.router_actor.stop(Some("shutdown".into()));
+        let registry = self.registry().actor();
+        registry.stop(Some("shutdown".into()));
     }
+}
+
+/// A child of the root supervisor.
+fn child(
+    name: &'static str,
+    actor: ractor::ActorCell,
+    respawn: impl Fn(
+        ractor::ActorCell,
+        String,
+    ) -> futures::future::BoxFuture<'static, Result<ractor::ActorCell, String>>
+    + Send
+    + Sync
+    + 'static,
+) -> Child {
+    Child { name, actor, respawn: Box::new(respawn) }
 }
 
 /// Reads every provider's health onto the board; each entry is also the

@@ -1,14 +1,34 @@
 //! The `toolmesh` binary's library: it wires the components into one process.
 //!
-//! - [`App`] starts the actors (router, registry, worker pool), registers the built-in and
-//!   configured tools, and reloads the configured ones on demand.
-//! - [`serve`] runs the gRPC server (`toolmesh.v1.ToolService`, `grpc.health.v1.Health`,
-//!   server reflection v1 and v1alpha) on a bound listener until a shutdown signal, then
-//!   lets in-flight calls finish within a grace period. Its front door is bounded:
-//!   [`Listener`] caps connections, closes those that never finish their HTTP/2 handshake
-//!   and those left idle, and backs off when out of descriptors; [`TrackCallsLayer`]
-//!   counts each connection's calls; [`MessageLimitLayer`] refuses oversized messages at
-//!   their header.
+//! - [`App`] starts the registry, the providers of tools (local tools on the worker pool,
+//!   MCP servers, the search index, and any an embedding program adds), the meta-tools and
+//!   the front door; it reloads and stops them alike, and publishes every provider's
+//!   health (gRPC health `toolmesh.<kind>.<name>`, `ListTools`, `toolmesh.source.up`).
+//! - [`serve`] runs the gRPC API (`toolmesh.v1.ToolService`, `grpc.health.v1.Health`,
+//!   server reflection v1 and v1alpha) through the [`RouterActor`] until a shutdown signal,
+//!   then shuts down in order: stop accepting, drain the calls in flight within the grace
+//!   period, stop the providers; the caller's telemetry guard flushes last. The front door
+//!   is bounded: [`Listener`] caps connections, closes those that never finish their HTTP/2
+//!   handshake and those left idle, and backs off when out of descriptors;
+//!   [`TrackCallsLayer`] counts each connection's calls; [`MessageLimitLayer`] refuses
+//!   oversized messages at their header.
+//!
+//! The actors:
+//!
+//! ```text
+//! RouterActor          the front door: serves gRPC, holds the routing profiles in force
+//!                      (a reload goes through it), drains the calls in flight; each call
+//!                      runs in its own task, never behind this mailbox
+//! RootSupervisor       restarts a child that ends unasked (at most 5 times a minute);
+//!  │                   toolmesh.actor.<child> health shows the gap and the restarts
+//!  ├── RegistryActor          resumes from the last published catalog
+//!  ├── WorkerPoolActor        a fresh set of workers
+//!  │    └── WorkerActor × N   (the pool replaces one that dies)
+//!  ├── McpSupervisorActor     starts the configured servers again
+//!  │    └── McpClientActor × servers (the MCP supervisor restarts one that fails)
+//!  └── ToolSearchActor        indexes the catalog again; search health is down until then
+//! ```
+//!
 //! - [`client`] backs the `toolmesh tools list` and `toolmesh call` commands.
 //!
 //! Reading order for a newcomer: `proto/toolmesh/v1/tools.proto`, then
@@ -16,11 +36,15 @@
 
 mod app;
 pub mod client;
+mod front;
 mod listener;
 mod server;
+mod supervisor;
 mod transport;
 
 pub use app::{App, AppOptions, ProviderFactory};
+pub use front::{FrontDoor, FrontDoorError, RouterActor, RouterMsg, RouterState};
 pub use listener::{ConnectionInfo, ConnectionLimits, Listener, TrackCallsLayer};
 pub use server::{MCP_HEALTH_PREFIX, PROVIDER_HEALTH_PREFIX, SEARCH_EMBEDDINGS_HEALTH, serve};
+pub use supervisor::Children;
 pub use transport::{LimitedBody, MessageLimit, MessageLimitLayer};

@@ -420,3 +420,71 @@ where
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
+
+    use futures::StreamExt as _;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    use super::*;
+
+    /// The shipped limits, from the compiled-in defaults.
+    fn shipped() -> ConnectionLimits {
+        let config = toolmesh_config::load_str(None, &Default::default()).unwrap();
+        ConnectionLimits {
+            max_connections: config.server.max_connections.get(),
+            handshake_timeout: config.server.handshake_timeout,
+            idle_timeout: config.server.idle_timeout,
+        }
+    }
+
+    async fn listening(limits: ConnectionLimits) -> (Listener, std::net::SocketAddr) {
+        let socket = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = socket.local_addr().unwrap();
+        (Listener::new(socket, limits), addr)
+    }
+
+    /// On tokio's paused clock: the shipped 10 s pass at once, and exactly.
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_that_never_says_hello_is_closed_at_the_handshake_timeout() {
+        let limits = shipped();
+        let (_listener, addr) = listening(limits).await;
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        let started = Instant::now();
+        let mut byte = [0; 1];
+        let read = tokio::time::timeout(limits.handshake_timeout * 2, client.read(&mut byte))
+            .await
+            .expect("closed by the server, not left open");
+        assert!(matches!(read, Ok(0) | Err(_)), "closed: {read:?}");
+        let waited = started.elapsed();
+        assert!(waited >= limits.handshake_timeout, "not before the timeout: {waited:?}");
+        assert!(waited < limits.handshake_timeout + Duration::from_secs(1), "{waited:?}");
+    }
+
+    /// On tokio's paused clock: the shipped idle timeout (minutes) passes at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_without_calls_ends_at_the_idle_timeout() {
+        let limits = shipped();
+        let idle = limits.idle_timeout.expect("an idle timeout is shipped");
+        let (mut listener, addr) = listening(limits).await;
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        client.write_all(PREFACE).await.unwrap();
+        let mut connection = listener.next().await.unwrap().unwrap();
+        // The preface is handed on to the HTTP/2 server first.
+        let mut preface = [0; PREFACE.len()];
+        connection.read_exact(&mut preface).await.unwrap();
+        assert_eq!(&preface, PREFACE);
+
+        let started = Instant::now();
+        let mut buffer = [0; 64];
+        let read = tokio::time::timeout(idle * 2, connection.read(&mut buffer))
+            .await
+            .expect("ended, not left open")
+            .unwrap();
+        assert_eq!(read, 0, "the server side sees its end");
+        let waited = started.elapsed();
+        assert!(waited >= idle && waited < idle + Duration::from_secs(1), "{waited:?} of {idle:?}");
+    }
+}

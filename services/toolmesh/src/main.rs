@@ -200,8 +200,9 @@ fn raise_descriptor_limit() {
     }
 }
 
-/// Reloads tool definitions on SIGHUP and, with a poll interval, when the file changes.
-/// Other settings take effect on restart; a reload that changes them says so.
+/// Reloads tool definitions (configured tools, MCP servers) and routing profiles on SIGHUP
+/// and, with a poll interval, when the file changes. Other settings take effect on
+/// restart; a reload that changes them says so.
 async fn watch_config(
     app: App,
     path: Option<PathBuf>,
@@ -240,6 +241,12 @@ async fn watch_config(
                         ("workers", config.workers != running.workers),
                         ("telemetry", config.telemetry != running.telemetry),
                         ("builtin", config.builtin != running.builtin),
+                        ("search", config.search != running.search),
+                        (
+                            "routing.token_key, routing.token_ttl",
+                            config.routing.token_key != running.routing.token_key
+                                || config.routing.token_ttl != running.routing.token_ttl,
+                        ),
                     ]
                     .into_iter()
                     .filter_map(|(section, changed)| changed.then_some(section))

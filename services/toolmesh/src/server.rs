@@ -45,16 +45,50 @@ pub const SEARCH_EMBEDDINGS_HEALTH: &str = "toolmesh.search.embeddings";
 pub const MCP_HEALTH_PREFIX: &str = "toolmesh.mcp.";
 
 /// Serves the API on `listener` with the limits of `config` until `shutdown` resolves;
-/// then stops accepting connections and waits up to `config.shutdown_grace` for calls in
-/// flight. Returns whether every call finished within the grace period.
+/// then shuts down in order: the front door stops accepting and waits up to
+/// `config.shutdown_grace` for calls in flight, then the providers stop (their processes
+/// and connections with them). Telemetry is flushed by the caller's guard, last. Returns
+/// whether every call finished within the grace period.
 pub async fn serve(
     listener: TcpListener,
     app: App,
     config: ServerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<bool> {
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<ToolServiceServer<ToolServiceImpl>>().await;
+    let grace = config.shutdown_grace;
+    let mut ended = app.front_door().serve(listener, app.clone(), config).await?;
+    let outcome = tokio::select! {
+        result = &mut ended => Some(result.unwrap_or_else(|_| Err(anyhow::anyhow!("the front door stopped")))),
+        () = shutdown => None,
+    };
+    let drained = match outcome {
+        // The server ended by itself: report why, after stopping what runs.
+        Some(result) => {
+            app.shutdown().await;
+            result?;
+            return Ok(true);
+        }
+        None => {
+            info!("shutting down: no new calls; waiting for calls in flight");
+            app.front_door().drain(grace).await
+        }
+    };
+    app.shutdown().await;
+    Ok(drained)
+}
+
+/// The gRPC server with every service and limit, serving `listener` until `stop`.
+pub(crate) fn grpc_server<H, S>(
+    listener: TcpListener,
+    app: &App,
+    config: &ServerConfig,
+    health_service: tonic_health::pb::health_server::HealthServer<H>,
+    stop: S,
+) -> anyhow::Result<impl Future<Output = Result<(), tonic::transport::Error>> + Send + use<H, S>>
+where
+    H: tonic_health::pb::health_server::Health,
+    S: Future<Output = ()> + Send + 'static,
+{
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(toolmesh_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -63,29 +97,14 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(toolmesh_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
-
-    // Before the first connection is accepted, every provider's entry is there.
-    apply_health(&app.health().snapshot(), &mut health.clone(), &mut Default::default()).await;
-    let provider_health = tokio::spawn(
-        report_health(app.health().clone(), health.clone())
-            .instrument(tracing::info_span!("health", task = "grpc health")),
-    );
     let limits = ConnectionLimits {
         max_connections: within_descriptors(config.max_connections.get()),
         handshake_timeout: config.handshake_timeout,
         idle_timeout: config.idle_timeout,
     };
     let incoming = Listener::new(listener, limits);
-    let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
-    let health_on_stop = health.clone();
-    let signal = async move {
-        shutdown.await;
-        info!("shutting down: no new calls; waiting for calls in flight");
-        health_on_stop.set_not_serving::<ToolServiceServer<ToolServiceImpl>>().await;
-        let _ = stopping_tx.send(());
-    };
     let max_message = config.max_message_bytes.get();
-    let server = tonic::transport::Server::builder()
+    Ok(tonic::transport::Server::builder()
         .max_concurrent_streams(config.max_concurrent_streams)
         .http2_keepalive_interval(config.keepalive_interval)
         .http2_keepalive_timeout(config.keepalive_interval.map(|_| config.keepalive_timeout))
@@ -102,23 +121,40 @@ pub async fn serve(
             ))
             .max_decoding_message_size(max_message),
         )
-        .serve_with_incoming_shutdown(incoming, signal);
-    tokio::pin!(server);
+        .serve_with_incoming_shutdown(incoming, stop))
+}
 
-    // Until the shutdown signal, the server runs unbounded; after it, for the grace period.
-    let drained = tokio::select! {
-        result = &mut server => { result?; true }
-        _ = stopping_rx => match tokio::time::timeout(config.shutdown_grace, &mut server).await {
-            Ok(result) => { result?; true }
-            Err(_) => {
-                warn!(grace_ms = config.shutdown_grace.as_millis() as u64, "calls still in flight after the grace period; exiting anyway");
-                false
-            }
-        },
-    };
-    provider_health.abort();
-    app.shutdown().await;
-    Ok(drained)
+/// Starts the gRPC health service: SERVING for the API, and one entry per part of each
+/// provider, kept in step with the board by a task that ends with the returned handle.
+pub(crate) async fn health_service(
+    app: &App,
+) -> (
+    tonic_health::server::HealthReporter,
+    tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<ToolServiceServer<ToolServiceImpl>>().await;
+    // Before the first connection is accepted, every provider's entry is there.
+    apply_health(&app.health().snapshot(), &mut health.clone(), &mut Default::default()).await;
+    let task = tokio::spawn(
+        report_health(app.health().clone(), health.clone())
+            .instrument(tracing::info_span!("health", task = "grpc health")),
+    );
+    (health, health_service, task)
+}
+
+/// Marks the API NOT_SERVING, for a shutdown.
+pub(crate) async fn not_serving(health: &tonic_health::server::HealthReporter) {
+    health.set_not_serving::<ToolServiceServer<ToolServiceImpl>>().await;
+}
+
+/// Logs that calls outlived the grace period.
+pub(crate) fn grace_exceeded(grace: std::time::Duration, in_flight: usize) {
+    warn!(
+        grace_ms = grace.as_millis() as u64,
+        in_flight, "calls still in flight after the grace period; exiting anyway"
+    );
 }
 
 /// Keeps one health-check service per part of each provider in step with the board.

@@ -133,9 +133,15 @@ impl HttpBody for LimitedBody {
             && let Err(len) = self.check(data.chunk())
         {
             let limit = self.limit;
-            return Poll::Ready(Some(Err(Status::resource_exhausted(format!(
-                "the message is {len} bytes; at most {limit} are accepted (server.max_message_bytes)"
-            )))));
+            let failure = toolmesh_core::CallFailure::new(
+                toolmesh_core::ErrorCode::ResourceExhausted,
+                "message_too_large",
+                format!(
+                    "the message is {len} bytes; at most {limit} are accepted \
+                     (server.max_message_bytes)"
+                ),
+            );
+            return Poll::Ready(Some(Err(toolmesh_proto::status(&failure))));
         }
         Poll::Ready(Some(Ok(frame)))
     }
