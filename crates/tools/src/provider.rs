@@ -3,7 +3,7 @@ use std::{sync::Arc, time::Duration};
 use toolmesh_config::{Config, WorkersConfig};
 use toolmesh_core::{ErrorCode, Health, Provider, ProviderError, ToolSource, Toolkit};
 use toolmesh_registry::{RegistryError, RegistryHandle, SourceUpdate, ToolEntry};
-use toolmesh_workers::{LocalToolInstall, PoolOptions, ToolLimits, WorkerPool, WorkersError};
+use toolmesh_workers::{LocalToolInstall, ToolLimits, WorkerPool, WorkersError};
 use tracing::info;
 
 use crate::{
@@ -64,12 +64,7 @@ impl LocalProvider {
         registry: RegistryHandle,
         embedded: LocalTools,
     ) -> Result<Self, LocalToolsError> {
-        let pool = WorkerPool::start(PoolOptions {
-            size: workers.size,
-            queue: workers.queue,
-            tool_share: workers.tool_share,
-        })
-        .await?;
+        let pool = WorkerPool::start(workers.clone()).await?;
         Ok(LocalProvider { pool, registry, embedded: std::sync::Mutex::new(Some(embedded)) })
     }
 

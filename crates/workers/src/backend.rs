@@ -12,7 +12,7 @@ use crate::{LocalTool, WorkerMsg, WorkerPool};
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ToolLimits {
     /// Calls of this tool that may run at once; `None`: the tool's share of the pool
-    /// ([`PoolOptions::tool_share`](crate::PoolOptions::tool_share)).
+    /// (`workers.tool_share`).
     pub max_concurrency: Option<NonZeroUsize>,
     /// Calls of this tool that may wait beyond `max_concurrency`; the rest are refused.
     /// Without `max_concurrency`, the tool's share of the pool's queue applies instead.
@@ -42,7 +42,9 @@ impl LocalBackend {
     pub(crate) fn new(pool: WorkerPool, tool: Arc<dyn LocalTool>, limits: ToolLimits) -> Self {
         let ((running, queued), origin) = match limits.max_concurrency {
             Some(running) => ((running.get(), limits.max_queue), "the tool's limit"),
-            None => (pool.inner.options.share(), "the tool's share of the worker pool"),
+            None => {
+                (crate::pool::share(&pool.inner.options), "the tool's share of the worker pool")
+            }
         };
         let slots = ToolSlots {
             admission: Arc::new(Semaphore::new(running + queued)),

@@ -22,7 +22,7 @@ mod worker;
 
 pub use backend::ToolLimits;
 pub use error::WorkersError;
-pub use pool::{PoolOptions, PoolStats, WorkerPool, WorkerPoolActor, WorkerPoolMsg};
+pub use pool::{PoolStats, WorkerPool, WorkerPoolActor, WorkerPoolMsg};
 pub use tool::LocalTool;
 pub use worker::{WorkerActor, WorkerMsg};
 

@@ -1,6 +1,5 @@
 use std::{
     collections::HashMap,
-    num::NonZeroUsize,
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -14,30 +13,18 @@ use ractor::{
 use tokio::sync::Semaphore;
 use tracing::{error, info, warn};
 
+use toolmesh_config::WorkersConfig;
+
 use crate::{LocalTool, ToolLimits, WorkerActor, WorkerMsg, WorkersError, backend::LocalBackend};
 
-/// Size of a [`WorkerPool`].
-#[derive(Debug, Clone, Copy)]
-pub struct PoolOptions {
-    /// Number of workers: local calls that run at once.
-    pub size: NonZeroUsize,
-    /// Calls that may wait for a free worker.
-    pub queue: usize,
-    /// The largest share of the workers and of the queue that one tool without a
-    /// concurrency limit of its own may hold, in (0, 1]: a bulkhead, so that one saturated
-    /// tool cannot take the whole pool.
-    pub tool_share: f64,
-}
-
-impl PoolOptions {
-    /// Returns the limits of a tool that sets none: its share of the workers (at least
-    /// one) and of the queue.
-    pub(crate) fn share(&self) -> (usize, usize) {
-        let share = self.tool_share.clamp(f64::MIN_POSITIVE, 1.0);
-        let running = ((self.size.get() as f64 * share).floor() as usize).max(1);
-        let queued = (self.queue as f64 * share).floor() as usize;
-        (running, queued)
-    }
+/// Returns the limits of a tool that sets none under `workers`: its share of the workers
+/// (at least one) and of the queue (`tool_share`, a bulkhead, so that one saturated tool
+/// cannot take the whole pool).
+pub(crate) fn share(workers: &WorkersConfig) -> (usize, usize) {
+    let share = workers.tool_share.clamp(f64::MIN_POSITIVE, 1.0);
+    let running = ((workers.size.get() as f64 * share).floor() as usize).max(1);
+    let queued = (workers.queue as f64 * share).floor() as usize;
+    (running, queued)
 }
 
 /// A point-in-time view of a pool.
@@ -187,7 +174,7 @@ pub struct WorkerPool {
 pub(crate) struct PoolInner {
     pub(crate) idle: async_channel::Receiver<ActorRef<WorkerMsg>>,
     pub(crate) admission: Arc<Semaphore>,
-    pub(crate) options: PoolOptions,
+    pub(crate) options: WorkersConfig,
     /// The pool's actor; a supervisor that restarts it swaps in the new one.
     supervisor: ArcSwap<ActorRef<WorkerPoolMsg>>,
     /// Where workers put themselves when idle; kept for a restarted pool actor.
@@ -199,7 +186,7 @@ pub(crate) struct PoolInner {
 
 impl WorkerPool {
     /// Starts the supervisor and its workers.
-    pub async fn start(options: PoolOptions) -> Result<Self, WorkersError> {
+    pub async fn start(options: WorkersConfig) -> Result<Self, WorkersError> {
         let size = options.size.get();
         let (idle_tx, idle_rx) = async_channel::bounded(size);
         let restarts = Arc::new(AtomicU64::new(0));
