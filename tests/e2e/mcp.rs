@@ -792,7 +792,7 @@ async fn calls_beyond_a_servers_max_concurrency_are_resource_exhausted() {
 /// the restart, and what it did works again: local calls, MCP calls, search.
 #[tokio::test]
 async fn crashed_children_of_the_root_supervisor_are_restarted_and_their_health_shows_it() {
-    use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
+    use tonic_health::pb::health_check_response::ServingStatus;
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/mini_server.py");
     let config = format!(
         "[[mcp.servers]]\nname = \"mini\"\ntransport = \"stdio\"\ncommand = \"{}\"\nargs = [\"{}\"]\n",
@@ -801,17 +801,9 @@ async fn crashed_children_of_the_root_supervisor_are_restarted_and_their_health_
     );
     let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
     wait_for_tool(&server, "mini_echo").await;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let health = tonic_health::pb::health_client::HealthClient::new(channel);
     let status = |service: String| {
-        let mut health = health.clone();
-        async move {
-            health.check(HealthCheckRequest { service }).await.map(|r| r.into_inner().status()).ok()
-        }
+        let server = &server;
+        async move { server.health(&service).await }
     };
     let search = |query: &'static str| {
         let server = &server;

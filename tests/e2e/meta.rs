@@ -244,22 +244,13 @@ enforce_search_before_call = false
 
 #[tokio::test]
 async fn health_says_whether_search_ranks_with_embeddings() {
-    use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
-    let status = |server: &TestServer| {
-        let addr = format!("http://{}", server.addr);
-        async move {
-            let channel =
-                tonic::transport::Endpoint::from_shared(addr).unwrap().connect().await.unwrap();
-            let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
-            let request = HealthCheckRequest { service: toolmesh::SEARCH_EMBEDDINGS_HEALTH.into() };
-            health.check(request).await.unwrap().into_inner().status()
-        }
-    };
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let service = toolmesh::SEARCH_EMBEDDINGS_HEALTH;
     let hybrid = TestServer::start("", AppOptions::default()).await.unwrap();
-    assert_eq!(status(&hybrid).await, ServingStatus::Serving);
+    assert_eq!(hybrid.health(service).await, Some(ServingStatus::Serving));
     let lexical =
         TestServer::start("[search]\nembeddings = false\n", AppOptions::default()).await.unwrap();
-    assert_eq!(status(&lexical).await, ServingStatus::NotServing);
+    assert_eq!(lexical.health(service).await, Some(ServingStatus::NotServing));
     // Lexical search still answers.
     let (found, _) = search(&lexical, "echo arguments unchanged", 3, "", "", "echo").await;
     assert!(!found.is_empty());

@@ -48,6 +48,22 @@ impl TestServer {
         toolmesh::client::connect(&self.addr.to_string()).await.expect("connect to the test server")
     }
 
+    /// Returns the gRPC health of `service` (`""` for the whole server); `None` when the
+    /// server does not know the service or cannot be asked.
+    pub async fn health(
+        &self,
+        service: &str,
+    ) -> Option<tonic_health::pb::health_check_response::ServingStatus> {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr))
+            .ok()?
+            .connect()
+            .await
+            .ok()?;
+        let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+        let request = tonic_health::pb::HealthCheckRequest { service: service.into() };
+        health.check(request).await.ok().map(|r| r.into_inner().status())
+    }
+
     /// Calls `name` with `arguments` over unary CallTool.
     pub async fn call(
         &self,
