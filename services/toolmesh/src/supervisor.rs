@@ -3,10 +3,11 @@
 
 use std::{
     collections::{BTreeMap, VecDeque},
-    sync::{Arc, Mutex, PoisonError},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
+use arc_swap::ArcSwap;
 use futures::future::BoxFuture;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::sync::Notify;
@@ -33,32 +34,39 @@ pub(crate) struct Child {
     pub(crate) respawn: Respawn,
 }
 
-/// What the root publishes of its children: their actors and health.
+/// What the root publishes of its children, their actors and health: a snapshot that
+/// only the root writes (its `State` holds the children), and readers never wait for.
 #[derive(Default)]
 pub struct Children {
-    current: Mutex<BTreeMap<&'static str, (ActorCell, Health)>>,
+    current: ArcSwap<BTreeMap<&'static str, (ActorCell, Health)>>,
     changed: Notify,
 }
 
 impl Children {
-    fn set(&self, name: &'static str, actor: ActorCell, health: Health) {
-        self.current.lock().unwrap_or_else(PoisonError::into_inner).insert(name, (actor, health));
+    fn update(&self, change: impl FnOnce(&mut BTreeMap<&'static str, (ActorCell, Health)>)) {
+        let mut next = (**self.current.load()).clone();
+        change(&mut next);
+        self.current.store(Arc::new(next));
         self.changed.notify_one();
     }
 
+    fn set(&self, name: &'static str, actor: ActorCell, health: Health) {
+        self.update(|children| {
+            children.insert(name, (actor, health));
+        });
+    }
+
     fn set_health(&self, name: &'static str, health: Health) {
-        if let Some(entry) =
-            self.current.lock().unwrap_or_else(PoisonError::into_inner).get_mut(name)
-        {
-            entry.1 = health;
-        }
-        self.changed.notify_one();
+        self.update(|children| {
+            if let Some(entry) = children.get_mut(name) {
+                entry.1 = health;
+            }
+        });
     }
 
     /// Returns each child's actor now.
     pub fn actors(&self) -> Vec<(&'static str, ActorCell)> {
-        let current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
-        current.iter().map(|(name, (actor, _))| (*name, actor.clone())).collect()
+        self.current.load().iter().map(|(name, (actor, _))| (*name, actor.clone())).collect()
     }
 }
 
@@ -200,7 +208,7 @@ impl Provider<Config> for ActorsHealth {
     }
 
     fn health(&self) -> Vec<(String, Health)> {
-        let current = self.0.current.lock().unwrap_or_else(PoisonError::into_inner);
+        let current = self.0.current.load();
         current.iter().map(|(name, (_, health))| ((*name).to_owned(), health.clone())).collect()
     }
 
