@@ -868,6 +868,25 @@ struct FleetProvider {
 
 struct FleetBackend;
 
+/// The provider's own configuration section, `[fleet]`: defined here, not in the config
+/// crate.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FleetSection {
+    tool: String,
+}
+
+impl FleetProvider {
+    fn section(
+        config: &toolmesh_config::Config,
+    ) -> Result<FleetSection, toolmesh_core::ProviderError> {
+        config
+            .section::<FleetSection>("fleet")
+            .map_err(|e| toolmesh_core::ProviderError::new("remote", e))?
+            .ok_or_else(|| toolmesh_core::ProviderError::new("remote", "no [fleet] section"))
+    }
+}
+
 #[async_trait::async_trait]
 impl toolmesh_core::Backend for FleetBackend {
     async fn call(
@@ -888,13 +907,21 @@ impl toolmesh_core::Provider<toolmesh_config::Config> for FleetProvider {
         "remote"
     }
 
-    async fn start(&self, _: &toolmesh_config::Config) -> Result<(), toolmesh_core::ProviderError> {
+    fn section(&self) -> Option<&'static str> {
+        Some("fleet")
+    }
+
+    async fn start(
+        &self,
+        config: &toolmesh_config::Config,
+    ) -> Result<(), toolmesh_core::ProviderError> {
+        let section = Self::section(config)?;
         let source = toolmesh_core::ToolSource {
             kind: toolmesh_core::SourceKind::Remote,
             name: "fleet".into(),
         };
         let spec = toolmesh_core::ToolSpec::new(
-            "fleet_ping",
+            section.tool,
             "Pings the fleet.",
             json!({"type": "object"}),
             source,
@@ -910,8 +937,9 @@ impl toolmesh_core::Provider<toolmesh_config::Config> for FleetProvider {
 
     async fn reload(
         &self,
-        _: &toolmesh_config::Config,
+        config: &toolmesh_config::Config,
     ) -> Result<(), toolmesh_core::ProviderError> {
+        Self::section(config)?;
         self.reloads.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
@@ -929,8 +957,9 @@ impl toolmesh_core::Provider<toolmesh_config::Config> for FleetProvider {
     }
 }
 
-/// One provider more is one line of wiring: the app starts it, publishes its health to gRPC
-/// health (`toolmesh.<kind>.<name>`) and to ListTools, hands it every reload, and stops it.
+/// One provider more is one line of wiring: the app starts it with its own configuration
+/// section, publishes its health to gRPC health (`toolmesh.<kind>.<name>`) and to
+/// ListTools, hands it every reload, and stops it.
 #[tokio::test]
 async fn a_provider_is_started_watched_listed_reloaded_and_stopped_like_the_built_in_ones() {
     use tonic_health::pb::health_check_response::ServingStatus;
@@ -946,8 +975,9 @@ async fn a_provider_is_started_watched_listed_reloaded_and_stopped_like_the_buil
         made_tx.send(provider.clone()).unwrap();
         provider
     });
+    let section = "[fleet]\ntool = \"fleet_ping\"\n";
     let server =
-        TestServer::start("", AppOptions { providers: vec![factory], ..Default::default() })
+        TestServer::start(section, AppOptions { providers: vec![factory], ..Default::default() })
             .await
             .unwrap();
     let fleet = made_rx.recv().unwrap();
@@ -979,9 +1009,16 @@ async fn a_provider_is_started_watched_listed_reloaded_and_stopped_like_the_buil
     let source = listed().await;
     assert_eq!((source.available, source.status.as_str()), (false, "draining"));
 
-    let config = TestServer::config("").unwrap();
-    server.app.reload(&config).await.unwrap();
+    // Its section is its own: parsed into its type, misspelt keys and sections refused.
+    server.app.reload(&TestServer::config(section).unwrap()).await.unwrap();
     assert_eq!(fleet.reloads.load(Ordering::SeqCst), 1);
+    let typo = TestServer::config("[fleet]\ntol = \"x\"\n").unwrap();
+    let error = format!("{:#}", server.app.reload(&typo).await.unwrap_err());
+    assert!(error.contains("test.toml") && error.contains("fleet.tol"), "{error}");
+    let unknown = TestServer::config(&format!("{section}[flet]\ntool = \"x\"\n")).unwrap();
+    let error = format!("{:#}", server.app.reload(&unknown).await.unwrap_err());
+    assert!(error.contains("flet") && error.contains("unknown section"), "{error}");
+    assert_eq!(fleet.reloads.load(Ordering::SeqCst), 1, "refused before any provider ran");
 
     server.app.shutdown().await;
     assert!(fleet.stopped.load(Ordering::SeqCst), "stopped with the app");

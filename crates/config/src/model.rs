@@ -34,6 +34,51 @@ pub struct Config {
     pub search: SearchConfig,
     /// The meta-tools `searchTools` and `callTool`, and routing profiles.
     pub routing: RoutingConfig,
+    /// The sections this model does not define, layered like the rest, for the providers
+    /// that define them ([`Config::section`]).
+    sections: BTreeMap<String, toml::Value>,
+    /// Where the file came from, for the errors of those sections.
+    origin: String,
+}
+
+/// The sections the core model defines; any other belongs to a provider.
+const CORE_SECTIONS: [&str; 8] =
+    ["server", "workers", "telemetry", "builtin", "tools", "mcp", "search", "routing"];
+
+impl Config {
+    /// Parses section `[name]` into the provider's own type `T` (its defaults are the
+    /// type's, through serde); `None` when the file has no such section. A bad key or value
+    /// is one line naming `name.key`, as for the core sections.
+    pub fn section<T: serde::de::DeserializeOwned>(
+        &self,
+        name: &str,
+    ) -> Result<Option<T>, ConfigError> {
+        let Some(value) = self.sections.get(name) else { return Ok(None) };
+        serde_path_to_error::deserialize(value.clone()).map(Some).map_err(|error| {
+            let path = error.path().to_string();
+            ConfigError::Key {
+                origin: self.origin.clone(),
+                key: if path == "." { name.to_owned() } else { format!("{name}.{path}") },
+                reason: error.inner().message().trim().to_owned(),
+            }
+        })
+    }
+
+    /// Refuses a section that neither the core model nor any of the providers (`claimed`)
+    /// defines: a misspelt section fails as a misspelt key does.
+    pub fn check_sections(&self, claimed: &[&str]) -> Result<(), ConfigError> {
+        match self.sections.keys().find(|name| !claimed.contains(&name.as_str())) {
+            None => Ok(()),
+            Some(name) => Err(ConfigError::Key {
+                origin: self.origin.clone(),
+                key: name.clone(),
+                reason: format!(
+                    "unknown section (known: {})",
+                    CORE_SECTIONS.iter().chain(claimed).copied().collect::<Vec<_>>().join(", ")
+                ),
+            }),
+        }
+    }
 }
 
 /// `[routing]`.
@@ -705,6 +750,15 @@ impl Config {
             key,
             reason,
         };
+        let mut table = table;
+        let sections: BTreeMap<String, toml::Value> = table
+            .keys()
+            .filter(|key| !CORE_SECTIONS.contains(&key.as_str()))
+            .cloned()
+            .collect::<Vec<_>>()
+            .into_iter()
+            .filter_map(|key| table.remove(&key).map(|value| (key, value)))
+            .collect();
         let raw: RawConfig =
             serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|error| {
                 key_error(error.path().to_string(), error.inner().message().trim().to_owned())
@@ -1020,6 +1074,8 @@ impl Config {
             telemetry,
             builtin: BuiltinConfig { reasoning: raw.builtin.reasoning, echo: raw.builtin.echo },
             tools: ToolsConfig { http, command },
+            sections,
+            origin: origin.to_owned(),
         })
     }
 }

@@ -219,3 +219,43 @@ fn globs_match_whole_names() {
     assert!(!name("g*_*x", "github_search"));
     assert!(!name("ab*ba", "aba"));
 }
+
+#[test]
+fn a_providers_section_is_parsed_into_its_own_type_with_keys_named() {
+    #[derive(serde::Deserialize, Debug, PartialEq)]
+    #[serde(deny_unknown_fields)]
+    struct Fleet {
+        pool: String,
+        #[serde(default)]
+        workers: u32,
+    }
+    let file = "[fleet]\npool = \"gpu\"\n";
+    let config =
+        load_str(Some(("f.toml", file)), &env(&[("TOOLMESH__FLEET__WORKERS", "3")])).unwrap();
+    assert_eq!(
+        config.section::<Fleet>("fleet").unwrap(),
+        Some(Fleet { pool: "gpu".into(), workers: 3 }),
+        "layered like the core sections"
+    );
+    assert_eq!(config.section::<Fleet>("other").unwrap(), None);
+    assert!(config.check_sections(&["fleet"]).is_ok());
+
+    let unclaimed = config.check_sections(&[]).unwrap_err().to_string();
+    assert!(unclaimed.contains("f.toml") && unclaimed.contains("fleet"), "{unclaimed}");
+    assert!(unclaimed.contains("unknown section"), "{unclaimed}");
+
+    let typo = load_str(Some(("f.toml", "[fleet]\npool = \"a\"\nworkrs = 1\n")), &env(&[]))
+        .unwrap()
+        .section::<Fleet>("fleet")
+        .unwrap_err()
+        .to_string();
+    assert!(typo.contains("f.toml") && typo.contains("fleet") && typo.contains("workrs"), "{typo}");
+    assert!(!typo.contains('\n'));
+}
+
+#[test]
+fn a_misspelt_core_section_is_still_refused() {
+    let config = load_str(Some(("f.toml", "[serch]\nembeddings = false\n")), &env(&[])).unwrap();
+    let err = config.check_sections(&[]).unwrap_err().to_string();
+    assert!(err.contains("serch") && err.contains("search"), "names it and the known: {err}");
+}

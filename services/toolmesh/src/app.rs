@@ -144,6 +144,7 @@ impl App {
             root,
             children,
         };
+        config.check_sections(&app.sections())?;
         for provider in app.providers.iter() {
             provider.start(config).await?;
         }
@@ -164,6 +165,7 @@ impl App {
     /// then on. Every provider is given the configuration even when one fails; the first
     /// failure is returned.
     pub async fn reload(&self, config: &Config) -> anyhow::Result<()> {
+        config.check_sections(&self.sections())?;
         // The routing profiles, through the front door.
         self.front.reload(config.routing.clone()).await?;
         let mut failure = None;
@@ -174,6 +176,11 @@ impl App {
             }
         }
         failure.map_or(Ok(()), |error| Err(error.into()))
+    }
+
+    /// Returns the configuration sections the providers define themselves.
+    pub fn sections(&self) -> Vec<&'static str> {
+        self.providers.iter().filter_map(|p| p.section()).collect()
     }
 
     /// Returns the router.

@@ -145,8 +145,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
 fn load_config(path: Option<&Path>) -> anyhow::Result<toolmesh_config::Config> {
     let env: HashMap<String, String> = std::env::vars().collect();
-    // The error is one line naming the file, the key and the problem.
-    toolmesh_config::load(path, &env).map_err(|error| anyhow::anyhow!("{error}"))
+    // The error is one line naming the file, the key and the problem. The providers of
+    // this binary define no section of their own: any other section is a mistake.
+    let config = toolmesh_config::load(path, &env).map_err(|error| anyhow::anyhow!("{error}"))?;
+    config.check_sections(&[]).map_err(|error| anyhow::anyhow!("{error}"))?;
+    Ok(config)
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
