@@ -76,27 +76,6 @@ impl MetaTools {
         }
     }
 
-    /// The one search flow of `searchTools` and `SearchTools`: the `top_k` (else the
-    /// profile's) best tools for `query` in the pool of `profile` (every tool but the
-    /// meta-tools when `profile` is empty) that `keep` accepts.
-    async fn find(
-        &self,
-        query: &str,
-        top_k: Option<usize>,
-        profile: &str,
-        keep: Keep,
-    ) -> Result<Vec<toolmesh_search::SearchHit>, RouterError> {
-        let admission = self.inner.router.admission();
-        let (_, named) = admission.profile(profile)?;
-        let top_k = top_k.unwrap_or(named.top_k).clamp(1, MAX_TOP_K);
-        let pool = admission.named(profile)?.cloned();
-        let keep = move |spec: &ToolSpec| {
-            keep(spec)
-                && pool.as_ref().map_or(!is_meta(spec), |profile| Admission::in_pool(profile, spec))
-        };
-        self.inner.search.search(query, top_k, keep).await.map_err(search_refusal)
-    }
-
     /// Returns `searchTools`'s description for `profile` over `catalog`: how many tools are
     /// behind it, from which sources and toolkits, and a few examples.
     pub fn describe(profile: &ProfileConfig, catalog: &Catalog) -> String {
@@ -248,6 +227,9 @@ impl MetaTools {
 
 #[async_trait::async_trait]
 impl Discovery for MetaTools {
+    /// The one search flow of `searchTools` and `SearchTools`: the `top_k` (else the
+    /// profile's) best tools for `query` in the pool of `profile` (every tool but the
+    /// meta-tools when `profile` is empty) that `keep` accepts.
     async fn find(
         &self,
         query: &str,
@@ -255,8 +237,16 @@ impl Discovery for MetaTools {
         profile: &str,
         keep: Keep,
     ) -> Result<Found, RouterError> {
-        let hits = MetaTools::find(self, query, top_k, profile, keep).await?;
+        let admission = self.inner.router.admission();
+        let (_, named) = admission.profile(profile)?;
+        let top_k = top_k.unwrap_or(named.top_k).clamp(1, MAX_TOP_K);
+        let pool = (!profile.is_empty()).then(|| named.clone());
+        let keep = move |spec: &ToolSpec| {
+            keep(spec)
+                && pool.as_ref().map_or(!is_meta(spec), |profile| Admission::in_pool(profile, spec))
+        };
         let search = &self.inner.search;
+        let hits = search.search(query, top_k, keep).await.map_err(search_refusal)?;
         Ok(Found {
             hits: hits.into_iter().map(|hit| (hit.tool, hit.score)).collect(),
             ranking: search.ranking(),
@@ -355,25 +345,25 @@ impl MetaTools {
             { names::TOOLMESH_PROFILE } = profile_name,
             { names::TOOLMESH_SEARCH_RESULTS } = Empty,
         );
-        let hits = self
-            .find(query, top_k, profile_name, Box::new(|_| true))
+        let hits = Discovery::find(self, query, top_k, profile_name, Box::new(|_| true))
             .instrument(span.clone())
             .await
-            .map_err(|error| BackendError::Failure(Box::new(error.failure())))?;
+            .map_err(|error| BackendError::Failure(Box::new(error.failure())))?
+            .hits;
         span.record(names::TOOLMESH_SEARCH_RESULTS, hits.len() as i64);
         let grant = SearchGrant::new(
             ctx.session_id.as_deref().unwrap_or_default(),
             profile_name,
             span_ids(&span),
-            hits.iter().map(|hit| hit.tool.spec.name.as_str()),
+            hits.iter().map(|(tool, _)| tool.spec.name.as_str()),
         );
         let tools: Vec<Value> = hits
             .iter()
-            .map(|hit| {
+            .map(|(tool, _)| {
                 json!({
-                    "name": hit.tool.spec.name,
-                    "description": hit.tool.spec.description,
-                    "inputSchema": *hit.tool.spec.input_schema,
+                    "name": tool.spec.name,
+                    "description": tool.spec.description,
+                    "inputSchema": *tool.spec.input_schema,
                 })
             })
             .collect();

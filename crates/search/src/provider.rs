@@ -12,9 +12,7 @@ use toolmesh_embed::Embedder;
 use toolmesh_registry::RegistryHandle;
 use tracing::{error, info};
 
-use crate::SearchMsg;
-
-use crate::{SearchError, SearchHandle, SearchOptions, ToolSearchActor};
+use crate::{SearchError, SearchHandle, SearchMsg, SearchOptions, ToolSearchActor};
 
 /// The tool-search index as a provider: it follows the catalog by itself, so it has no
 /// tools to publish. Health entries: `toolmesh.search.index` (down from a crash of the
@@ -48,9 +46,7 @@ impl SearchProvider {
             max_query_bytes: config.search.max_query_bytes.get(),
         };
         let mut provider = Self::start(registry, options).await?;
-        if provider.lexical.is_some() {
-            provider.lexical = lexical;
-        }
+        provider.lexical = lexical;
         Ok(provider)
     }
 

@@ -17,7 +17,7 @@ use tracing::{Instrument, info, warn};
 
 use crate::{
     front::FrontDoor,
-    supervisor::{ActorsHealth, Child, Children, RootSupervisor},
+    supervisor::{ActorsHealth, Children, RootSupervisor},
 };
 
 /// What an embedding program (or a test) adds to the configured toolmesh: local tools,
@@ -87,35 +87,10 @@ impl App {
             .map_err(|e| anyhow::anyhow!("cannot start the mcp supervisor: {e}"))?;
         let search = Arc::new(SearchProvider::from_config(registry.clone(), config).await?);
         let (root, children) = RootSupervisor::start(vec![
-            child("registry", registry.actor(), {
-                let registry = registry.clone();
-                move |root, _| {
-                    let registry = registry.clone();
-                    async move { registry.respawn(root).await.map_err(|e| e.to_string()) }.boxed()
-                }
-            }),
-            child("workers", local.pool().actor(), {
-                let pool = local.pool().clone();
-                move |root, _| {
-                    let pool = pool.clone();
-                    async move { pool.respawn(root).await.map_err(|e| e.to_string()) }.boxed()
-                }
-            }),
-            child("mcp", mcp.supervisor(), {
-                let mcp = mcp.clone();
-                move |root, _| {
-                    let mcp = mcp.clone();
-                    async move { mcp.respawn(root).await.map_err(|e| e.to_string()) }.boxed()
-                }
-            }),
-            child("search", search.actor(), {
-                let search = search.clone();
-                move |root, reason| {
-                    let search = search.clone();
-                    async move { search.respawn(root, reason).await.map_err(|e| e.to_string()) }
-                        .boxed()
-                }
-            }),
+            ("registry", Arc::new(registry.clone())),
+            ("workers", Arc::new(local.pool().clone())),
+            ("mcp", Arc::new(mcp.clone())),
+            ("search", search.clone()),
         ])
         .await
         .context("starting the root supervisor")?;
@@ -245,21 +220,6 @@ impl App {
     }
 }
 
-/// A child of the root supervisor.
-fn child(
-    name: &'static str,
-    actor: ractor::ActorCell,
-    respawn: impl Fn(
-        ractor::ActorCell,
-        String,
-    ) -> futures::future::BoxFuture<'static, Result<ractor::ActorCell, String>>
-    + Send
-    + Sync
-    + 'static,
-) -> Child {
-    Child { name, actor, respawn: Box::new(respawn) }
-}
-
 /// Reads every provider's health onto the board; each entry is also the
 /// `toolmesh.source.up` gauge, and one that is gone is recorded 0.
 fn publish_health(providers: &[Arc<dyn Provider<Config>>], board: &HealthBoard) {
@@ -285,12 +245,13 @@ async fn watch_health(
     board: HealthBoard,
     stop: CancellationToken,
 ) {
+    // `App::start` published the first board; from here on, each change.
     loop {
-        publish_health(&providers, &board);
         let changes = providers.iter().map(|p| p.health_changed().boxed());
         tokio::select! {
             _ = futures::future::select_all(changes) => {}
             _ = stop.cancelled() => return,
         }
+        publish_health(&providers, &board);
     }
 }

@@ -85,7 +85,7 @@ impl Actor for RouterActor {
         _: ActorRef<RouterMsg>,
         (router, routing): Self::Arguments,
     ) -> Result<RouterState, ActorProcessingErr> {
-        router.set_admission(Admission::new(&routing));
+        // The router admits calls by `routing` already; reloads change both together.
         Ok(RouterState { router, routing, serving: None })
     }
 
@@ -157,7 +157,15 @@ async fn drain(state: &mut RouterState, grace: Duration) -> bool {
     let Some(mut serving) = state.serving.take() else { return true };
     server::not_serving(&serving.health).await;
     let _ = serving.stop.send(());
-    let finished = tokio::time::timeout(grace, &mut serving.server).await.is_ok();
+    // Every call answered, and the server closed its connections.
+    let router = state.router.clone();
+    let server = &mut serving.server;
+    let finished = tokio::time::timeout(grace, async move {
+        router.drained().await;
+        let _ = server.await;
+    })
+    .await
+    .is_ok();
     if !finished {
         server::grace_exceeded(grace, state.router.in_flight());
         serving.server.abort();
@@ -173,7 +181,7 @@ pub struct FrontDoor {
 }
 
 impl FrontDoor {
-    /// Starts the front door over `router` with `routing`'s profiles in force.
+    /// Starts the front door over `router`, which admits calls by `routing`'s profiles.
     pub(crate) async fn start(
         router: Router,
         routing: RoutingConfig,

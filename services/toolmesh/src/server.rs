@@ -56,25 +56,21 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<bool> {
     let grace = config.shutdown_grace;
-    let mut ended = app.front_door().serve(listener, app.clone(), config).await?;
-    let outcome = tokio::select! {
-        result = &mut ended => Some(result.unwrap_or_else(|_| Err(anyhow::anyhow!("the front door stopped")))),
-        () = shutdown => None,
-    };
-    let drained = match outcome {
+    let ended = app.front_door().serve(listener, app.clone(), config).await?;
+    tokio::select! {
         // The server ended by itself: report why, after stopping what runs.
-        Some(result) => {
+        result = ended => {
             app.shutdown().await;
-            result?;
-            return Ok(true);
+            result.unwrap_or_else(|_| Err(anyhow::anyhow!("the front door stopped")))?;
+            Ok(true)
         }
-        None => {
+        () = shutdown => {
             info!("shutting down: no new calls; waiting for calls in flight");
-            app.front_door().drain(grace).await
+            let drained = app.front_door().drain(grace).await;
+            app.shutdown().await;
+            Ok(drained)
         }
-    };
-    app.shutdown().await;
-    Ok(drained)
+    }
 }
 
 /// The gRPC server with every service and limit, serving `listener` until `stop`.
@@ -135,11 +131,21 @@ pub(crate) async fn health_service(
 ) {
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<ToolServiceServer<ToolServiceImpl>>().await;
-    // Before the first connection is accepted, every provider's entry is there.
-    apply_health(&app.health().snapshot(), &mut health.clone(), &mut Default::default()).await;
+    // Before the first connection is accepted, every provider's entry is there; the task
+    // follows the changes from then on.
+    let mut changes = app.health().subscribe();
+    let mut known = std::collections::BTreeSet::new();
+    let current = changes.borrow_and_update().clone();
+    apply_health(&current, &mut health.clone(), &mut known).await;
+    let mut reporter = health.clone();
     let task = tokio::spawn(
-        report_health(app.health().clone(), health.clone())
-            .instrument(tracing::info_span!("health", task = "grpc health")),
+        async move {
+            while changes.changed().await.is_ok() {
+                let current = changes.borrow_and_update().clone();
+                apply_health(&current, &mut reporter, &mut known).await;
+            }
+        }
+        .instrument(tracing::info_span!("health", task = "grpc health")),
     );
     (health, health_service, task)
 }
@@ -157,22 +163,6 @@ pub(crate) fn grace_exceeded(grace: std::time::Duration, in_flight: usize) {
     );
 }
 
-/// Keeps one health-check service per part of each provider in step with the board.
-async fn report_health(
-    board: toolmesh_core::HealthBoard,
-    mut reporter: tonic_health::server::HealthReporter,
-) {
-    let mut changes = board.subscribe();
-    let mut known = std::collections::BTreeSet::new();
-    loop {
-        let current = changes.borrow_and_update().clone();
-        apply_health(&current, &mut reporter, &mut known).await;
-        if changes.changed().await.is_err() {
-            return;
-        }
-    }
-}
-
 /// Sets the health-check service of every entry of `current`, and clears those of `known`
 /// that are gone.
 async fn apply_health(
@@ -180,24 +170,19 @@ async fn apply_health(
     reporter: &mut tonic_health::server::HealthReporter,
     known: &mut std::collections::BTreeSet<String>,
 ) {
-    {
-        let names: std::collections::BTreeSet<String> = current
-            .keys()
-            .map(|(kind, name)| format!("{PROVIDER_HEALTH_PREFIX}{kind}.{name}"))
-            .collect();
-        for ((kind, name), health) in current.iter() {
-            let status = if health.up {
-                tonic_health::ServingStatus::Serving
-            } else {
-                tonic_health::ServingStatus::NotServing
-            };
-            reporter
-                .set_service_status(format!("{PROVIDER_HEALTH_PREFIX}{kind}.{name}"), status)
-                .await;
-        }
-        for gone in known.difference(&names) {
-            reporter.clear_service_status(gone).await;
-        }
-        *known = names;
+    let mut names = std::collections::BTreeSet::new();
+    for ((kind, name), health) in current {
+        let status = if health.up {
+            tonic_health::ServingStatus::Serving
+        } else {
+            tonic_health::ServingStatus::NotServing
+        };
+        let service = format!("{PROVIDER_HEALTH_PREFIX}{kind}.{name}");
+        reporter.set_service_status(&service, status).await;
+        names.insert(service);
     }
+    for gone in known.difference(&names) {
+        reporter.clear_service_status(gone).await;
+    }
+    *known = names;
 }

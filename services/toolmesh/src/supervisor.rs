@@ -8,11 +8,14 @@ use std::{
 };
 
 use arc_swap::ArcSwap;
-use futures::future::BoxFuture;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::sync::Notify;
 use toolmesh_config::Config;
 use toolmesh_core::{Health, Provider, ProviderError};
+use toolmesh_mcp::McpManager;
+use toolmesh_registry::RegistryHandle;
+use toolmesh_search::SearchProvider;
+use toolmesh_workers::WorkerPool;
 use tracing::{error, info};
 
 /// Restarts within [`RESTART_WINDOW`] after which the root gives a child up.
@@ -22,17 +25,63 @@ const RESTART_WINDOW: Duration = Duration::from_secs(60);
 /// How long the children of a failed child get to stop before it is started again.
 const ORPHANS_STOP: Duration = Duration::from_secs(10);
 
-/// Starts a child again under the given supervisor, after the reason given.
-pub(crate) type Respawn =
-    Box<dyn Fn(ActorCell, String) -> BoxFuture<'static, Result<ActorCell, String>> + Send + Sync>;
+/// A child of the root, through the handle that owns its actor: the actor now, and how
+/// to start it again under the root.
+#[async_trait::async_trait]
+pub(crate) trait Supervised: Send + Sync + 'static {
+    /// The actor now.
+    fn actor(&self) -> ActorCell;
 
-/// One child of the root: its name (in health, `toolmesh.actor.<name>`), its running
-/// actor, and how to start it again.
-pub(crate) struct Child {
-    pub(crate) name: &'static str,
-    pub(crate) actor: ActorCell,
-    pub(crate) respawn: Respawn,
+    /// Starts a fresh actor under `root`, after it ended for `reason`.
+    async fn respawn(&self, root: ActorCell, reason: String) -> Result<ActorCell, String>;
 }
+
+#[async_trait::async_trait]
+impl Supervised for RegistryHandle {
+    fn actor(&self) -> ActorCell {
+        RegistryHandle::actor(self)
+    }
+
+    async fn respawn(&self, root: ActorCell, _: String) -> Result<ActorCell, String> {
+        RegistryHandle::respawn(self, root).await.map_err(|e| e.to_string())
+    }
+}
+
+#[async_trait::async_trait]
+impl Supervised for WorkerPool {
+    fn actor(&self) -> ActorCell {
+        WorkerPool::actor(self)
+    }
+
+    async fn respawn(&self, root: ActorCell, _: String) -> Result<ActorCell, String> {
+        WorkerPool::respawn(self, root).await.map_err(|e| e.to_string())
+    }
+}
+
+#[async_trait::async_trait]
+impl Supervised for McpManager {
+    fn actor(&self) -> ActorCell {
+        self.supervisor()
+    }
+
+    async fn respawn(&self, root: ActorCell, _: String) -> Result<ActorCell, String> {
+        McpManager::respawn(self, root).await.map_err(|e| e.to_string())
+    }
+}
+
+#[async_trait::async_trait]
+impl Supervised for SearchProvider {
+    fn actor(&self) -> ActorCell {
+        SearchProvider::actor(self)
+    }
+
+    async fn respawn(&self, root: ActorCell, reason: String) -> Result<ActorCell, String> {
+        SearchProvider::respawn(self, root, reason).await.map_err(|e| e.to_string())
+    }
+}
+
+/// One child of the root: its name (in health, `toolmesh.actor.<name>`) and its handle.
+pub(crate) type Child = (&'static str, Arc<dyn Supervised>);
 
 /// What the root publishes of its children, their actors and health: a snapshot that
 /// only the root writes (its `State` holds the children), and readers never wait for.
@@ -75,17 +124,17 @@ pub(crate) struct RootSupervisor {
     children: Arc<Children>,
 }
 
-struct Supervised {
+struct Running {
     name: &'static str,
+    handle: Arc<dyn Supervised>,
     actor: ActorCell,
-    respawn: Respawn,
     restarts: VecDeque<Instant>,
     total: u64,
 }
 
 /// The [`RootSupervisor`]'s state: its children, with their recent restarts.
 pub(crate) struct RootState {
-    children: Vec<Supervised>,
+    children: Vec<Running>,
 }
 
 impl RootSupervisor {
@@ -112,10 +161,11 @@ impl Actor for RootSupervisor {
     ) -> Result<RootState, ActorProcessingErr> {
         let children = children
             .into_iter()
-            .map(|Child { name, actor, respawn }| {
+            .map(|(name, handle)| {
+                let actor = handle.actor();
                 actor.link(myself.get_cell());
                 self.children.set(name, actor.clone(), Health::up());
-                Supervised { name, actor, respawn, restarts: VecDeque::new(), total: 0 }
+                Running { name, handle, actor, restarts: VecDeque::new(), total: 0 }
             })
             .collect();
         Ok(RootState { children })
@@ -171,7 +221,7 @@ impl Actor for RootSupervisor {
         // What it supervised went with it: stop those before a fresh one starts theirs.
         cell.stop_children_and_wait(Some("its supervisor failed".into()), Some(ORPHANS_STOP)).await;
         child.restarts.push_back(now);
-        match (child.respawn)(myself.get_cell(), reason.clone()).await {
+        match child.handle.respawn(myself.get_cell(), reason.clone()).await {
             Ok(actor) => {
                 child.total += 1;
                 child.actor = actor.clone();
