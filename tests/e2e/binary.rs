@@ -942,7 +942,7 @@ async fn bench_search_measures_a_tool_search_benchmark() {
     let lines: Vec<String> = queries.iter().map(ToString::to_string).collect();
     std::fs::write(dir.path().join("queries-dev.jsonl"), lines.join("\n")).unwrap();
 
-    let output = bench(&["--search", dir.path().to_str().unwrap(), "--fresh-cache"]).await;
+    let output = bench(&["--search", dir.path().to_str().unwrap(), "--fresh"]).await;
     assert!(output.status.success(), "{}", stderr(&output));
     let report = stdout(&output);
     assert!(report.contains("2 queries over the whole pool of 4 tools"), "{report}");

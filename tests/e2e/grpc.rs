@@ -1023,3 +1023,244 @@ async fn a_provider_is_started_watched_listed_reloaded_and_stopped_like_the_buil
     server.app.shutdown().await;
     assert!(fleet.stopped.load(Ordering::SeqCst), "stopped with the app");
 }
+
+#[tokio::test]
+async fn a_restart_on_the_same_data_embeds_no_tool_again_and_ranks_alike() {
+    let data = tempfile::tempdir().unwrap();
+    let settled = |server: &TestServer| {
+        let search = server.app.search();
+        search.version() > 0 && search.indexed() > 0 && search.embedded() == search.indexed()
+    };
+    let top = |server: &TestServer| {
+        let search = server.app.search().clone();
+        async move {
+            let hits = search.search("record a reasoning step before acting", 3, |_| true).await;
+            hits.unwrap().into_iter().map(|h| h.tool.spec.name.clone()).collect::<Vec<_>>()
+        }
+    };
+
+    let first = TestServer::start_in("", AppOptions::default(), data.path()).await.unwrap();
+    eventually(Duration::from_secs(60), || async { settled(&first).then_some(()) })
+        .await
+        .expect("every tool embedded");
+    let tools = first.app.search().indexed();
+    // A fresh data directory: every tool text is embedded once.
+    assert_eq!(first.app.search().embeddings_made() as usize, tools);
+    let ranked = top(&first).await;
+    assert_eq!(ranked[0], "think");
+    first.stop().await.unwrap();
+
+    let second = TestServer::start_in("", AppOptions::default(), data.path()).await.unwrap();
+    eventually(Duration::from_secs(10), || async {
+        (settled(&second) && second.app.search().indexed() == tools).then_some(())
+    })
+    .await
+    .expect("the index caught up from the store");
+    assert_eq!(second.app.search().embeddings_made(), 0, "nothing is embedded again");
+    assert_eq!(top(&second).await, ranked);
+}
+
+const KNOWLEDGE: &str = r#"
+[[knowledge.collections]]
+name = "docs"
+description = "The product handbook: installing, billing and support."
+filter_fields = ["lang"]
+"#;
+
+fn knowledge_document(
+    id: &str,
+    text: &str,
+    markdown: bool,
+    lang: &str,
+) -> toolmesh_proto::v1::Document {
+    toolmesh_proto::v1::Document {
+        id: id.into(),
+        text: text.into(),
+        format: if markdown {
+            toolmesh_proto::v1::DocumentFormat::Markdown
+        } else {
+            toolmesh_proto::v1::DocumentFormat::Text
+        } as i32,
+        metadata_json: json!({ "lang": lang }).to_string(),
+    }
+}
+
+async fn knowledge_client(
+    server: &TestServer,
+) -> toolmesh_proto::v1::knowledge_service_client::KnowledgeServiceClient<Channel> {
+    let channel = toolmesh::client::channel(&server.addr.to_string()).await.unwrap();
+    toolmesh_proto::v1::knowledge_service_client::KnowledgeServiceClient::new(channel)
+}
+
+async fn ingest(
+    server: &TestServer,
+    collection: &str,
+    documents: Vec<toolmesh_proto::v1::Document>,
+) -> Result<toolmesh_proto::v1::IngestResponse, tonic::Status> {
+    let request = toolmesh_proto::v1::IngestRequest { collection: collection.into(), documents };
+    let mut client = knowledge_client(server).await;
+    client.ingest(futures::stream::iter([request])).await.map(tonic::Response::into_inner)
+}
+
+/// The passages of a knowledge search, as (document id, text).
+async fn passages(server: &TestServer, arguments: Value) -> Vec<(String, String)> {
+    let response = server.call("search_docs", arguments).await.unwrap();
+    assert!(!response.is_error, "{response:?}");
+    let structured: Value =
+        serde_json::from_str(response.structured_json.as_deref().unwrap()).unwrap();
+    structured["passages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            assert!(p["score"].is_number() && p["chunk"].is_u64(), "{p}");
+            (p["document_id"].as_str().unwrap().to_owned(), p["text"].as_str().unwrap().to_owned())
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn knowledge_is_ingested_found_replaced_deleted_and_kept_across_a_restart() {
+    let data = tempfile::tempdir().unwrap();
+    let server = TestServer::start_in(KNOWLEDGE, AppOptions::default(), data.path()).await.unwrap();
+    let install = "# Installing\n\nDownload the installer and run it; the setup wizard asks for a licence key.\n\n## Upgrades\n\nUpgrades keep your settings.";
+    let ingested = ingest(
+        &server,
+        "docs",
+        vec![
+            knowledge_document("install.md", install, true, "en"),
+            knowledge_document(
+                "billing.txt",
+                "Invoices are sent monthly by email. Refunds take five days.",
+                false,
+                "en",
+            ),
+            knowledge_document(
+                "support.md",
+                "# Support\n\nOpen a ticket; we answer within a day.",
+                true,
+                "de",
+            ),
+        ],
+    )
+    .await
+    .unwrap();
+    assert_eq!((ingested.ingested, ingested.failed), (3, 0), "{ingested:?}");
+    assert!(ingested.results.iter().all(|r| r.chunks >= 1 && r.error.is_empty()));
+
+    // The collection's tool is in the catalog, read-only, searched like any tool.
+    let tool = server.app.registry().resolve("search_docs").expect("the collection's tool");
+    assert_eq!(tool.spec.annotations.read_only, Some(true));
+    let found = passages(&server, json!({"query": "how do I install it with a licence key"})).await;
+    assert_eq!(found[0].0, "install.md", "{found:?}");
+    let response = server
+        .call("search_docs", json!({"query": "refund of an invoice", "top_k": 1}))
+        .await
+        .unwrap();
+    let text = text(&response);
+    assert!(text.starts_with("[1] billing.txt (chunk 0, score"), "{text}");
+    // A filter on a metadata field.
+    let german = passages(&server, json!({"query": "ticket", "filter": {"lang": "de"}})).await;
+    assert!(!german.is_empty() && german.iter().all(|(id, _)| id == "support.md"), "{german:?}");
+
+    // Re-ingesting a document replaces it whole: its old text is gone.
+    let changed = "# Removing\n\nUninstall from the control panel.";
+    ingest(&server, "docs", vec![knowledge_document("install.md", changed, true, "en")])
+        .await
+        .unwrap();
+    let found =
+        passages(&server, json!({"query": "setup wizard licence key installer", "top_k": 10}))
+            .await;
+    assert!(found.iter().all(|(_, text)| !text.contains("wizard")), "{found:?}");
+    assert!(found.iter().filter(|(id, _)| id == "install.md").count() <= 1);
+
+    // Deleting a document leaves nothing of it.
+    let mut client = knowledge_client(&server).await;
+    let deleted = client
+        .delete(toolmesh_proto::v1::DeleteRequest {
+            collection: "docs".into(),
+            document_ids: vec!["billing.txt".into(), "never-there".into()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(deleted.deleted_chunks, 1);
+    assert_eq!(deleted.not_found, ["never-there"]);
+    let found =
+        passages(&server, json!({"query": "invoices refunds monthly email", "top_k": 10})).await;
+    assert!(found.iter().all(|(id, _)| id != "billing.txt"), "{found:?}");
+
+    let listed = client
+        .list_collections(toolmesh_proto::v1::ListCollectionsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let docs = &listed.collections[0];
+    assert_eq!(
+        (docs.name.as_str(), docs.tool.as_str(), docs.documents),
+        ("docs", "search_docs", 2)
+    );
+    assert!(docs.chunks >= 2 && docs.store.starts_with("embedded at "), "{docs:?}");
+    server.stop().await.unwrap();
+
+    // A restart finds the documents where they were.
+    let server = TestServer::start_in(KNOWLEDGE, AppOptions::default(), data.path()).await.unwrap();
+    let found = passages(&server, json!({"query": "uninstall from the control panel"})).await;
+    assert_eq!(found[0].0, "install.md", "{found:?}");
+}
+
+#[tokio::test]
+async fn knowledge_refuses_bad_input_clearly_and_loses_nothing_else() {
+    let server = TestServer::start(KNOWLEDGE, AppOptions::default()).await.unwrap();
+    let big = "word ".repeat(3 << 19); // 7.5 MiB is over a message; 2.5 MiB over the document limit
+    let results = ingest(
+        &server,
+        "docs",
+        vec![
+            knowledge_document("empty.md", " \n ", true, "en"),
+            knowledge_document("binary.txt", "abc\0def", false, "en"),
+            knowledge_document("big.txt", &big[..(5 << 19)], false, "en"),
+            knowledge_document("good.txt", "Passwords are reset from the login page.", false, "en"),
+            toolmesh_proto::v1::Document {
+                metadata_json: "[1]".into(),
+                ..knowledge_document("meta.txt", "x", false, "en")
+            },
+        ],
+    )
+    .await
+    .unwrap();
+    let by_id: std::collections::HashMap<&str, &str> =
+        results.results.iter().map(|r| (r.id.as_str(), r.error.as_str())).collect();
+    assert_eq!(by_id["empty.md"], "the document is empty");
+    assert!(by_id["binary.txt"].contains("not text"), "{results:?}");
+    assert!(by_id["big.txt"].contains("knowledge.max_document_bytes"), "{results:?}");
+    assert!(by_id["meta.txt"].contains("metadata_json"), "{results:?}");
+    assert_eq!(by_id["good.txt"], "");
+    assert_eq!((results.ingested, results.failed), (1, 4));
+    let found = passages(&server, json!({"query": "reset my password"})).await;
+    assert_eq!(found[0].0, "good.txt");
+
+    // A message beyond the server's limit is refused at once.
+    let refused = ingest(&server, "docs", vec![knowledge_document("huge.txt", &big, false, "en")])
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+
+    let missing = ingest(&server, "nope", vec![knowledge_document("a.txt", "a", false, "en")])
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
+    assert!(
+        missing.message().contains("no knowledge collection \"nope\" (collections: docs)"),
+        "{missing:?}"
+    );
+
+    let unknown = server
+        .call("search_docs", json!({"query": "password", "filter": {"team": "x"}}))
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), Code::InvalidArgument, "{unknown:?}");
+    assert!(unknown.message().contains("\"team\""), "{unknown:?}");
+    // Nothing else was lost.
+    assert_eq!(passages(&server, json!({"query": "reset my password"})).await[0].0, "good.txt");
+}

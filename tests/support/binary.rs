@@ -48,6 +48,8 @@ pub struct BinaryServer {
     pub stderr: Arc<Mutex<String>>,
     /// The directory of a configuration written by [`BinaryServer::with_config`].
     _config: Option<tempfile::TempDir>,
+    /// The data directory made for the server when the arguments name none.
+    _data: Option<tempfile::TempDir>,
 }
 
 impl BinaryServer {
@@ -83,9 +85,13 @@ impl BinaryServer {
             }
             None => Command::new(toolmesh_bin()),
         };
+        // Each server gets a data directory of its own unless the test names one.
+        let data = if args.contains(&"--data-dir") { None } else { Some(tempfile::tempdir()?) };
+        command.arg("serve").args(["--listen", "127.0.0.1:0"]);
+        if let Some(data) = &data {
+            command.arg("--data-dir").arg(data.path());
+        }
         command
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0"])
             .args(args)
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             .env_remove("RUST_LOG")
@@ -115,7 +121,7 @@ impl BinaryServer {
         };
         let addr = line.rsplit(' ').next().and_then(|a| a.parse().ok()).context("address line")?;
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Ok(BinaryServer { addr, child, stderr, _config: None })
+        Ok(BinaryServer { addr, child, stderr, _config: None, _data: data })
     }
 
     /// Returns the child's pid.

@@ -14,12 +14,29 @@ pub struct TestServer {
     pub app: App,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<anyhow::Result<bool>>>,
+    /// The data directory this server made for itself, removed with it.
+    _data: Option<tempfile::TempDir>,
 }
 
 impl TestServer {
     /// Starts a server with the default configuration changed by `toml` and `options`.
+    /// Its data (the embedded vector store) is in a fresh directory, removed with it.
     pub async fn start(toml: &str, options: AppOptions) -> anyhow::Result<Self> {
-        let config = Self::config(toml)?;
+        let data = tempfile::tempdir()?;
+        let mut server = Self::start_in(toml, options, data.path()).await?;
+        server._data = Some(data);
+        Ok(server)
+    }
+
+    /// Like [`TestServer::start`], with its data in `data_dir`, which outlives it: a
+    /// server started again on it finds what the first one stored.
+    pub async fn start_in(
+        toml: &str,
+        options: AppOptions,
+        data_dir: &std::path::Path,
+    ) -> anyhow::Result<Self> {
+        let mut config = Self::config(toml)?;
+        config.server.data_dir = Some(data_dir.to_owned());
         let app = App::start(&config, options).await?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
@@ -32,7 +49,7 @@ impl TestServer {
             ..config.server.clone()
         };
         let task = tokio::spawn(toolmesh::serve(listener, app.clone(), server, shutdown));
-        Ok(TestServer { addr, app, shutdown: Some(tx), task: Some(task) })
+        Ok(TestServer { addr, app, shutdown: Some(tx), task: Some(task), _data: None })
     }
 
     /// Parses a configuration over the defaults, with an empty environment.

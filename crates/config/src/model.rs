@@ -64,6 +64,12 @@ impl Config {
         })
     }
 
+    /// Returns the error of a bad value of `key` (for example `vector.url`), named as a
+    /// bad key of this configuration is: for a provider that checks its section further.
+    pub fn key_error(&self, key: &str, reason: impl Into<String>) -> ConfigError {
+        ConfigError::Key { origin: self.origin.clone(), key: key.to_owned(), reason: reason.into() }
+    }
+
     /// Refuses a section that neither the core model nor any of the providers (`claimed`)
     /// defines: a misspelt section fails as a misspelt key does.
     pub fn check_sections(&self, claimed: &[&str]) -> Result<(), ConfigError> {
@@ -254,6 +260,14 @@ fn default_cache_dir(env: &HashMap<String, String>) -> Option<PathBuf> {
         .or_else(|| non_empty("HOME").map(|home| PathBuf::from(home).join(".cache/toolmesh")))
 }
 
+/// `$XDG_DATA_HOME/toolmesh`, else `$HOME/.local/share/toolmesh`, from `env`.
+fn default_data_dir(env: &HashMap<String, String>) -> Option<PathBuf> {
+    let non_empty = |name: &str| env.get(name).filter(|v| !v.is_empty());
+    non_empty("XDG_DATA_HOME")
+        .map(|dir| PathBuf::from(dir).join("toolmesh"))
+        .or_else(|| non_empty("HOME").map(|home| PathBuf::from(home).join(".local/share/toolmesh")))
+}
+
 /// `[mcp]`.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct McpConfig {
@@ -344,6 +358,9 @@ pub struct McpServerConfig {
 pub struct ServerConfig {
     /// Listen address.
     pub listen: SocketAddr,
+    /// Where the embedded vector store keeps its collections; `None` when no place could
+    /// be found (no `data_dir`, `XDG_DATA_HOME` or `HOME`).
+    pub data_dir: Option<PathBuf>,
     /// Time in-flight calls get to finish on shutdown.
     pub shutdown_grace: Duration,
     /// Call timeout when neither client nor tool sets one.
@@ -622,6 +639,7 @@ fn default_ping_interval_ms() -> u64 {
 #[serde(deny_unknown_fields)]
 struct RawServer {
     listen: SocketAddr,
+    data_dir: String,
     shutdown_grace_ms: u64,
     default_call_timeout_ms: u64,
     max_call_timeout_ms: u64,
@@ -766,6 +784,9 @@ impl Config {
 
         let server = ServerConfig {
             listen: raw.server.listen,
+            data_dir: Some(PathBuf::from(&raw.server.data_dir))
+                .filter(|dir| !dir.as_os_str().is_empty())
+                .or_else(|| default_data_dir(env)),
             shutdown_grace: Duration::from_millis(raw.server.shutdown_grace_ms),
             default_call_timeout: positive_ms(
                 raw.server.default_call_timeout_ms,

@@ -9,6 +9,8 @@
 //!   by name.
 //! - [`Provider`]: a source of tools with a lifecycle (start, reload, health, stop), the
 //!   seam the binary drives every backend through; [`HealthBoard`] holds their health.
+//! - [`VectorStore`]: collections of dense and lexical vectors, queried with the store's
+//!   fusion; the tool index and knowledge collections keep their vectors in one.
 //! - [`ErrorCode`], [`BackendError`]: failure kinds, mapped to gRPC status codes once, in
 //!   the proto crate.
 
@@ -18,6 +20,7 @@ mod content;
 mod error;
 mod provider;
 mod tool;
+pub mod vector;
 
 pub use backend::Backend;
 pub use call::{
@@ -32,3 +35,4 @@ pub use provider::{Health, HealthBoard, Provider, ProviderError};
 pub use tool::{
     InvalidToolName, SourceKind, ToolAnnotations, ToolSource, ToolSpec, Toolkit, validate_tool_name,
 };
+pub use vector::{StoreError, VectorStore};

@@ -29,6 +29,17 @@ pub trait Embedder: Send + Sync + 'static {
     /// L2-normalised.
     fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError>;
 
+    /// Counts the tokens of `text` as the model reads it, before any truncation: chunkers
+    /// size their chunks by it. By default, whitespace-separated words.
+    fn count_tokens(&self, text: &str) -> usize {
+        text.split_whitespace().count()
+    }
+
+    /// Returns the most tokens of one text the model reads; the rest is cut off.
+    fn max_tokens(&self) -> usize {
+        usize::MAX
+    }
+
     /// Embeds one query, which a caller waits for; by default as a batch of one.
     fn embed_query(&self, query: &str) -> Result<Vec<f32>, EmbedError> {
         Ok(self.embed(&[query])?.pop().unwrap_or_default())

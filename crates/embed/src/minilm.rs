@@ -19,6 +19,10 @@ const MAX_TOKENS: usize = 128;
 pub struct MiniLm {
     model: Bert,
     tokenizer: Tokenizer,
+    /// The tokenizer without truncation, to count a whole text's tokens.
+    counter: Tokenizer,
+    /// The most tokens a text is cut to, with [CLS] and [SEP].
+    max_tokens: usize,
     /// The threads a query's products are split across, one per core: a caller waits.
     queries: rayon::ThreadPool,
     /// The threads of background batches (the catalog), fewer than the cores by default,
@@ -51,6 +55,8 @@ impl MiniLm {
             .map_err(|e| fail(format!("tokenizer.json: {e}")))?;
         // Sequences run unpadded; see `Bert`.
         tokenizer.with_padding(None);
+        // Counting tokens sees the whole text: a copy without the truncation below.
+        let counter = tokenizer.clone();
         let weights = std::fs::read(dir.join("model.safetensors"))
             .map_err(|e| fail(format!("model.safetensors: {e}")))?;
         // The id names these exact weights, so cached vectors of other weights never mix in.
@@ -79,7 +85,8 @@ impl MiniLm {
         };
         let queries = pool("embed-query", cores)?;
         let batches = pool("embed", batch_threads)?;
-        Ok(MiniLm { model, tokenizer, queries, batches, id, dimensions })
+        let max_tokens = MAX_TOKENS.min(model.max_tokens());
+        Ok(MiniLm { model, tokenizer, counter, max_tokens, queries, batches, id, dimensions })
     }
 
     fn run(&self, pool: &rayon::ThreadPool, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
@@ -97,6 +104,18 @@ impl Embedder for MiniLm {
 
     fn dimensions(&self) -> usize {
         self.dimensions
+    }
+
+    fn count_tokens(&self, text: &str) -> usize {
+        // Without the [CLS] and [SEP] the model adds.
+        self.counter
+            .encode_fast(text, false)
+            .map_or_else(|_| text.split_whitespace().count(), |encoding| encoding.len())
+    }
+
+    fn max_tokens(&self) -> usize {
+        // Less the [CLS] and [SEP] tokens.
+        self.max_tokens.saturating_sub(2)
     }
 
     fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {

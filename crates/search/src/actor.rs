@@ -1,27 +1,32 @@
 use std::{
-    collections::{HashMap, HashSet, VecDeque},
+    collections::HashMap,
+    hash::{BuildHasher, RandomState},
     panic::AssertUnwindSafe,
-    path::PathBuf,
     sync::{Arc, PoisonError, atomic::Ordering},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
+use serde_json::{Map, Value, json};
+use toolmesh_core::{
+    StoreError, VectorStore,
+    vector::{CollectionSpec, Point, PointId, SparseVector},
+};
 use toolmesh_embed::Embedder;
-use toolmesh_registry::{RegistryHandle, ToolEntry};
+use toolmesh_registry::{Catalog, RegistryHandle, ToolEntry};
 use tracing::{Instrument, debug, error, info, warn};
 
 use crate::{
-    Fusion, SearchHandle,
-    handle::{DEFAULT_MAX_QUERY_BYTES, SearchShared},
-    store::{TextDigest, VectorStore, digest},
+    Fusion, SearchHandle, TextDigest, digest,
+    handle::{DEFAULT_MAX_QUERY_BYTES, EMBEDDED, Live, NAME, SearchShared},
+    lexical::{self, AVERAGE_TERMS},
     terms, tool_text,
 };
 
 /// Messages of the [`ToolSearchActor`].
 #[derive(Debug)]
 pub enum SearchMsg {
-    /// The registry published a new catalog.
+    /// The registry published a new catalog (or the store failed and the index tries again).
     CatalogChanged,
     /// Embed the next batch of tools waiting for a vector.
     EmbedNext,
@@ -30,21 +35,22 @@ pub enum SearchMsg {
 /// How the search index is built.
 #[derive(Clone)]
 pub struct SearchOptions {
+    /// Where the tool points are kept.
+    pub store: Arc<dyn VectorStore>,
     /// The sentence-embedding model; without one, search is lexical.
     pub embedder: Option<Arc<dyn Embedder>>,
-    /// Where tool vectors are kept between runs (a file per model); `None`: in memory only.
-    pub vector_cache: Option<PathBuf>,
     /// How the lexical and the embedding ranking are combined.
     pub fusion: Fusion,
     /// Longest query searched, in bytes; longer ones are refused.
     pub max_query_bytes: usize,
 }
 
-impl Default for SearchOptions {
-    fn default() -> Self {
+impl SearchOptions {
+    /// Lexical search in `store`, with the default limits.
+    pub fn new(store: Arc<dyn VectorStore>) -> Self {
         SearchOptions {
+            store,
             embedder: None,
-            vector_cache: None,
             fusion: Fusion::default(),
             max_query_bytes: DEFAULT_MAX_QUERY_BYTES,
         }
@@ -54,52 +60,86 @@ impl Default for SearchOptions {
 impl std::fmt::Debug for SearchOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SearchOptions")
+            .field("store", &self.store.describe())
             .field("embedder", &self.embedder.as_ref().map(|e| e.model_id().to_owned()))
-            .field("vector_cache", &self.vector_cache)
             .field("fusion", &self.fusion)
             .field("max_query_bytes", &self.max_query_bytes)
             .finish()
     }
 }
 
-/// Keeps the search index in step with the catalog.
+/// Keeps the tool points in the vector store in step with the catalog.
 ///
-/// On each published catalog it compares entries by pointer (the registry keeps an
-/// unchanged tool's entry), hashes the text of new and changed tools only, and updates the
-/// BM25 index at once. Tools whose text has no vector yet wait in a queue that the actor
-/// works through one batch per message, shortest texts together, so catalog changes are
-/// indexed between batches even during a long first embedding.
+/// A tool is one point, its id the digest of its text: the same text has the same point in
+/// every process and across restarts, so a restart over an unchanged catalog, or a second
+/// router on a shared store, embeds nothing. On each published catalog the actor compares
+/// entries by pointer (the registry keeps an unchanged tool's entry), hashes the text of new
+/// and changed tools only, asks the store which of their points it has, writes the missing
+/// ones at once with their lexical vector, and deletes the points of changed and removed
+/// tools. Tools whose point has no dense vector yet wait in batches of texts of similar
+/// length, embedded one batch per message in random order (so routers sharing a store split
+/// a first embedding between them), with catalog changes handled between batches.
 #[derive(Debug)]
 pub struct ToolSearchActor {
     registry: RegistryHandle,
     shared: Arc<SearchShared>,
-    vector_cache: Option<PathBuf>,
 }
 
-/// A tool waiting for the vector of its text.
+/// A tool waiting for the dense vector of its text.
 #[derive(Debug)]
 struct Pending {
     name: String,
-    digest: TextDigest,
+    id: PointId,
     text: String,
+    lexical: SparseVector,
 }
 
 /// Texts embedded per batch. Texts are sorted by length first, so a batch pads little.
 const EMBED_BATCH: usize = 16;
+/// Points written or read per request to the store.
+const STORE_BATCH: usize = 1_000;
+/// How long the index waits before trying a failed store again.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// The [`ToolSearchActor`]'s state.
 #[derive(Debug)]
 pub struct ToolSearchState {
-    /// What is indexed, by tool name: the entry and the digest of its text.
-    indexed: HashMap<String, (Arc<ToolEntry>, TextDigest)>,
-    /// Vectors by text digest (and on disk, when a cache directory is set).
-    store: VectorStore,
-    /// Tools waiting for a vector, shortest text first.
-    pending: VecDeque<Pending>,
+    /// What is indexed, by tool name: the entry and the point (digest) of its text.
+    indexed: Indexed,
+    /// Batches of tools waiting for a dense vector.
+    pending: Vec<Vec<Pending>>,
     /// Whether an `EmbedNext` is on its way.
     embedding: bool,
+    /// Whether a retry after a store failure is on its way.
+    retrying: bool,
+    /// Whether the collection is known to exist.
+    ensured: bool,
     /// When the current run of embedding started, and how many texts it embedded.
     run: Option<(Instant, usize)>,
+    /// Picks the next batch.
+    random: RandomState,
+    picks: u64,
+}
+
+/// What is indexed, by tool name: the entry and the point of its text.
+type Indexed = HashMap<String, (Arc<ToolEntry>, PointId)>;
+
+/// The point id of a text digest.
+pub(crate) fn point_id(digest: &TextDigest) -> PointId {
+    let mut bytes = [0; 8];
+    bytes.copy_from_slice(&digest[..8]);
+    u64::from_le_bytes(bytes)
+}
+
+/// The collection of the tool points of `model` (or of lexical search alone); named with
+/// the version of the lexical vectors, so that a change of them starts a new collection.
+pub(crate) fn collection_name(model: Option<&str>) -> String {
+    let model: String = model
+        .unwrap_or("bm25")
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' })
+        .collect();
+    format!("toolmesh-tools-v1-{model}")
 }
 
 impl ToolSearchActor {
@@ -108,9 +148,13 @@ impl ToolSearchActor {
         registry: RegistryHandle,
         options: SearchOptions,
     ) -> Result<(ActorRef<SearchMsg>, SearchHandle), ActorProcessingErr> {
+        let collection = collection_name(options.embedder.as_ref().map(|e| e.model_id()));
         let shared = Arc::new(SearchShared {
-            index: Default::default(),
-            vectors: Default::default(),
+            store: options.store,
+            collection,
+            live: Default::default(),
+            embedded: Default::default(),
+            embeddings: Default::default(),
             embedder: options.embedder,
             recent: Default::default(),
             fusion: options.fusion,
@@ -120,23 +164,54 @@ impl ToolSearchActor {
             restarts: Default::default(),
             changed: Default::default(),
         });
-        let actor = Self::over(registry.clone(), shared.clone(), options.vector_cache);
+        let actor = Self::over(registry.clone(), shared.clone());
         let (actor, _) = Actor::spawn(None, actor, ()).await?;
         Ok((actor, SearchHandle { shared, registry }))
     }
 
     /// An actor over the index `shared`, as a supervisor restarts it.
-    pub(crate) fn over(
-        registry: RegistryHandle,
-        shared: Arc<SearchShared>,
-        vector_cache: Option<PathBuf>,
-    ) -> Self {
-        ToolSearchActor { registry, shared, vector_cache }
+    pub(crate) fn over(registry: RegistryHandle, shared: Arc<SearchShared>) -> Self {
+        ToolSearchActor { registry, shared }
     }
 
-    /// Brings the index up to the current catalog. The texts, digests and BM25 updates of
-    /// a whole catalog are CPU work: they run on a blocking thread, with the map of what is
-    /// indexed lent to it.
+    fn spec(&self) -> CollectionSpec {
+        CollectionSpec {
+            name: self.shared.collection.clone(),
+            dense_size: self.shared.embedder.as_ref().map(|e| e.dimensions()),
+            lexical: true,
+            keyword_fields: vec![NAME.into()],
+        }
+    }
+
+    /// The store failed: health says so, and the index tries again shortly.
+    fn store_failed(
+        &self,
+        myself: &ActorRef<SearchMsg>,
+        state: &mut ToolSearchState,
+        error: &StoreError,
+        retry: SearchMsg,
+    ) {
+        warn!(%error, "the tool index cannot follow the catalog; trying again");
+        let reason = format!("the vector store fails: {error}");
+        let mut recovering = self.shared.recovering.lock().unwrap_or_else(PoisonError::into_inner);
+        if recovering.as_deref() != Some(reason.as_str()) {
+            *recovering = Some(reason);
+            self.shared.changed.notify_one();
+        }
+        if matches!(retry, SearchMsg::CatalogChanged) {
+            if state.retrying {
+                return;
+            }
+            state.retrying = true;
+        }
+        let actor = myself.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(RETRY_AFTER).await;
+            let _ = actor.cast(retry);
+        });
+    }
+
+    /// Brings the index up to the current catalog.
     async fn reindex(
         &self,
         myself: &ActorRef<SearchMsg>,
@@ -146,71 +221,130 @@ impl ToolSearchActor {
         if catalog.version == self.shared.version.load(Ordering::Acquire) && catalog.version != 0 {
             return Ok(());
         }
+        state.retrying = false;
         let started = Instant::now();
-        let (shared, indexed, lexical) =
-            (self.shared.clone(), std::mem::take(&mut state.indexed), catalog.clone());
-        let (indexed, upserts, removed) =
-            tokio::task::spawn_blocking(move || index_lexically(&shared, &lexical, indexed))
-                .await?;
-        state.indexed = indexed;
-        let embedding = self.shared.embedder.is_some();
-        let updated = upserts.len();
-        {
-            let mut vectors = self.shared.vectors.write().unwrap_or_else(PoisonError::into_inner);
-            for name in &removed {
-                vectors.remove(name);
+        if !state.ensured {
+            if let Err(error) = self.shared.store.ensure(&self.spec()).await {
+                self.store_failed(myself, state, &error, SearchMsg::CatalogChanged);
+                return Ok(());
             }
-            for (name, entry, text, text_digest) in upserts {
-                match state.store.get(&text_digest) {
-                    Some(vector) => {
-                        vectors.insert(&name, &vector);
-                    }
-                    None if embedding => {
-                        vectors.remove(&name);
-                        state.pending.push_back(Pending {
-                            name: name.clone(),
-                            digest: text_digest,
-                            text,
-                        });
-                    }
-                    None => {}
-                }
-                state.indexed.insert(name, (entry, text_digest));
+            state.ensured = true;
+        }
+        // Texts, digests and lexical vectors of a whole catalog are CPU work: on a blocking
+        // thread, with the map of what is indexed lent to it.
+        let (indexed, lexical) = (std::mem::take(&mut state.indexed), catalog.clone());
+        let (indexed, changes) =
+            tokio::task::spawn_blocking(move || diff(&lexical, indexed)).await?;
+        state.indexed = indexed;
+        match self.write(&changes).await {
+            Ok(known) => self.commit(myself, state, changes, &known),
+            Err(error) => {
+                self.store_failed(myself, state, &error, SearchMsg::CatalogChanged);
+                return Ok(());
             }
         }
         self.shared.version.store(catalog.version, Ordering::Release);
         let recovered =
             self.shared.recovering.lock().unwrap_or_else(PoisonError::into_inner).take();
         if let Some(reason) = recovered {
-            info!(%reason, version = catalog.version, "the search index caught up after a failure");
+            info!(%reason, version = catalog.version, "the search index caught up");
             self.shared.changed.notify_one();
-        }
-        if !removed.is_empty() {
-            // Rewriting the vector file is file work: on a blocking thread, the store lent.
-            let live: HashSet<TextDigest> = state.indexed.values().map(|(_, d)| *d).collect();
-            let mut store = std::mem::replace(&mut state.store, VectorStore::in_memory(0));
-            state.store = tokio::task::spawn_blocking(move || {
-                store.compact(&live);
-                store
-            })
-            .await?;
-        }
-        if !state.pending.is_empty() {
-            state.pending.make_contiguous().sort_unstable_by_key(|p| p.text.len());
-            if !state.embedding {
-                state.embedding = myself.cast(SearchMsg::EmbedNext).is_ok();
-                state.run.get_or_insert((Instant::now(), 0));
-            }
         }
         debug!(
             version = catalog.version,
-            updated,
-            removed = removed.len(),
-            waiting_for_vectors = state.pending.len(),
+            waiting_for_vectors = state.pending.iter().map(Vec::len).sum::<usize>(),
             elapsed_us = started.elapsed().as_micros() as u64,
             "search index updated"
         );
         Ok(())
+    }
+
+    /// Writes the changes to the store: the points it does not have (lexical only, for
+    /// now), and deletes those of changed and removed tools. Returns, by point id, whether
+    /// each changed tool's point already had its dense vector.
+    async fn write(&self, changes: &Changes) -> Result<HashMap<PointId, bool>, StoreError> {
+        let store = &self.shared.store;
+        let collection = &self.shared.collection;
+        let mut known = HashMap::new();
+        let ids: Vec<PointId> = changes.upserts.iter().map(|(_, _, p)| p.id).collect();
+        for chunk in ids.chunks(STORE_BATCH) {
+            for record in store.retrieve(collection, chunk.to_vec(), false).await? {
+                let dense = record.payload.get(EMBEDDED).and_then(Value::as_bool);
+                known.insert(record.id, dense.unwrap_or(false));
+            }
+        }
+        let fresh: Vec<Point> = changes
+            .upserts
+            .iter()
+            .filter(|(_, _, p)| !known.contains_key(&p.id))
+            .map(|(_, _, p)| Point {
+                id: p.id,
+                dense: None,
+                lexical: Some(p.lexical.clone()),
+                payload: payload(&p.name, false),
+            })
+            .collect();
+        for chunk in fresh.chunks(STORE_BATCH) {
+            store.upsert(collection, chunk.to_vec()).await?;
+        }
+        if !changes.gone.is_empty() {
+            store.delete(collection, changes.gone.clone()).await?;
+        }
+        Ok(known)
+    }
+
+    /// Applies written changes to what searches read, and queues the tools that need a
+    /// dense vector.
+    fn commit(
+        &self,
+        myself: &ActorRef<SearchMsg>,
+        state: &mut ToolSearchState,
+        changes: Changes,
+        known: &HashMap<PointId, bool>,
+    ) {
+        let embedding = self.shared.embedder.is_some();
+        let mut waiting = Vec::new();
+        {
+            let mut live = self.shared.live.write().unwrap_or_else(PoisonError::into_inner);
+            let mut embedded = 0isize;
+            for id in &changes.gone {
+                if live.remove(id).is_some_and(|tool| tool.dense) {
+                    embedded -= 1;
+                }
+            }
+            for name in &changes.removed {
+                state.indexed.remove(name);
+            }
+            for (name, entry, pending) in changes.upserts {
+                let dense = known.get(&pending.id).copied().unwrap_or(false);
+                let name: Arc<str> = name.into();
+                if let Some(old) = live.insert(pending.id, Live { name: name.clone(), dense }) {
+                    embedded -= isize::from(old.dense);
+                }
+                embedded += isize::from(dense);
+                state.indexed.insert(name.to_string(), (entry, pending.id));
+                if embedding && !dense {
+                    waiting.push(pending);
+                }
+            }
+            if embedded >= 0 {
+                self.shared.embedded.fetch_add(embedded as usize, Ordering::AcqRel);
+            } else {
+                self.shared.embedded.fetch_sub(embedded.unsigned_abs(), Ordering::AcqRel);
+            }
+        }
+        if waiting.is_empty() {
+            return;
+        }
+        waiting.sort_unstable_by_key(|p| p.text.len());
+        let mut waiting = waiting.into_iter().peekable();
+        while waiting.peek().is_some() {
+            state.pending.push(waiting.by_ref().take(EMBED_BATCH).collect());
+        }
+        if !state.embedding {
+            state.embedding = myself.cast(SearchMsg::EmbedNext).is_ok();
+            state.run.get_or_insert((Instant::now(), 0));
+        }
     }
 
     async fn embed_next(
@@ -220,73 +354,26 @@ impl ToolSearchActor {
     ) -> Result<(), ActorProcessingErr> {
         state.embedding = false;
         let Some(embedder) = self.shared.embedder.clone() else { return Ok(()) };
-        // The shortest texts first; skip tools that changed or went since they were queued,
-        // and texts another tool already brought a vector for.
-        let mut batch: Vec<Pending> = Vec::with_capacity(EMBED_BATCH);
-        while batch.len() < EMBED_BATCH
-            && let Some(pending) = state.pending.pop_front()
-        {
-            if state.indexed.get(&pending.name).is_none_or(|(_, d)| *d != pending.digest) {
-                continue;
-            }
-            match state.store.get(&pending.digest) {
-                Some(vector) => {
-                    self.shared
-                        .vectors
-                        .write()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .insert(&pending.name, &vector);
-                }
-                None => batch.push(pending),
-            }
+        if state.pending.is_empty() {
+            return Ok(());
         }
-        if !batch.is_empty() {
-            // The texts go to the model; the batch keeps name and digest.
-            let texts: Vec<String> =
-                batch.iter_mut().map(|p| std::mem::take(&mut p.text)).collect();
-            // The model's forward pass and the store's file append run on a blocking
-            // thread; the store is lent to it and comes back either way.
-            let digests: Vec<TextDigest> = batch.iter().map(|p| p.digest).collect();
-            let store = std::mem::replace(&mut state.store, VectorStore::in_memory(0));
-            let (store, embedded) = tokio::task::spawn_blocking(move || {
-                let mut store = store;
-                let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-                // A panic in the model costs this batch its vectors, not the index its actor.
-                let embedded = std::panic::catch_unwind(AssertUnwindSafe(|| embedder.embed(&refs)))
-                    .unwrap_or_else(|panic| {
-                        Err(toolmesh_embed::EmbedError::Run(format!(
-                            "the model panicked: {}",
-                            panic_message(panic.as_ref())
-                        )))
-                    });
-                let stored = embedded
-                    .map(|vectors| store.insert(digests.into_iter().zip(vectors).collect()));
-                (store, stored)
-            })
-            .await?;
-            state.store = store;
-            match embedded {
-                Ok(vectors) => {
-                    if let Some((_, count)) = &mut state.run {
-                        *count += batch.len();
-                    }
-                    let mut shared =
-                        self.shared.vectors.write().unwrap_or_else(PoisonError::into_inner);
-                    for (pending, vector) in batch.into_iter().zip(vectors) {
-                        // Still the text the tool has now?
-                        if state
-                            .indexed
-                            .get(&pending.name)
-                            .is_some_and(|(_, d)| *d == pending.digest)
-                        {
-                            shared.insert(&pending.name, &vector);
-                        }
-                    }
+        // A batch at random: routers sharing a store, started together, take different ones.
+        state.picks += 1;
+        let pick = state.random.hash_one(state.picks) as usize % state.pending.len();
+        let mut batch = state.pending.swap_remove(pick);
+        // Skip tools that changed or went since they were queued.
+        batch.retain(|p| state.indexed.get(&p.name).is_some_and(|(_, id)| *id == p.id));
+        match self.embed_batch(embedder, &mut batch).await {
+            Ok(made) => {
+                if let Some((_, count)) = &mut state.run {
+                    *count += made;
                 }
-                Err(error) => {
-                    let tools: Vec<&str> = batch.iter().map(|p| p.name.as_str()).collect();
-                    error!(%error, ?tools, "embedding tools failed; they are searchable lexically only");
-                }
+            }
+            Err(error) => {
+                // The batch waits for the store to come back.
+                state.pending.push(batch);
+                self.store_failed(myself, state, &error, SearchMsg::EmbedNext);
+                return Ok(());
             }
         }
         if state.pending.is_empty() {
@@ -304,24 +391,114 @@ impl ToolSearchActor {
         }
         Ok(())
     }
+
+    /// Embeds the tools of `batch` whose points still lack a dense vector and stores them.
+    /// Returns how many texts were embedded. A model failure costs the batch its vectors
+    /// (the tools stay searchable by their words); a store failure is returned.
+    async fn embed_batch(
+        &self,
+        embedder: Arc<dyn Embedder>,
+        batch: &mut Vec<Pending>,
+    ) -> Result<usize, StoreError> {
+        let store = &self.shared.store;
+        let collection = &self.shared.collection;
+        // Another router on the same store may have embedded some meanwhile.
+        let ids: Vec<PointId> = batch.iter().map(|p| p.id).collect();
+        let done: Vec<PointId> = store
+            .retrieve(collection, ids, false)
+            .await?
+            .into_iter()
+            .filter(|r| r.payload.get(EMBEDDED).and_then(Value::as_bool) == Some(true))
+            .map(|r| r.id)
+            .collect();
+        if !done.is_empty() {
+            self.mark_dense(&done);
+            batch.retain(|p| !done.contains(&p.id));
+        }
+        if batch.is_empty() {
+            return Ok(0);
+        }
+        let texts: Vec<String> = batch.iter().map(|p| p.text.clone()).collect();
+        // The model's forward pass runs on a blocking thread; a panic in it costs this
+        // batch its vectors, not the index its actor.
+        let embedded = tokio::task::spawn_blocking(move || {
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            std::panic::catch_unwind(AssertUnwindSafe(|| embedder.embed(&refs))).unwrap_or_else(
+                |panic| {
+                    Err(toolmesh_embed::EmbedError::Run(format!(
+                        "the model panicked: {}",
+                        panic_message(panic.as_ref())
+                    )))
+                },
+            )
+        })
+        .await
+        .unwrap_or_else(|e| Err(toolmesh_embed::EmbedError::Run(e.to_string())));
+        let vectors = match embedded {
+            Ok(vectors) => vectors,
+            Err(error) => {
+                let tools: Vec<&str> = batch.iter().map(|p| p.name.as_str()).collect();
+                error!(%error, ?tools, "embedding tools failed; they are searchable lexically only");
+                batch.clear();
+                return Ok(0);
+            }
+        };
+        let points: Vec<Point> = batch
+            .iter()
+            .zip(vectors)
+            .map(|(p, vector)| Point {
+                id: p.id,
+                dense: Some(vector),
+                lexical: Some(p.lexical.clone()),
+                payload: payload(&p.name, true),
+            })
+            .collect();
+        let made = points.len();
+        store.upsert(collection, points).await?;
+        self.shared.embeddings.fetch_add(made as u64, Ordering::AcqRel);
+        let ids: Vec<PointId> = batch.iter().map(|p| p.id).collect();
+        self.mark_dense(&ids);
+        Ok(made)
+    }
+
+    /// Notes that the points `ids` have their dense vector.
+    fn mark_dense(&self, ids: &[PointId]) {
+        let mut live = self.shared.live.write().unwrap_or_else(PoisonError::into_inner);
+        for id in ids {
+            if let Some(tool) = live.get_mut(id)
+                && !tool.dense
+            {
+                tool.dense = true;
+                self.shared.embedded.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+    }
 }
 
-/// What is indexed, by tool name: the entry and the digest of its text.
-type Indexed = HashMap<String, (Arc<ToolEntry>, TextDigest)>;
+/// A point's payload: its tool's name, and whether it has its dense vector.
+fn payload(name: &str, embedded: bool) -> Map<String, Value> {
+    let Value::Object(map) = json!({ NAME: name, EMBEDDED: embedded }) else {
+        unreachable!("a JSON object literal")
+    };
+    map
+}
 
-/// Tools whose text is new or changed: name, entry, text and its digest.
-type Upserts = Vec<(String, Arc<ToolEntry>, String, TextDigest)>;
+/// How the catalog differs from what is indexed.
+#[derive(Debug, Default)]
+struct Changes {
+    /// New tools and tools whose text changed: name, entry, and the text to index.
+    upserts: Vec<(String, Arc<ToolEntry>, Pending)>,
+    /// Tools that went.
+    removed: Vec<String>,
+    /// Points no tool has any more: of removed tools, and the old texts of changed ones.
+    gone: Vec<PointId>,
+}
 
 /// Compares `catalog` with what is `indexed` (entries by pointer: the registry keeps an
-/// unchanged tool's entry), hashes the text of new and changed tools only, and applies the
-/// changes to the BM25 index. Returns the map (updated for tools whose text did not change,
-/// and without the removed ones), the upserts, and the removed tool names.
-fn index_lexically(
-    shared: &SearchShared,
-    catalog: &toolmesh_registry::Catalog,
-    mut indexed: Indexed,
-) -> (Indexed, Upserts, Vec<String>) {
-    let mut upserts = Vec::new();
+/// unchanged tool's entry), and hashes the text of new and changed tools only. Tools whose
+/// entry changed but not their text are updated in the map at once.
+fn diff(catalog: &Catalog, mut indexed: Indexed) -> (Indexed, Changes) {
+    let mut changes = Changes::default();
     for (name, entry) in &catalog.tools {
         let previous = indexed.get_mut(name);
         if let Some((known, _)) = &previous
@@ -330,33 +507,30 @@ fn index_lexically(
             continue;
         }
         let text = tool_text(&entry.spec);
-        let text_digest = digest(&text);
+        let id = point_id(&digest(&text));
         match previous {
-            Some((known, old)) if *old == text_digest => *known = entry.clone(),
-            _ => upserts.push((name.clone(), entry.clone(), text, text_digest)),
+            Some((known, old)) if *old == id => *known = entry.clone(),
+            previous => {
+                if let Some((_, old)) = previous {
+                    changes.gone.push(*old);
+                }
+                let lexical = lexical::document(&terms(&text), AVERAGE_TERMS);
+                let pending = Pending { name: name.clone(), id, text, lexical };
+                changes.upserts.push((name.clone(), entry.clone(), pending));
+            }
         }
     }
     // Every catalog tool is indexed or new: when the counts agree, nothing went.
-    let new = upserts.iter().filter(|(name, ..)| !indexed.contains_key(name)).count();
-    let removed: Vec<String> = if catalog.tools.len() == indexed.len() + new {
-        Vec::new()
-    } else {
-        indexed.keys().filter(|name| !catalog.tools.contains_key(*name)).cloned().collect()
-    };
-    {
-        // Searches wait only for the updates themselves.
-        let mut index = shared.index.write().unwrap_or_else(PoisonError::into_inner);
-        for name in &removed {
-            index.remove(name);
-        }
-        for (name, _, text, _) in &upserts {
-            index.upsert(name, &terms(text));
+    let new = changes.upserts.len() - changes.gone.len();
+    if catalog.tools.len() != indexed.len() + new {
+        for (name, (_, id)) in &indexed {
+            if !catalog.tools.contains_key(name) {
+                changes.removed.push(name.clone());
+                changes.gone.push(*id);
+            }
         }
     }
-    for name in &removed {
-        indexed.remove(name);
-    }
-    (indexed, upserts, removed)
+    (indexed, changes)
 }
 
 /// The message a panic carried.
@@ -390,28 +564,20 @@ impl Actor for ToolSearchActor {
             }
             .instrument(tracing::info_span!("search", task = "follow catalog")),
         );
-        let dimensions = self.shared.embedder.as_ref().map_or(0, |e| e.dimensions());
-        let store = match (&self.shared.embedder, &self.vector_cache) {
-            (Some(embedder), Some(dir)) => {
-                let (dir, model) = (dir.clone(), embedder.model_id().to_owned());
-                let opened = tokio::task::spawn_blocking(move || {
-                    VectorStore::open(&dir, &model, dimensions).map_err(|e| (dir, e))
-                })
-                .await?;
-                opened.unwrap_or_else(|(dir, error)| {
-                    warn!(dir = %dir.display(), %error, "cannot open the vector cache; tool vectors are kept in memory only");
-                    VectorStore::in_memory(dimensions)
-                })
-            }
-            _ => VectorStore::in_memory(dimensions),
-        };
+        // A fresh actor (a restart) indexes the whole catalog again: what searches read
+        // starts over with it; the store keeps the points, so nothing is embedded again.
+        self.shared.live.write().unwrap_or_else(PoisonError::into_inner).clear();
+        self.shared.embedded.store(0, Ordering::Release);
         myself.cast(SearchMsg::CatalogChanged)?;
         Ok(ToolSearchState {
             indexed: HashMap::new(),
-            store,
-            pending: VecDeque::new(),
+            pending: Vec::new(),
             embedding: false,
+            retrying: false,
+            ensured: false,
             run: None,
+            random: RandomState::new(),
+            picks: 0,
         })
     }
 

@@ -20,6 +20,9 @@ pub enum SearchError {
     /// A search task died (it panicked).
     #[error("the search task failed: {0}")]
     Task(String),
+    /// The vector store failed: unavailable, or it refused the request.
+    #[error("tool search: {0}")]
+    Store(#[from] toolmesh_core::StoreError),
 }
 
 impl SearchError {
@@ -30,6 +33,7 @@ impl SearchError {
                 ErrorCode::InvalidArgument
             }
             SearchError::Embedding(_) | SearchError::Task(_) => ErrorCode::Internal,
+            SearchError::Store(error) => error.code(),
         }
     }
 
@@ -40,6 +44,10 @@ impl SearchError {
             SearchError::QueryTooLong { .. } => "query_too_long",
             SearchError::Embedding(_) => "embedding_failed",
             SearchError::Task(_) => "search_failed",
+            SearchError::Store(toolmesh_core::StoreError::Unavailable { .. }) => {
+                "vector_store_unavailable"
+            }
+            SearchError::Store(_) => "vector_store_failed",
         }
     }
 }

@@ -1,18 +1,26 @@
 //! How the lexical and the dense ranking become one.
 
-use std::collections::HashMap;
+use std::{collections::HashMap, hash::Hash};
 
 pub use toolmesh_config::Fusion;
 
 /// How the index applies a [`Fusion`].
 pub(crate) trait Fuse {
-    /// Returns the fused ranking, best first (ties by name).
-    fn fuse(&self, lexical: &[(String, f64)], dense: &[(String, f64)]) -> Vec<(String, f64)>;
+    /// Returns the fused ranking of two rankings of keys, best first (ties by key).
+    fn fuse<K: Clone + Eq + Hash + Ord>(
+        &self,
+        lexical: &[(K, f64)],
+        dense: &[(K, f64)],
+    ) -> Vec<(K, f64)>;
 }
 
 impl Fuse for Fusion {
-    fn fuse(&self, lexical: &[(String, f64)], dense: &[(String, f64)]) -> Vec<(String, f64)> {
-        let mut fused: HashMap<&str, f64> = HashMap::new();
+    fn fuse<K: Clone + Eq + Hash + Ord>(
+        &self,
+        lexical: &[(K, f64)],
+        dense: &[(K, f64)],
+    ) -> Vec<(K, f64)> {
+        let mut fused: HashMap<&K, f64> = HashMap::new();
         match *self {
             Fusion::Rrf { k } => {
                 for list in [lexical, dense] {
@@ -33,8 +41,8 @@ impl Fuse for Fusion {
                 }
             }
         }
-        let mut ranked: Vec<(String, f64)> =
-            fused.into_iter().map(|(name, score)| (name.to_owned(), score)).collect();
+        let mut ranked: Vec<(K, f64)> =
+            fused.into_iter().map(|(key, score)| (key.clone(), score)).collect();
         ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         ranked
     }

@@ -1,17 +1,19 @@
-use std::sync::{
-    Arc, Mutex, PoisonError, RwLock,
-    atomic::{AtomicU64, Ordering},
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Mutex, PoisonError, RwLock,
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+    },
 };
 
+use toolmesh_core::{
+    StoreError, ToolSpec, VectorStore,
+    vector::{Condition, Filter, PointId, Query, Scalar, SparseVector},
+};
 use toolmesh_embed::Embedder;
+use toolmesh_registry::{Catalog, RegistryHandle, ToolEntry};
 
-use toolmesh_core::ToolSpec;
-use toolmesh_registry::{RegistryHandle, ToolEntry};
-
-use crate::{
-    Bm25Index, Fusion, SearchError, bm25::best, digest, fusion::Fuse, recent::RecentQueries, terms,
-    vectors::VectorTable,
-};
+use crate::{Fusion, SearchError, digest, fusion::Fuse, lexical, recent::RecentQueries, terms};
 
 /// One search result.
 #[derive(Debug, Clone)]
@@ -29,15 +31,31 @@ const CANDIDATES: usize = 100;
 /// attends to (MiniLM reads 256 tokens), small enough that tokenising it costs microseconds.
 pub const DEFAULT_MAX_QUERY_BYTES: usize = 4096;
 
-fn owned(ranked: Vec<(&str, f64)>) -> Vec<(String, f64)> {
-    ranked.into_iter().map(|(name, score)| (name.to_owned(), score)).collect()
+/// The payload field that holds a point's tool name.
+pub(crate) const NAME: &str = "name";
+/// The payload field that says whether a point has its dense vector.
+pub(crate) const EMBEDDED: &str = "embedded";
+
+/// A tool in the index.
+#[derive(Debug, Clone)]
+pub(crate) struct Live {
+    pub(crate) name: Arc<str>,
+    /// Whether its point has the dense vector.
+    pub(crate) dense: bool,
 }
 
 /// State the actor writes and searches read.
 pub(crate) struct SearchShared {
-    pub(crate) index: RwLock<Bm25Index>,
-    /// Tool vectors by tool name (L2-normalised).
-    pub(crate) vectors: RwLock<VectorTable>,
+    /// Where the tool points are: one per tool text, by the text's digest.
+    pub(crate) store: Arc<dyn VectorStore>,
+    /// The collection of the model in use.
+    pub(crate) collection: String,
+    /// The indexed tools by point id.
+    pub(crate) live: RwLock<HashMap<PointId, Live>>,
+    /// How many indexed tools have their dense vector.
+    pub(crate) embedded: AtomicUsize,
+    /// How many texts this process embedded: a restart over an unchanged catalog embeds none.
+    pub(crate) embeddings: AtomicU64,
     pub(crate) embedder: Option<Arc<dyn Embedder>>,
     /// Vectors of recent queries.
     pub(crate) recent: Mutex<RecentQueries>,
@@ -46,7 +64,8 @@ pub(crate) struct SearchShared {
     pub(crate) version: AtomicU64,
     /// Longest query searched, in bytes.
     pub(crate) max_query_bytes: usize,
-    /// Why the index is being rebuilt after its actor failed; `None` once it has caught up.
+    /// Why the index is being rebuilt after its actor failed, or cannot follow the catalog
+    /// because the store fails; `None` once it has caught up.
     pub(crate) recovering: Mutex<Option<String>>,
     /// How often the index's actor was restarted, with the last failure.
     pub(crate) restarts: Mutex<(u64, String)>,
@@ -56,7 +75,10 @@ pub(crate) struct SearchShared {
 
 impl std::fmt::Debug for SearchShared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SearchShared").field("version", &self.version).finish_non_exhaustive()
+        f.debug_struct("SearchShared")
+            .field("collection", &self.collection)
+            .field("version", &self.version)
+            .finish_non_exhaustive()
     }
 }
 
@@ -68,13 +90,15 @@ pub struct SearchHandle {
 }
 
 impl SearchHandle {
-    /// Returns the `top_k` tools that best match `query` among those `keep` accepts: BM25 and,
-    /// with an embedding model, cosine similarity of sentence embeddings, fused as the
-    /// [`Fusion`] of the index says.
+    /// Returns the `top_k` tools that best match `query` among those `keep` accepts: BM25
+    /// and, with an embedding model, the cosine similarity of sentence embeddings, ranked by
+    /// the vector store (reciprocal-rank fusion in the store's query, or the convex
+    /// combination of the two rankings as [`Fusion`] says).
     ///
-    /// A query longer than the configured limit is refused. Tokenising, scoring and the
-    /// model's forward pass are CPU work: the two rankings run side by side on blocking
-    /// threads, never on the runtime's.
+    /// A query longer than the configured limit is refused. The model's forward pass is CPU
+    /// work on a blocking thread; the store runs on its own. When `keep` turns down too many
+    /// of the best tools, the store is asked again for kept tools only, so a narrow profile
+    /// still gets `top_k`.
     pub async fn search<F>(
         &self,
         query: &str,
@@ -92,56 +116,123 @@ impl SearchHandle {
             return Err(SearchError::QueryTooLong { bytes: query.len(), limit });
         }
         let catalog = self.registry.snapshot();
-        let keep = Arc::new(keep);
-        let kept = {
-            let (catalog, keep) = (catalog.clone(), keep.clone());
-            move |name: &str| catalog.get(name).is_some_and(|t| keep(&t.spec))
-        };
+        let lexical = lexical::query(&terms(query));
+        let dense = self.embed_query(query).await?;
+        let ranked = self.rank(dense.as_deref(), &lexical, None).await?;
+        let mut hits = self.resolve(&catalog, &ranked, &keep, top_k);
+        if hits.len() < top_k && ranked.len() >= CANDIDATES {
+            let kept = self.kept_names(&catalog, &keep);
+            if !kept.is_empty() {
+                let only =
+                    Filter { must: vec![Condition::In(NAME.into(), kept)], must_not: vec![] };
+                let ranked = self.rank(dense.as_deref(), &lexical, Some(only)).await?;
+                hits = self.resolve(&catalog, &ranked, &keep, top_k);
+            }
+        }
+        Ok(hits)
+    }
+
+    /// Returns the query's vector: from the recent queries, or from the model on a
+    /// blocking thread. `None` without a model.
+    async fn embed_query(&self, query: &str) -> Result<Option<Arc<[f32]>>, SearchError> {
+        let Some(embedder) = self.shared.embedder.clone() else { return Ok(None) };
         let key = digest(query);
         let recent = self.shared.recent.lock().unwrap_or_else(PoisonError::into_inner).get(&key);
-        let dense = self.shared.embedder.clone().map(|embedder| {
-            let (shared, text, kept) = (self.shared.clone(), query.to_owned(), kept.clone());
-            tokio::task::spawn_blocking(move || {
-                let vector: Arc<[f32]> = match recent {
-                    Some(vector) => vector,
-                    None => embedder
-                        .embed_query(&text)
-                        .map_err(|e| SearchError::Embedding(e.to_string()))?
-                        .into(),
-                };
-                let vectors = shared.vectors.read().unwrap_or_else(PoisonError::into_inner);
-                let ranked = owned(best(vectors.scores(&vector), CANDIDATES, &kept));
-                Ok::<_, SearchError>((vector, ranked))
-            })
-        });
-        let lexical = {
-            let (shared, text) = (self.shared.clone(), query.to_owned());
-            tokio::task::spawn_blocking(move || {
-                let index = shared.index.read().unwrap_or_else(PoisonError::into_inner);
-                owned(best(index.scores(&terms(&text)), CANDIDATES, &kept))
-            })
+        if let Some(vector) = recent {
+            return Ok(Some(vector));
+        }
+        let text = query.to_owned();
+        let vector: Arc<[f32]> = tokio::task::spawn_blocking(move || embedder.embed_query(&text))
+            .await
+            .map_err(|e| SearchError::Task(e.to_string()))?
+            .map_err(|e| SearchError::Embedding(e.to_string()))?
+            .into();
+        self.shared
+            .recent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key, vector.clone());
+        Ok(Some(vector))
+    }
+
+    /// Returns the best points, best first: one fused query to the store for
+    /// reciprocal-rank fusion; for the convex combination, a query per ranking, fused here.
+    async fn rank(
+        &self,
+        dense: Option<&[f32]>,
+        lexical: &SparseVector,
+        filter: Option<Filter>,
+    ) -> Result<Vec<(PointId, f64)>, SearchError> {
+        let store = &self.shared.store;
+        let collection = &self.shared.collection;
+        let lexical = (!lexical.is_empty()).then(|| lexical.clone());
+        let query = |dense: Option<&[f32]>, lexical: Option<SparseVector>, rrf_k: usize| Query {
+            dense: dense.map(<[f32]>::to_vec),
+            lexical,
+            filter: filter.clone(),
+            limit: CANDIDATES,
+            candidates: CANDIDATES,
+            rrf_k,
         };
-        let lexical = lexical.await.map_err(|e| SearchError::Task(e.to_string()))?;
-        let ranked = match dense {
-            None => lexical,
-            Some(dense) => {
-                let (vector, dense) =
-                    dense.await.map_err(|e| SearchError::Task(e.to_string()))??;
-                self.shared
-                    .recent
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .insert(key, vector);
-                self.shared.fusion.fuse(&lexical, &dense)
+        // Before the index has made its collection, there is nothing to find.
+        let scored = |found: Result<Vec<toolmesh_core::vector::Hit>, StoreError>| match found {
+            Ok(hits) => Ok(hits.into_iter().map(|h| (h.id, f64::from(h.score))).collect()),
+            Err(StoreError::NoCollection { .. }) => Ok(Vec::new()),
+            Err(error) => Err(SearchError::Store(error)),
+        };
+        match (self.shared.fusion, dense) {
+            (Fusion::Convex { .. }, Some(dense)) => {
+                let (by_words, by_meaning) = futures::future::join(
+                    store.query(collection, query(None, lexical, 0)),
+                    store.query(collection, query(Some(dense), None, 0)),
+                )
+                .await;
+                let (by_words, by_meaning): (Vec<_>, Vec<_>) =
+                    (scored(by_words)?, scored(by_meaning)?);
+                Ok(self.shared.fusion.fuse(&by_words, &by_meaning))
             }
-        };
-        Ok(ranked
-            .into_iter()
-            .filter_map(|(name, score)| {
-                catalog.get(&name).map(|tool| SearchHit { tool: tool.clone(), score })
+            (Fusion::Rrf { k }, dense) => {
+                let k = (k.round() as usize).max(1);
+                scored(store.query(collection, query(dense, lexical, k)).await)
+            }
+            (Fusion::Convex { .. }, None) => {
+                scored(store.query(collection, query(None, lexical, 0)).await)
+            }
+        }
+    }
+
+    /// Returns the first `top_k` of `ranked` that are indexed, in the catalog and kept.
+    fn resolve<F>(
+        &self,
+        catalog: &Catalog,
+        ranked: &[(PointId, f64)],
+        keep: &F,
+        top_k: usize,
+    ) -> Vec<SearchHit>
+    where
+        F: Fn(&ToolSpec) -> bool,
+    {
+        let live = self.shared.live.read().unwrap_or_else(PoisonError::into_inner);
+        ranked
+            .iter()
+            .filter_map(|(id, score)| {
+                let tool = catalog.get(&live.get(id)?.name)?;
+                keep(&tool.spec).then(|| SearchHit { tool: tool.clone(), score: *score })
             })
             .take(top_k)
-            .collect())
+            .collect()
+    }
+
+    /// Returns the names of the indexed tools that `keep` accepts.
+    fn kept_names<F>(&self, catalog: &Catalog, keep: &F) -> Vec<Scalar>
+    where
+        F: Fn(&ToolSpec) -> bool,
+    {
+        let live = self.shared.live.read().unwrap_or_else(PoisonError::into_inner);
+        live.values()
+            .filter(|tool| catalog.get(&tool.name).is_some_and(|t| keep(&t.spec)))
+            .map(|tool| Scalar::Str(tool.name.to_string()))
+            .collect()
     }
 
     /// Names the ranking in use.
@@ -152,14 +243,19 @@ impl SearchHandle {
         }
     }
 
-    /// Returns how many tools are indexed lexically.
+    /// Returns how many tools are indexed.
     pub fn indexed(&self) -> usize {
-        self.shared.index.read().unwrap_or_else(PoisonError::into_inner).len()
+        self.shared.live.read().unwrap_or_else(PoisonError::into_inner).len()
     }
 
     /// Returns how many tools have an embedding.
     pub fn embedded(&self) -> usize {
-        self.shared.vectors.read().unwrap_or_else(PoisonError::into_inner).len()
+        self.shared.embedded.load(Ordering::Acquire)
+    }
+
+    /// Returns how many tool texts this process has embedded: those the store did not have.
+    pub fn embeddings_made(&self) -> u64 {
+        self.shared.embeddings.load(Ordering::Acquire)
     }
 
     /// Returns the catalog version the index reflects.
@@ -170,5 +266,15 @@ impl SearchHandle {
     /// Returns whether search ranks with sentence embeddings as well as BM25.
     pub fn has_embeddings(&self) -> bool {
         self.shared.embedder.is_some()
+    }
+
+    /// Returns the embedding model, if search has one.
+    pub fn embedder(&self) -> Option<Arc<dyn Embedder>> {
+        self.shared.embedder.clone()
+    }
+
+    /// Returns the store the index is in.
+    pub fn store(&self) -> &Arc<dyn VectorStore> {
+        &self.shared.store
     }
 }

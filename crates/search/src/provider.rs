@@ -7,7 +7,7 @@ use std::{
 use arc_swap::ArcSwap;
 use ractor::{Actor, ActorCell, ActorRef};
 use toolmesh_config::Config;
-use toolmesh_core::{Health, Provider, ProviderError};
+use toolmesh_core::{Health, Provider, ProviderError, VectorStore};
 use toolmesh_embed::Embedder;
 use toolmesh_registry::RegistryHandle;
 use tracing::{error, info};
@@ -22,26 +22,26 @@ pub struct SearchProvider {
     handle: SearchHandle,
     /// The index's actor; a supervisor that restarts it swaps in the new one.
     actor: ArcSwap<ActorRef<SearchMsg>>,
-    vector_cache: Option<PathBuf>,
     /// Why search is lexical only; `None` when it ranks with embeddings.
     lexical: Option<String>,
 }
 
 impl SearchProvider {
     /// Loads the embedding model that `config` names (fetching it into the cache when it
-    /// must and may), and starts the index over `registry`. Without a model, search is
-    /// lexical, loudly, and its health says why.
+    /// must and may), and starts the index over `registry`, its points in `store`. Without
+    /// a model, search is lexical, loudly, and its health says why.
     pub async fn from_config(
         registry: RegistryHandle,
         config: &Config,
+        store: Arc<dyn VectorStore>,
     ) -> Result<Self, SearchError> {
         let (embedder, lexical) = match load_embedder(config).await {
             Ok(embedder) => (Some(embedder), None),
             Err(reason) => (None, Some(reason)),
         };
         let options = SearchOptions {
+            store,
             embedder,
-            vector_cache: config.search.cache_dir.as_ref().map(|dir| dir.join("vectors")),
             fusion: config.search.fusion,
             max_query_bytes: config.search.max_query_bytes.get(),
         };
@@ -56,11 +56,10 @@ impl SearchProvider {
         options: SearchOptions,
     ) -> Result<Self, SearchError> {
         let lexical = options.embedder.is_none().then(|| "no embedding model".to_owned());
-        let vector_cache = options.vector_cache.clone();
         let (actor, handle) = ToolSearchActor::start(registry, options)
             .await
             .map_err(|e| SearchError::Task(e.to_string()))?;
-        Ok(SearchProvider { handle, actor: ArcSwap::from_pointee(actor), vector_cache, lexical })
+        Ok(SearchProvider { handle, actor: ArcSwap::from_pointee(actor), lexical })
     }
 
     /// Returns the index's actor, for a supervisor to link.
@@ -69,7 +68,7 @@ impl SearchProvider {
     }
 
     /// Starts a fresh index actor under `supervisor` after the old one failed: it indexes
-    /// the whole catalog again (the vectors it has are kept), and until it has caught up
+    /// the whole catalog again (the store keeps the vectors), and until it has caught up
     /// the index's health is down; afterwards it says how often it was restarted.
     pub async fn respawn(
         &self,
@@ -84,11 +83,7 @@ impl SearchProvider {
         *shared.recovering.lock().unwrap_or_else(PoisonError::into_inner) = Some(reason);
         shared.changed.notify_one();
         shared.version.store(0, Ordering::Release);
-        let actor = ToolSearchActor::over(
-            self.handle.registry.clone(),
-            shared.clone(),
-            self.vector_cache.clone(),
-        );
+        let actor = ToolSearchActor::over(self.handle.registry.clone(), shared.clone());
         let (actor, _) = Actor::spawn_linked(None, actor, (), supervisor).await?;
         self.actor.store(Arc::new(actor.clone()));
         Ok(actor.get_cell())
@@ -120,7 +115,7 @@ impl Provider<Config> for SearchProvider {
         let shared = &self.handle.shared;
         let restarts = shared.restarts.lock().unwrap_or_else(PoisonError::into_inner).clone();
         let index = match &*shared.recovering.lock().unwrap_or_else(PoisonError::into_inner) {
-            Some(reason) => Health::down(format!("re-indexing after a failure: {reason}")),
+            Some(reason) => Health::down(format!("re-indexing: {reason}")),
             None if restarts.0 == 0 => Health::up(),
             None => Health {
                 up: true,
@@ -255,6 +250,22 @@ mod tests {
         }
     }
 
+    /// An embedded store in a fresh directory, removed with it.
+    struct Store(Arc<dyn VectorStore>, PathBuf);
+
+    impl Drop for Store {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.1);
+        }
+    }
+
+    async fn store(name: &str) -> Store {
+        let dir =
+            std::env::temp_dir().join(format!("toolmesh-search-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        Store(Arc::new(toolmesh_vector::EmbeddedStore::open(&dir).await.unwrap()), dir)
+    }
+
     async fn registry() -> RegistryHandle {
         let published = Arc::new(PublishedCatalog::default());
         let (registry, _) = Actor::spawn(None, RegistryActor, published.clone()).await.unwrap();
@@ -281,7 +292,11 @@ mod tests {
         let registry = registry().await;
         let embedder =
             Arc::new(PanicsOnce { panicked: AtomicBool::new(false), batches: AtomicUsize::new(0) });
-        let options = SearchOptions { embedder: Some(embedder.clone()), ..Default::default() };
+        let store = store("panic").await;
+        let options = SearchOptions {
+            embedder: Some(embedder.clone()),
+            ..SearchOptions::new(store.0.clone())
+        };
         let provider = SearchProvider::start(registry.clone(), options).await.unwrap();
         registry.register(tool("weather", "Gets the weather forecast.")).await.unwrap();
         until("the first batch ran", || embedder.batches.load(Ordering::SeqCst) == 1).await;
@@ -300,8 +315,10 @@ mod tests {
     #[tokio::test]
     async fn a_respawned_index_catches_up_and_health_shows_the_gap() {
         let registry = registry().await;
-        let provider =
-            SearchProvider::start(registry.clone(), SearchOptions::default()).await.unwrap();
+        let store = store("respawn").await;
+        let provider = SearchProvider::start(registry.clone(), SearchOptions::new(store.0.clone()))
+            .await
+            .unwrap();
         registry.register(tool("weather", "Gets the weather forecast.")).await.unwrap();
         until("indexed", || provider.handle().indexed() == 1).await;
         let index = |provider: &SearchProvider| {

@@ -4,7 +4,19 @@ use std::borrow::Cow;
 
 use rust_stemmers::{Algorithm, Stemmer};
 use serde_json::Value;
+use sha2::{Digest as _, Sha256};
 use toolmesh_core::ToolSpec;
+
+/// The digest of a tool's text: the first 16 bytes of its SHA-256.
+pub type TextDigest = [u8; 16];
+
+/// Returns the digest of `text`.
+pub fn digest(text: &str) -> TextDigest {
+    let full = Sha256::digest(text.as_bytes());
+    let mut digest = [0; 16];
+    digest.copy_from_slice(&full[..16]);
+    digest
+}
 
 /// Words too common to tell tools apart.
 const STOPWORDS: &[&str] = &[

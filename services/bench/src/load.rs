@@ -117,9 +117,11 @@ pub(crate) struct BenchReport {
 }
 
 /// A child server process, killed on drop.
-struct ChildServer {
+pub(crate) struct ChildServer {
     child: Child,
-    addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
+    /// The data directory made for a toolmesh started without one.
+    _data: Option<RemoveOnDrop>,
 }
 
 impl Drop for ChildServer {
@@ -128,8 +130,22 @@ impl Drop for ChildServer {
     }
 }
 
+impl ChildServer {
+    /// Stops the server as an operator does, with SIGTERM, and waits for it to exit.
+    pub(crate) async fn terminate(mut self) -> anyhow::Result<()> {
+        if let Some(pid) = self.child.id() {
+            let pid = nix::unistd::Pid::from_raw(pid as i32);
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
+        }
+        tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .context("the server did not exit within 30 s of SIGTERM")??;
+        Ok(())
+    }
+}
+
 /// A temporary file, removed on drop (after the child that reads it is gone).
-struct RemoveOnDrop(std::path::PathBuf);
+pub(crate) struct RemoveOnDrop(pub(crate) std::path::PathBuf);
 
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
@@ -142,9 +158,20 @@ impl Drop for RemoveOnDrop {
 }
 
 /// Starts `exe args…`, which must print `listening on ADDR` as its first stdout line.
-async fn start_child(exe: &Path, args: &[&str]) -> anyhow::Result<ChildServer> {
-    let mut child = Command::new(exe)
-        .args(args)
+pub(crate) async fn start_child(exe: &Path, args: &[&str]) -> anyhow::Result<ChildServer> {
+    // A toolmesh started without a data directory gets one of its own, removed afterwards:
+    // one process at a time uses a data directory.
+    static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let data = (args.first() == Some(&"serve") && !args.contains(&"--data-dir")).then(|| {
+        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        std::env::temp_dir().join(format!("toolmesh-bench-serve-{}-{n}", std::process::id()))
+    });
+    let mut command = Command::new(exe);
+    command.args(args);
+    if let Some(dir) = &data {
+        command.arg("--data-dir").arg(dir);
+    }
+    let mut child = command
         .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -164,7 +191,7 @@ async fn start_child(exe: &Path, args: &[&str]) -> anyhow::Result<ChildServer> {
         .with_context(|| format!("unexpected first line from the server: {line:?}"))?;
     // Keep draining stdout so the child never blocks on a full pipe.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Ok(ChildServer { child, addr })
+    Ok(ChildServer { child, addr, _data: data.map(RemoveOnDrop) })
 }
 
 async fn clients(
@@ -178,7 +205,7 @@ async fn clients(
     Ok(clients)
 }
 
-fn new_histogram() -> Histogram<u64> {
+pub(crate) fn new_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1_000, 120_000_000_000, 3).expect("valid histogram bounds")
 }
 
@@ -505,6 +532,11 @@ pub(crate) struct SearchReport {
     pub(crate) p99_ms: f64,
     /// From starting toolmesh to every tool indexed, seconds.
     pub(crate) cold_index_s: f64,
+    /// From starting toolmesh again on the same data, after a graceful stop, until every
+    /// tool is searchable with its vector, seconds.
+    pub(crate) restart_s: f64,
+    /// Tools that had their vector at the first answer after the restart.
+    pub(crate) restart_embedded: u64,
     /// From changing one tool on the MCP server until the index reflects it (searchable
     /// by its words), ms: the median of [`REINDEX_CHANGES`] changes.
     pub(crate) reindex_median_ms: f64,
@@ -524,13 +556,65 @@ struct LabelledQuery {
     relevant: Vec<String>,
 }
 
-fn read_jsonl(path: &Path) -> anyhow::Result<Vec<serde_json::Value>> {
+pub(crate) fn read_jsonl(path: &Path) -> anyhow::Result<Vec<serde_json::Value>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     text.lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| serde_json::from_str(l).with_context(|| format!("a line of {}", path.display())))
         .collect()
+}
+
+/// Words that make a variant of a tool: an edition or flavour a large catalog has many of.
+const VARIANT_WORDS: &[&str] = &[
+    "regional",
+    "legacy",
+    "batch",
+    "sandbox",
+    "enterprise",
+    "mobile",
+    "internal",
+    "archived",
+    "partner",
+    "beta",
+    "bulk",
+    "cached",
+    "audited",
+    "scheduled",
+    "replicated",
+    "federated",
+];
+
+/// Returns `total` tools as JSON Lines: the benchmark's tools, then variants of them until
+/// `total`. Variant `v` of tool `t` has the name `{t}_{word}{v}` and the description of `t`
+/// with its sentences rotated and an edition phrase in front (for example "Partner edition
+/// 3 of …"), and the same parameters: a near-duplicate that competes with the original for
+/// every query, as the many editions of one API do in a large catalog. The labels keep
+/// naming the originals.
+fn scale_catalog(base: &[serde_json::Value], total: usize) -> String {
+    let mut lines: Vec<String> = base.iter().map(ToString::to_string).collect();
+    let mut k = 0usize;
+    while lines.len() < total && !base.is_empty() {
+        let (tool, v) = (&base[k % base.len()], k / base.len() + 1);
+        let word = VARIANT_WORDS[(k / base.len() + k) % VARIANT_WORDS.len()];
+        let mut variant = tool.clone();
+        let name = tool["name"].as_str().unwrap_or_default();
+        variant["name"] = format!("{name}_{word}{v}").into();
+        let description = tool["description"].as_str().unwrap_or_default();
+        let mut sentences: Vec<&str> =
+            description.split_inclusive(". ").filter(|s| !s.trim().is_empty()).collect();
+        if !sentences.is_empty() {
+            let shift = v % sentences.len();
+            sentences.rotate_left(shift);
+        }
+        let mut word_title = word.to_owned();
+        word_title[..1].make_ascii_uppercase();
+        variant["description"] =
+            format!("{word_title} edition {v} of: {}", sentences.concat().trim()).into();
+        lines.push(variant.to_string());
+        k += 1;
+    }
+    lines.join("\n") + "\n"
 }
 
 /// Recall@1/5/10, NDCG@10 and completeness of one ranking, as the benchmark's README defines.
@@ -552,9 +636,19 @@ fn score_ranking(ranked: &[String], relevant: &[String]) -> ([f64; 3], f64, bool
 pub(crate) async fn run_search(
     dir: &Path,
     programs: &Programs,
-    fresh_cache: bool,
+    fresh: bool,
+    data_dir: Option<&Path>,
+    scale: Option<usize>,
 ) -> anyhow::Result<SearchReport> {
-    let tools_file = dir.join("tools.jsonl");
+    let mut tools_file = dir.join("tools.jsonl");
+    let scaled =
+        std::env::temp_dir().join(format!("toolmesh-bench-tools-{}.jsonl", std::process::id()));
+    let _scaled = RemoveOnDrop(scaled.clone());
+    if let Some(total) = scale {
+        let base = read_jsonl(&tools_file)?;
+        std::fs::write(&scaled, scale_catalog(&base, total))?;
+        tools_file = scaled.clone();
+    }
     let tool_names: Vec<String> = read_jsonl(&tools_file)?
         .iter()
         .filter_map(|t| t["name"].as_str().map(str::to_owned))
@@ -577,46 +671,43 @@ pub(crate) async fn run_search(
         start_child(&programs.bench, &["--mcp-echo-server", "--tools", &tools_arg]).await?;
     let config =
         std::env::temp_dir().join(format!("toolmesh-bench-search-{}.toml", std::process::id()));
-    // A first-ever start indexes into an empty cache, removed afterwards.
-    let cache = std::env::temp_dir().join(format!("toolmesh-bench-cache-{}", std::process::id()));
-    let _cache = RemoveOnDrop(cache.clone());
-    let search = if fresh_cache {
-        format!("\n[search]\ncache_dir = {:?}\n", cache.display().to_string())
-    } else {
-        String::new()
+    // The store lives in a data directory: a fresh one for a first-ever start (every tool
+    // embedded), removed afterwards; otherwise the one given, or the bench's own, kept
+    // between runs so that their vectors are reused.
+    let fresh_dir =
+        std::env::temp_dir().join(format!("toolmesh-bench-data-{}", std::process::id()));
+    let _fresh = RemoveOnDrop(fresh_dir.clone());
+    let data = match (fresh, data_dir) {
+        (true, _) => fresh_dir,
+        (false, Some(dir)) => dir.to_owned(),
+        (false, None) => std::env::temp_dir().join("toolmesh-bench-data"),
     };
     std::fs::write(
         &config,
         format!(
-            "[builtin]\nreasoning = false\necho = false\n\n[[mcp.servers]]\nname = \"bench\"\ntransport = \"streamable-http\"\nurl = \"http://{}/mcp\"\nprefix = \"none\"\n{search}",
+            "[builtin]\nreasoning = false\necho = false\n\n[[mcp.servers]]\nname = \"bench\"\ntransport = \"streamable-http\"\nurl = \"http://{}/mcp\"\nprefix = \"none\"\n",
             upstream.addr
         ),
     )?;
     let _config = RemoveOnDrop(config.clone());
     let config_arg = config.display().to_string();
+    let data_arg = data.display().to_string();
+    let serve = [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--config",
+        config_arg.as_str(),
+        "--data-dir",
+        data_arg.as_str(),
+    ];
+    let expected = tool_names.len() + 1; // and the touch tool
 
     // Cold: from starting toolmesh until every tool is searchable.
     let started = Instant::now();
-    let toolmesh = start_child(
-        &programs.toolmesh,
-        &["serve", "--listen", "127.0.0.1:0", "--config", &config_arg],
-    )
-    .await?;
+    let toolmesh = start_child(&programs.toolmesh, &serve).await?;
     let client = toolmesh::client::connect(&toolmesh.addr.to_string()).await?;
-    let expected = tool_names.len() + 1; // and the touch tool
-    loop {
-        let response = search_tools(&client, "tool", 1).await?;
-        if response.indexed_tools as usize >= expected && all_embedded(&response) {
-            break;
-        }
-        anyhow::ensure!(
-            started.elapsed() < Duration::from_secs(1800),
-            "only {} of {expected} tools indexed ({} embedded) after 1800 s",
-            response.indexed_tools,
-            response.embedded_tools
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_indexed(&client, expected, started).await?;
     let cold_index_s = started.elapsed().as_secs_f64();
 
     let mut histogram = new_histogram();
@@ -652,7 +743,15 @@ pub(crate) async fn run_search(
     };
     let ((reindex_median_ms, reindex_max_ms), (vector_median_ms, vector_max_ms)) =
         (median_max(index_ms), median_max(vector_ms));
-    drop(toolmesh);
+
+    // Restart over the same catalog and data: nothing to embed.
+    toolmesh.terminate().await?;
+    let started = Instant::now();
+    let toolmesh = start_child(&programs.toolmesh, &serve).await?;
+    let client = toolmesh::client::connect(&toolmesh.addr.to_string()).await?;
+    let first = until_indexed(&client, expected, started).await?;
+    let restart_s = started.elapsed().as_secs_f64();
+    toolmesh.terminate().await?;
     drop(upstream);
 
     Ok(SearchReport {
@@ -664,12 +763,40 @@ pub(crate) async fn run_search(
         p50_ms: histogram.value_at_quantile(0.5) as f64 / 1e6,
         p99_ms: histogram.value_at_quantile(0.99) as f64 / 1e6,
         cold_index_s,
+        restart_s,
+        restart_embedded: first,
         reindex_median_ms,
         reindex_max_ms,
         vector_median_ms,
         vector_max_ms,
         ranking,
     })
+}
+
+/// Waits until `expected` tools are indexed, each with its vector; returns how many had
+/// their vector at the first answer with all of them indexed.
+async fn until_indexed(
+    client: &ToolServiceClient<Channel>,
+    expected: usize,
+    started: Instant,
+) -> anyhow::Result<u64> {
+    let mut first = None;
+    loop {
+        let response = search_tools(client, "tool", 1).await?;
+        if response.indexed_tools as usize >= expected {
+            first.get_or_insert(response.embedded_tools);
+            if all_embedded(&response) {
+                return Ok(first.unwrap_or_default());
+            }
+        }
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(3600),
+            "only {} of {expected} tools indexed ({} embedded) after an hour",
+            response.indexed_tools,
+            response.embedded_tools
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 /// Runs one SearchTools over the whole pool.
@@ -754,6 +881,7 @@ pub(crate) fn render_search(report: &SearchReport) -> String {
          Recall@1   {:.3}\nRecall@5   {:.3}\nRecall@10  {:.3}\nNDCG@10    {:.3}\nComplete@10 {:.3}\n\n\
          search latency p50 {:.3} ms, p99 {:.3} ms (gRPC round trip, one query at a time)\n\
          cold start to all tools indexed: {:.2} s (toolmesh start, MCP connect, tools/list, publish, index, embed)\n\
+         restart with the same catalog to all tools searchable with vectors: {:.2} s ({} of them had their vector at the first answer)\n\
          re-index after one tool changed: median {:.1} ms, max {:.1} ms over {REINDEX_CHANGES} changes (tools/list_changed, re-list, publish, index)\n\
          ... and its new vector in: median {:.1} ms, max {:.1} ms\n",
         report.queries,
@@ -767,6 +895,8 @@ pub(crate) fn render_search(report: &SearchReport) -> String {
         report.p50_ms,
         report.p99_ms,
         report.cold_index_s,
+        report.restart_s,
+        report.restart_embedded,
         report.reindex_median_ms,
         report.reindex_max_ms,
         report.vector_median_ms,

@@ -8,6 +8,7 @@
 //! The servers under test are child processes: `toolmesh serve` (the binary beside this
 //! one, or `--toolmesh`), and this binary itself with a hidden flag for the echo servers.
 
+mod knowledge;
 mod load;
 mod mcp_echo;
 
@@ -75,10 +76,31 @@ struct Cli {
     /// queries-dev.jsonl): recall, NDCG, latency, indexing time.
     #[arg(long, value_name = "DIR")]
     search: Option<PathBuf>,
-    /// With --search: index into an empty cache directory, so that every tool is embedded
-    /// (the first start ever); without it, vectors cached by earlier runs are reused.
+    /// With --search: start toolmesh on an empty data directory, so that every tool is
+    /// embedded (the first start ever); without it, the vectors of earlier runs are reused.
     #[arg(long, requires = "search")]
-    fresh_cache: bool,
+    fresh: bool,
+    /// With --search: grow the catalog to this many tools with variants of the benchmark's
+    /// tools (near-duplicates with an edition word in the name and description); the
+    /// labels still name the originals.
+    #[arg(long, requires = "search", value_name = "TOOLS")]
+    scale: Option<usize>,
+    /// Measure a knowledge collection on the corpus in this directory (corpus.jsonl,
+    /// queries-dev.jsonl, as BEIR SciFact in shared/bench/knowledge): ingestion through
+    /// KnowledgeService, every query through the collection's tool, document-level
+    /// Recall@5/10 and NDCG@10, latency and ingestion throughput.
+    #[arg(long, value_name = "DIR", conflicts_with = "search")]
+    knowledge: Option<PathBuf>,
+    /// With --knowledge: the collection's chunk size, in tokens.
+    #[arg(long, default_value_t = 120, requires = "knowledge")]
+    chunk_tokens: usize,
+    /// With --knowledge: the collection's chunk overlap, in tokens.
+    #[arg(long, default_value_t = 24, requires = "knowledge")]
+    chunk_overlap: usize,
+    /// With --search: the data directory of the toolmesh under test (default: one under
+    /// the system's temporary directory, kept between runs).
+    #[arg(long, requires = "search", value_name = "DIR")]
+    data_dir: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -141,8 +163,13 @@ async fn run(args: Cli) -> anyhow::Result<ExitCode> {
         toolmesh.display()
     );
     let programs = load::Programs { toolmesh, bench };
-    let (table, json) = if let Some(dir) = &args.search {
-        let report = load::run_search(dir, &programs, args.fresh_cache).await?;
+    let (table, json) = if let Some(dir) = &args.knowledge {
+        let report = knowledge::run(dir, &programs, args.chunk_tokens, args.chunk_overlap).await?;
+        (knowledge::render(&report), serde_json::to_value(&report)?)
+    } else if let Some(dir) = &args.search {
+        let report =
+            load::run_search(dir, &programs, args.fresh, args.data_dir.as_deref(), args.scale)
+                .await?;
         (load::render_search(&report), serde_json::to_value(&report)?)
     } else if args.mcp {
         let report = load::run_mcp(&options, &programs).await?;

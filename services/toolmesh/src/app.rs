@@ -6,12 +6,14 @@ use ractor::ActorRef;
 use tokio_util::sync::CancellationToken;
 use toolmesh_config::Config;
 use toolmesh_core::{HealthBoard, Provider, Toolkit};
+use toolmesh_knowledge::{KnowledgeHandle, KnowledgeProvider};
 use toolmesh_mcp::McpManager;
 use toolmesh_meta::MetaTools;
 use toolmesh_registry::RegistryHandle;
 use toolmesh_router::{Admission, Router, RouterOptions};
 use toolmesh_search::{SearchHandle, SearchProvider};
 use toolmesh_tools::{LocalProvider, LocalTools};
+use toolmesh_vector::{VectorConfig, VectorProvider};
 use toolmesh_workers::{LocalToolInstall, WorkerPool};
 use tracing::{Instrument, info, warn};
 
@@ -45,6 +47,7 @@ pub struct App {
     local: Arc<LocalProvider>,
     mcp: McpManager,
     search: SearchHandle,
+    knowledge: KnowledgeHandle,
     /// Every provider, in start order; stopped in reverse.
     providers: Arc<Vec<Arc<dyn Provider<Config>>>>,
     health: HealthBoard,
@@ -60,6 +63,38 @@ impl std::fmt::Debug for App {
         let kinds: Vec<&str> = self.providers.iter().map(|p| p.kind()).collect();
         f.debug_struct("App").field("providers", &kinds).field("health", &self.health).finish()
     }
+}
+
+/// The configuration sections that providers built into toolmesh define themselves.
+pub const SECTIONS: &[&str] = &[toolmesh_vector::SECTION, toolmesh_knowledge::SECTION];
+
+/// Parses and checks the sections of [`SECTIONS`], as `toolmesh config check` and a start
+/// do: a bad key or value is one line naming it.
+pub fn check_sections(config: &Config) -> anyhow::Result<()> {
+    config.check_sections(SECTIONS)?;
+    vector_config(config)?;
+    KnowledgeProvider::section(config)?;
+    Ok(())
+}
+
+fn vector_config(config: &Config) -> anyhow::Result<VectorConfig> {
+    let vector: VectorConfig = config.section(toolmesh_vector::SECTION)?.unwrap_or_default();
+    vector.validate().map_err(|(key, reason)| config.key_error(key, reason))?;
+    Ok(vector)
+}
+
+/// Opens the vector store `[vector]` names: the embedded engine under the data directory,
+/// or a Qdrant server.
+async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn toolmesh_core::VectorStore>> {
+    let vector = vector_config(config)?;
+    let data_dir = config
+        .server
+        .data_dir
+        .clone()
+        .context("no data directory: set --data-dir, server.data_dir, XDG_DATA_HOME or HOME")?;
+    let store = toolmesh_vector::open(&vector, &data_dir).await?;
+    info!(store = %store.describe(), "vector store open");
+    Ok(store)
 }
 
 /// How long a provider may take to stop once the front door has drained.
@@ -85,7 +120,10 @@ impl App {
         let mcp = McpManager::start(registry.clone())
             .await
             .map_err(|e| anyhow::anyhow!("cannot start the mcp supervisor: {e}"))?;
-        let search = Arc::new(SearchProvider::from_config(registry.clone(), config).await?);
+        let vector = Arc::new(VectorProvider::new(open_store(config).await?));
+        let search = Arc::new(
+            SearchProvider::from_config(registry.clone(), config, vector.store().clone()).await?,
+        );
         let (root, children) = RootSupervisor::start(vec![
             ("registry", Arc::new(registry.clone())),
             ("workers", Arc::new(local.pool().clone())),
@@ -94,10 +132,19 @@ impl App {
         ])
         .await
         .context("starting the root supervisor")?;
+        let knowledge = KnowledgeHandle::start(
+            vector.store().clone(),
+            search.handle().embedder(),
+            registry.clone(),
+        )
+        .await
+        .context("starting the retriever")?;
         let mut providers: Vec<Arc<dyn Provider<Config>>> = vec![
             local.clone(),
             Arc::new(mcp.clone()),
+            vector.clone(),
             search.clone(),
+            Arc::new(KnowledgeProvider::new(knowledge.clone())),
             Arc::new(ActorsHealth(children.clone())),
         ];
         providers.extend(options.providers.into_iter().map(|make| make(&registry)));
@@ -112,6 +159,7 @@ impl App {
             local,
             mcp,
             search: search.handle().clone(),
+            knowledge,
             providers: Arc::new(providers),
             health: HealthBoard::default(),
             stop: CancellationToken::new(),
@@ -176,6 +224,11 @@ impl App {
     /// Returns the tool search.
     pub fn search(&self) -> &SearchHandle {
         &self.search
+    }
+
+    /// Returns the knowledge collections.
+    pub fn knowledge(&self) -> &KnowledgeHandle {
+        &self.knowledge
     }
 
     /// Returns the meta-tools and routing profiles.

@@ -11,14 +11,18 @@ use toolmesh_proto::v1::{
 
 /// Connects to a toolmesh server at `addr` (`host:port` or a URL).
 pub async fn connect(addr: &str) -> anyhow::Result<ToolServiceClient<Channel>> {
+    Ok(ToolServiceClient::new(channel(addr).await?))
+}
+
+/// Opens a channel to a toolmesh server at `addr` (`host:port` or a URL).
+pub async fn channel(addr: &str) -> anyhow::Result<Channel> {
     let url = if addr.contains("://") { addr.to_owned() } else { format!("http://{addr}") };
-    let channel = tonic::transport::Endpoint::from_shared(url.clone())?
+    tonic::transport::Endpoint::from_shared(url.clone())?
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true)
         .connect()
         .await
-        .map_err(|error| anyhow::anyhow!("cannot connect to toolmesh at {url}: {error}"))?;
-    Ok(ToolServiceClient::new(channel))
+        .map_err(|error| anyhow::anyhow!("cannot connect to toolmesh at {url}: {error}"))
 }
 
 /// Lists every tool and toolkit, following pages.

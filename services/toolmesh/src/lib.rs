@@ -29,7 +29,8 @@
 //!  └── ToolSearchActor        indexes the catalog again; search health is down until then
 //! ```
 //!
-//! - [`client`] backs the `toolmesh tools list` and `toolmesh call` commands.
+//! - [`client`] backs the `toolmesh tools list` and `toolmesh call` commands, [`ingest`]
+//!   the `toolmesh ingest` command.
 //!
 //! Reading order for a newcomer: `proto/toolmesh/v1/tools.proto`, then
 //! `crates/router` (the call path), then `crates/workers` (one backend).
@@ -37,12 +38,14 @@
 mod app;
 pub mod client;
 mod front;
+pub mod ingest;
+mod knowledge;
 mod listener;
 mod server;
 mod supervisor;
 mod transport;
 
-pub use app::{App, AppOptions, ProviderFactory};
+pub use app::{App, AppOptions, ProviderFactory, SECTIONS, check_sections};
 pub use front::{FrontDoor, FrontDoorError, RouterActor, RouterMsg, RouterState};
 pub use listener::{ConnectionInfo, ConnectionLimits, Listener, TrackCallsLayer};
 pub use server::{MCP_HEALTH_PREFIX, PROVIDER_HEALTH_PREFIX, SEARCH_EMBEDDINGS_HEALTH, serve};

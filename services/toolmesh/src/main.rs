@@ -39,6 +39,11 @@ enum Command {
     /// Calls a tool on a running server: progress goes to stderr, the result to stdout.
     /// Exits 1 when the tool reports an error, 2 when the call fails.
     Call(CallArgs),
+    /// Ingests text and Markdown files into a knowledge collection of a running server:
+    /// directories recursively, each file a document whose id is its path relative to the
+    /// directory given (ingesting a tree again replaces its documents). Progress goes to
+    /// stderr; exits 1 when a document failed.
+    Ingest(IngestArgs),
     /// Shows or checks configuration.
     Config {
         #[command(subcommand)]
@@ -55,6 +60,28 @@ struct ServeArgs {
     /// picks a free port; the first stdout line says which.
     #[arg(long)]
     listen: Option<SocketAddr>,
+    /// Where toolmesh keeps its data: the embedded vector store (overrides
+    /// server.data_dir; default $XDG_DATA_HOME/toolmesh or ~/.local/share/toolmesh). One
+    /// process at a time uses a data directory.
+    #[arg(long, env = "TOOLMESH_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct IngestArgs {
+    /// The collection, as configured in [[knowledge.collections]].
+    #[arg(long)]
+    collection: String,
+    /// Files and directories (.md, .markdown, .mdx are Markdown; .txt, .text are text).
+    #[arg(required = true)]
+    paths: Vec<PathBuf>,
+    /// The server's address.
+    #[arg(long, default_value = "127.0.0.1:50051", env = "TOOLMESH_SERVER")]
+    server: String,
+    /// Larger files are reported as failed without being sent (the server's own limit is
+    /// knowledge.max_document_bytes).
+    #[arg(long, default_value_t = 2 << 20)]
+    max_bytes: u64,
 }
 
 #[derive(Subcommand)]
@@ -131,6 +158,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             list(&server, json, &profile).await
         }
         Command::Call(args) => call(args).await,
+        Command::Ingest(args) => ingest(args).await,
         Command::Config { command: ConfigCommand::Defaults } => {
             print!("{}", toolmesh_config::DEFAULT_CONFIG);
             Ok(ExitCode::SUCCESS)
@@ -143,12 +171,30 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
+async fn ingest(args: IngestArgs) -> anyhow::Result<ExitCode> {
+    let (files, skipped) = toolmesh::ingest::collect(&args.paths)?;
+    for path in &skipped {
+        eprintln!("skipped {} (not .md, .markdown, .mdx, .txt or .text)", path.display());
+    }
+    let summary =
+        toolmesh::ingest::ingest(&args.server, &args.collection, &files, args.max_bytes).await?;
+    println!(
+        "ingested {} documents ({} chunks) into {}; {} failed, {} skipped",
+        summary.ingested,
+        summary.chunks,
+        args.collection,
+        summary.failed.len(),
+        skipped.len()
+    );
+    Ok(if summary.failed.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
 fn load_config(path: Option<&Path>) -> anyhow::Result<toolmesh_config::Config> {
     let env: HashMap<String, String> = std::env::vars().collect();
-    // The error is one line naming the file, the key and the problem. The providers of
-    // this binary define no section of their own: any other section is a mistake.
+    // The error is one line naming the file, the key and the problem. A section that
+    // neither the core nor a provider of this binary defines is a mistake.
     let config = toolmesh_config::load(path, &env).map_err(|error| anyhow::anyhow!("{error}"))?;
-    config.check_sections(&[]).map_err(|error| anyhow::anyhow!("{error}"))?;
+    toolmesh::check_sections(&config)?;
     Ok(config)
 }
 
@@ -156,6 +202,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let mut config = load_config(args.config.as_deref())?;
     if let Some(listen) = args.listen {
         config.server.listen = listen;
+    }
+    if let Some(dir) = &args.data_dir {
+        config.server.data_dir = Some(dir.clone());
     }
     let _telemetry = toolmesh_telemetry::init(&toolmesh_telemetry::TelemetryOptions {
         log_filter: config.telemetry.log.clone(),
@@ -183,7 +232,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
     };
     tokio::spawn(
-        watch_config(app.clone(), args.config.clone(), config.clone(), args.listen)
+        watch_config(app.clone(), args.config.clone(), config.clone(), args.listen, args.data_dir)
             .instrument(tracing::info_span!("config", task = "reload")),
     );
 
@@ -211,6 +260,7 @@ async fn watch_config(
     path: Option<PathBuf>,
     running: toolmesh_config::Config,
     listen: Option<SocketAddr>,
+    data_dir: Option<PathBuf>,
 ) {
     let poll = running.server.reload_poll;
     let Ok(mut hangup) = signal(SignalKind::hangup()) else {
@@ -239,6 +289,9 @@ async fn watch_config(
                 Ok(()) => {
                     info!(reason, "tool definitions reloaded");
                     config.server.listen = listen.unwrap_or(config.server.listen);
+                    if data_dir.is_some() {
+                        config.server.data_dir.clone_from(&data_dir);
+                    }
                     let pending: Vec<&str> = [
                         ("server", config.server != running.server),
                         ("workers", config.workers != running.workers),

@@ -2,7 +2,11 @@ use std::future::Future;
 
 use tokio::net::TcpListener;
 use toolmesh_config::ServerConfig;
-use toolmesh_proto::v1::tool_service_server::ToolServiceServer;
+use toolmesh_proto::v1::{
+    knowledge_service_server::KnowledgeServiceServer, tool_service_server::ToolServiceServer,
+};
+
+use crate::knowledge::KnowledgeServiceImpl;
 use toolmesh_router::ToolServiceImpl;
 use tracing::{Instrument, info, warn};
 
@@ -110,6 +114,10 @@ where
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(
+            KnowledgeServiceServer::new(KnowledgeServiceImpl::new(app.knowledge().clone()))
+                .max_decoding_message_size(max_message),
+        )
+        .add_service(
             ToolServiceServer::new(ToolServiceImpl::new(
                 app.router().clone(),
                 std::sync::Arc::new(app.meta().clone()),
@@ -131,6 +139,7 @@ pub(crate) async fn health_service(
 ) {
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<ToolServiceServer<ToolServiceImpl>>().await;
+    health.set_serving::<KnowledgeServiceServer<KnowledgeServiceImpl>>().await;
     // Before the first connection is accepted, every provider's entry is there; the task
     // follows the changes from then on.
     let mut changes = app.health().subscribe();
@@ -153,6 +162,7 @@ pub(crate) async fn health_service(
 /// Marks the API NOT_SERVING, for a shutdown.
 pub(crate) async fn not_serving(health: &tonic_health::server::HealthReporter) {
     health.set_not_serving::<ToolServiceServer<ToolServiceImpl>>().await;
+    health.set_not_serving::<KnowledgeServiceServer<KnowledgeServiceImpl>>().await;
 }
 
 /// Logs that calls outlived the grace period.

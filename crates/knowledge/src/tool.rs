@@ -1,0 +1,151 @@
+//! The search tool of a collection.
+
+use std::sync::Arc;
+
+use serde_json::{Map, Value, json};
+use toolmesh_core::{
+    Backend, BackendError, CallContext, ErrorCode, SourceKind, ToolAnnotations, ToolOutput,
+    ToolSource, ToolSpec,
+};
+
+use crate::{
+    config::{CollectionConfig, MAX_TOP_K},
+    retriever::{KnowledgeError, Passage, Shared},
+};
+
+/// `search_<collection>`: the passages of a collection that best match a query.
+pub(crate) struct SearchTool {
+    shared: Arc<Shared>,
+    collection: String,
+}
+
+impl SearchTool {
+    pub(crate) fn new(shared: Arc<Shared>, collection: String) -> Self {
+        SearchTool { shared, collection }
+    }
+
+    /// The tool's definition for `config`.
+    pub(crate) fn spec(config: &CollectionConfig) -> ToolSpec {
+        let filter = if config.filter_fields.is_empty() {
+            json!({"type": "object", "maxProperties": 0,
+                   "description": "This collection has no filterable fields."})
+        } else {
+            json!({
+                "type": "object",
+                "description": format!(
+                    "Only passages whose document metadata matches: field → value, or → a list of values (any of them). Fields: {}.",
+                    config.filter_fields.join(", ")
+                ),
+                "propertyNames": {"enum": config.filter_fields},
+                "additionalProperties": {"type": ["string", "integer", "boolean", "array"]}
+            })
+        };
+        let input = json!({
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "minLength": 1, "description": "What to look for, in natural language."},
+                "top_k": {"type": "integer", "minimum": 1, "maximum": MAX_TOP_K,
+                          "description": format!("How many passages to return (default {}).", config.top_k)},
+                "filter": filter,
+            },
+            "required": ["query"],
+            "additionalProperties": false
+        });
+        let output = json!({
+            "type": "object",
+            "properties": {"passages": {"type": "array", "items": {
+                "type": "object",
+                "properties": {
+                    "document_id": {"type": "string"},
+                    "chunk": {"type": "integer"},
+                    "score": {"type": "number"},
+                    "text": {"type": "string"},
+                    "metadata": {"type": "object"}
+                },
+                "required": ["document_id", "chunk", "score", "text", "metadata"]
+            }}},
+            "required": ["passages"]
+        });
+        let source = ToolSource { kind: SourceKind::Knowledge, name: config.name.clone() };
+        let mut spec = ToolSpec::new(config.tool_name(), config.tool_description(), input, source);
+        spec.title = format!("Search {}", config.name);
+        spec.output_schema = Some(Arc::new(output));
+        spec.tags = vec!["knowledge".into(), "retrieval".into()];
+        spec.annotations = ToolAnnotations {
+            read_only: Some(true),
+            destructive: Some(false),
+            idempotent: Some(true),
+            open_world: Some(false),
+        };
+        spec
+    }
+}
+
+/// Renders passages for a model to read.
+fn render(collection: &str, query: &str, passages: &[Passage]) -> String {
+    if passages.is_empty() {
+        return format!("No passages of {collection:?} match {query:?}.");
+    }
+    let mut out = String::new();
+    for (i, p) in passages.iter().enumerate() {
+        out.push_str(&format!(
+            "[{}] {} (chunk {}, score {:.3})\n{}\n\n",
+            i + 1,
+            p.document_id,
+            p.chunk,
+            p.score,
+            p.text.trim()
+        ));
+    }
+    out.truncate(out.trim_end().len());
+    out
+}
+
+#[async_trait::async_trait]
+impl Backend for SearchTool {
+    async fn call(&self, ctx: CallContext, arguments: Value) -> Result<ToolOutput, BackendError> {
+        let query = arguments.get("query").and_then(Value::as_str).unwrap_or_default();
+        let collection = self.shared.collection(&self.collection).map_err(failure)?;
+        let top_k = arguments
+            .get("top_k")
+            .and_then(Value::as_u64)
+            .map_or(collection.config.top_k, |k| (k as usize).clamp(1, MAX_TOP_K));
+        let filter = match arguments.get("filter") {
+            Some(Value::Object(filter)) => filter.clone(),
+            _ => Map::new(),
+        };
+        let search = self.shared.search(&self.collection, query, top_k, &filter);
+        let passages = tokio::select! {
+            found = search => found.map_err(failure)?,
+            () = ctx.cancel.cancelled() => return Err(BackendError::Cancelled),
+        };
+        let structured = json!({
+            "passages": passages.iter().map(|p| json!({
+                "document_id": p.document_id,
+                "chunk": p.chunk,
+                "score": p.score,
+                "text": p.text,
+                "metadata": p.metadata,
+            })).collect::<Vec<_>>()
+        });
+        Ok(ToolOutput {
+            content: vec![toolmesh_core::ContentPart::Text(render(
+                &self.collection,
+                query,
+                &passages,
+            ))],
+            structured: Some(structured),
+            is_error: false,
+        })
+    }
+}
+
+fn failure(error: KnowledgeError) -> BackendError {
+    match error.code() {
+        ErrorCode::InvalidArgument => BackendError::InvalidArguments(error.to_string()),
+        ErrorCode::Unavailable => {
+            BackendError::Unavailable { backend: "knowledge".into(), reason: error.to_string() }
+        }
+        code => BackendError::Remote { code, message: error.to_string() },
+    }
+}

@@ -1,0 +1,377 @@
+//! A Qdrant server over gRPC, for deployments where several routers share one store.
+//!
+//! Every request runs under the configured timeout, so a server that does not answer fails
+//! the request with `UNAVAILABLE` naming it instead of holding the caller. The client's
+//! channel reconnects by itself: a server that comes back is used again without a restart.
+
+use std::{collections::HashMap, time::Duration};
+
+use async_trait::async_trait;
+use qdrant_client::{
+    Payload, Qdrant, QdrantError,
+    qdrant::{
+        self, CountPointsBuilder, CreateCollectionBuilder, CreateFieldIndexCollectionBuilder,
+        DeletePointsBuilder, FacetCountsBuilder, FieldType, GetPointsBuilder, Modifier,
+        PointStruct, PointsIdsList, PointsSelector, PointsUpdateOperation, PrefetchQueryBuilder,
+        QueryPointsBuilder, SparseVectorParamsBuilder, SparseVectorsConfigBuilder,
+        UpdateBatchPointsBuilder, VectorParamsBuilder, VectorsConfigBuilder,
+        points_selector::PointsSelectorOneOf,
+        points_update_operation::{self, Operation},
+    },
+};
+use serde_json::{Map, Value};
+use toolmesh_core::vector::{
+    CollectionSpec, DENSE, Filter, Hit, LEXICAL, Point, PointId, Query, Record, StoreError,
+    VectorStore,
+};
+use tracing::info;
+
+use crate::filter::server_filter;
+
+/// A Qdrant server.
+pub struct ServerStore {
+    client: Qdrant,
+    url: String,
+}
+
+impl std::fmt::Debug for ServerStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerStore").field("url", &self.url).finish_non_exhaustive()
+    }
+}
+
+impl ServerStore {
+    /// Returns a store on the server at `url` (its gRPC port, for example
+    /// `http://qdrant:6334`). Nothing is sent until the first request; each request gives up
+    /// after `timeout`.
+    pub fn connect(
+        url: &str,
+        api_key: Option<String>,
+        timeout: Duration,
+    ) -> Result<ServerStore, StoreError> {
+        let client = Qdrant::from_url(url)
+            .api_key(api_key)
+            .timeout(timeout)
+            .connect_timeout(timeout)
+            .keep_alive_while_idle()
+            .skip_compatibility_check()
+            .build()
+            .map_err(|e| StoreError::Failed {
+                store: format!("qdrant at {url}"),
+                reason: format!("bad client configuration: {e}"),
+            })?;
+        Ok(ServerStore { client, url: url.to_owned() })
+    }
+
+    /// Maps a client error: transport failures and timeouts are `Unavailable`, a missing
+    /// collection `NoCollection`, a refused request `Invalid`.
+    fn error(&self, collection: &str, error: QdrantError) -> StoreError {
+        let store = self.describe();
+        match error {
+            QdrantError::ResponseError { status } => match status.code() {
+                tonic::Code::NotFound => {
+                    StoreError::NoCollection { store, collection: collection.to_owned() }
+                }
+                tonic::Code::InvalidArgument => StoreError::Invalid {
+                    store,
+                    collection: collection.to_owned(),
+                    reason: status.message().to_owned(),
+                },
+                // The client reports a connection it could not make as INTERNAL.
+                tonic::Code::Internal if status.message().starts_with("Failed to connect") => {
+                    StoreError::Unavailable { store, reason: status.message().to_owned() }
+                }
+                tonic::Code::Unavailable
+                | tonic::Code::DeadlineExceeded
+                | tonic::Code::Cancelled
+                | tonic::Code::Unknown => {
+                    StoreError::Unavailable { store, reason: status.message().to_owned() }
+                }
+                _ => StoreError::Failed { store, reason: status.message().to_owned() },
+            },
+            other => StoreError::Unavailable { store, reason: other.to_string() },
+        }
+    }
+}
+
+fn point(point: Point) -> Result<PointStruct, String> {
+    let mut vectors: HashMap<String, qdrant::Vector> = HashMap::new();
+    if let Some(dense) = point.dense {
+        vectors.insert(DENSE.to_owned(), qdrant::Vector::new_dense(dense));
+    }
+    if let Some(lexical) = point.lexical {
+        vectors.insert(
+            LEXICAL.to_owned(),
+            qdrant::Vector::new_sparse(lexical.indices, lexical.values),
+        );
+    }
+    let payload = Payload::try_from(Value::Object(point.payload)).map_err(|e| e.to_string())?;
+    Ok(PointStruct::new(point.id, vectors, payload))
+}
+
+fn json(payload: HashMap<String, qdrant::Value>) -> Map<String, Value> {
+    Payload::from(payload).into()
+}
+
+fn numeric(id: Option<qdrant::PointId>) -> Option<PointId> {
+    match id?.point_id_options? {
+        qdrant::point_id::PointIdOptions::Num(n) => Some(n),
+        qdrant::point_id::PointIdOptions::Uuid(_) => None,
+    }
+}
+
+fn dense_of(vector: qdrant::VectorOutput) -> Option<Vec<f32>> {
+    match vector.into_vector() {
+        qdrant::vector_output::Vector::Dense(dense) => Some(dense.data),
+        _ => None,
+    }
+}
+
+fn selector(filter: qdrant::Filter) -> PointsSelector {
+    PointsSelector { points_selector_one_of: Some(PointsSelectorOneOf::Filter(filter)) }
+}
+
+#[async_trait]
+impl VectorStore for ServerStore {
+    fn backend(&self) -> &'static str {
+        "qdrant"
+    }
+
+    fn describe(&self) -> String {
+        format!("qdrant at {}", self.url)
+    }
+
+    async fn ensure(&self, spec: &CollectionSpec) -> Result<(), StoreError> {
+        let name = &spec.name;
+        let exists = self.client.collection_exists(name).await.map_err(|e| self.error(name, e))?;
+        if exists {
+            return Ok(());
+        }
+        let mut create = CreateCollectionBuilder::new(name);
+        if let Some(size) = spec.dense_size {
+            let mut config = VectorsConfigBuilder::default();
+            config.add_named_vector_params(
+                DENSE,
+                VectorParamsBuilder::new(size as u64, qdrant::Distance::Cosine),
+            );
+            create = create.vectors_config(config);
+        }
+        if spec.lexical {
+            let mut sparse = SparseVectorsConfigBuilder::default();
+            sparse.add_named_vector_params(
+                LEXICAL,
+                SparseVectorParamsBuilder::default().modifier(Modifier::Idf as i32),
+            );
+            create = create.sparse_vectors_config(sparse);
+        }
+        match self.client.create_collection(create).await {
+            Ok(_) => {}
+            // Another replica created it first.
+            Err(QdrantError::ResponseError { status })
+                if status.code() == tonic::Code::AlreadyExists
+                    || status.message().contains("already exists") => {}
+            Err(e) => return Err(self.error(name, e)),
+        }
+        for field in &spec.keyword_fields {
+            self.client
+                .create_field_index(
+                    CreateFieldIndexCollectionBuilder::new(name, field, FieldType::Keyword)
+                        .wait(true),
+                )
+                .await
+                .map_err(|e| self.error(name, e))?;
+        }
+        info!(collection = %name, store = %self.describe(), "created a collection");
+        Ok(())
+    }
+
+    async fn upsert(&self, collection: &str, points: Vec<Point>) -> Result<(), StoreError> {
+        if points.is_empty() {
+            return Ok(());
+        }
+        let points =
+            points.into_iter().map(point).collect::<Result<Vec<_>, _>>().map_err(|reason| {
+                StoreError::Invalid {
+                    store: self.describe(),
+                    collection: collection.to_owned(),
+                    reason,
+                }
+            })?;
+        self.client
+            .upsert_points(qdrant::UpsertPointsBuilder::new(collection, points).wait(true))
+            .await
+            .map_err(|e| self.error(collection, e))?;
+        Ok(())
+    }
+
+    async fn delete(&self, collection: &str, ids: Vec<PointId>) -> Result<(), StoreError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let ids = PointsIdsList { ids: ids.into_iter().map(Into::into).collect() };
+        self.client
+            .delete_points(DeletePointsBuilder::new(collection).points(ids).wait(true))
+            .await
+            .map_err(|e| self.error(collection, e))?;
+        Ok(())
+    }
+
+    async fn replace(
+        &self,
+        collection: &str,
+        filter: Filter,
+        points: Vec<Point>,
+    ) -> Result<(), StoreError> {
+        let points =
+            points.into_iter().map(point).collect::<Result<Vec<_>, _>>().map_err(|reason| {
+                StoreError::Invalid {
+                    store: self.describe(),
+                    collection: collection.to_owned(),
+                    reason,
+                }
+            })?;
+        let mut operations = vec![PointsUpdateOperation {
+            operation: Some(Operation::DeletePoints(points_update_operation::DeletePoints {
+                points: Some(selector(server_filter(&filter))),
+                ..Default::default()
+            })),
+        }];
+        if !points.is_empty() {
+            operations.push(PointsUpdateOperation {
+                operation: Some(Operation::Upsert(points_update_operation::PointStructList {
+                    points,
+                    ..Default::default()
+                })),
+            });
+        }
+        self.client
+            .update_points_batch(UpdateBatchPointsBuilder::new(collection, operations).wait(true))
+            .await
+            .map_err(|e| self.error(collection, e))?;
+        Ok(())
+    }
+
+    async fn retrieve(
+        &self,
+        collection: &str,
+        ids: Vec<PointId>,
+        with_dense: bool,
+    ) -> Result<Vec<Record>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<qdrant::PointId> = ids.into_iter().map(Into::into).collect();
+        let request = GetPointsBuilder::new(collection, ids).with_payload(true);
+        let request = if with_dense {
+            request.with_vectors(qdrant::VectorsSelector { names: vec![DENSE.to_owned()] })
+        } else {
+            request.with_vectors(false)
+        };
+        let found = self.client.get_points(request).await.map_err(|e| self.error(collection, e))?;
+        Ok(found
+            .result
+            .into_iter()
+            .filter_map(|point| {
+                let dense = point.vectors.and_then(|v| match v.vectors_options? {
+                    qdrant::vectors_output::VectorsOptions::Vectors(mut named) => {
+                        dense_of(named.vectors.remove(DENSE)?)
+                    }
+                    qdrant::vectors_output::VectorsOptions::Vector(one) => dense_of(one),
+                });
+                Some(Record { id: numeric(point.id)?, payload: json(point.payload), dense })
+            })
+            .collect())
+    }
+
+    async fn query(&self, collection: &str, query: Query) -> Result<Vec<Hit>, StoreError> {
+        let filter = query.filter.as_ref().map(server_filter);
+        let k = query.rrf_k();
+        let candidates = query.candidates.max(query.limit) as u64;
+        let lexical = query.lexical.filter(|l| !l.is_empty());
+        let mut request = QueryPointsBuilder::new(collection).limit(query.limit as u64);
+        match (query.dense, lexical) {
+            (Some(dense), Some(lexical)) => {
+                request = request
+                    .add_prefetch(
+                        PrefetchQueryBuilder::default()
+                            .query(qdrant::Query::new_nearest(dense))
+                            .using(DENSE)
+                            .limit(candidates),
+                    )
+                    .add_prefetch(
+                        PrefetchQueryBuilder::default()
+                            .query(qdrant::Query::new_nearest(qdrant::VectorInput::new_sparse(
+                                lexical.indices,
+                                lexical.values,
+                            )))
+                            .using(LEXICAL)
+                            .limit(candidates),
+                    )
+                    .query(qdrant::Query::new_rrf(qdrant::Rrf {
+                        k: Some(k as u32),
+                        ..Default::default()
+                    }));
+            }
+            (Some(dense), None) => {
+                request = request.query(qdrant::Query::new_nearest(dense)).using(DENSE);
+            }
+            (None, Some(lexical)) => {
+                request = request
+                    .query(qdrant::Query::new_nearest(qdrant::VectorInput::new_sparse(
+                        lexical.indices,
+                        lexical.values,
+                    )))
+                    .using(LEXICAL);
+            }
+            (None, None) => return Ok(Vec::new()),
+        }
+        if let Some(filter) = filter {
+            request = request.filter(filter);
+        }
+        let found = self
+            .client
+            .query(request.with_payload(true))
+            .await
+            .map_err(|e| self.error(collection, e))?;
+        Ok(found
+            .result
+            .into_iter()
+            .filter_map(|point| {
+                Some(Hit {
+                    id: numeric(point.id)?,
+                    score: point.score,
+                    payload: json(point.payload),
+                })
+            })
+            .collect())
+    }
+
+    async fn count(&self, collection: &str, filter: Option<Filter>) -> Result<u64, StoreError> {
+        let mut request = CountPointsBuilder::new(collection).exact(true);
+        if let Some(filter) = filter {
+            request = request.filter(server_filter(&filter));
+        }
+        let counted = self.client.count(request).await.map_err(|e| self.error(collection, e))?;
+        Ok(counted.result.map_or(0, |r| r.count))
+    }
+
+    async fn distinct(
+        &self,
+        collection: &str,
+        field: &str,
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        let request =
+            FacetCountsBuilder::new(collection, field).limit(limit.max(1) as u64).exact(true);
+        let facets = self.client.facet(request).await.map_err(|e| self.error(collection, e))?;
+        Ok(facets.hits.len() as u64)
+    }
+
+    async fn flush(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn check(&self) -> Result<(), StoreError> {
+        self.client.health_check().await.map(|_| ()).map_err(|e| self.error("", e))
+    }
+}

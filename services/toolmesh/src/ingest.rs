@@ -1,0 +1,259 @@
+//! `toolmesh ingest`: text and Markdown files into a knowledge collection.
+//!
+//! Each file is a document whose id is its path relative to the directory given (a file
+//! given by itself: its name), so ingesting a tree again replaces its documents. Files are
+//! read and checked here (text, within the size limit) and sent in batches; each batch is
+//! one `Ingest` call, whose per-document results drive the progress.
+
+use std::{
+    io::IsTerminal as _,
+    path::{Path, PathBuf},
+};
+
+use anyhow::Context as _;
+use toolmesh_proto::v1::{
+    Document, DocumentFormat, IngestRequest, knowledge_service_client::KnowledgeServiceClient,
+};
+
+/// Bytes of documents sent in one call (well under the server's message limit).
+const BATCH_BYTES: usize = 1 << 20;
+/// Documents sent in one call.
+const BATCH_DOCUMENTS: usize = 64;
+
+/// A file to ingest: its document id and its path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceFile {
+    /// The document id: the path relative to the directory given.
+    pub id: String,
+    /// Where it is.
+    pub path: PathBuf,
+    /// Whether it is Markdown.
+    pub markdown: bool,
+}
+
+/// What an ingestion did.
+#[derive(Debug, Default)]
+pub struct IngestSummary {
+    /// Documents in.
+    pub ingested: u64,
+    /// Chunks written.
+    pub chunks: u64,
+    /// Documents that failed, with the reason.
+    pub failed: Vec<(String, String)>,
+    /// Files skipped: not text or Markdown by their extension.
+    pub skipped: Vec<PathBuf>,
+}
+
+/// The format of a file by its extension: `Some(true)` Markdown, `Some(false)` text.
+fn format_of(path: &Path) -> Option<bool> {
+    match path.extension()?.to_str()?.to_ascii_lowercase().as_str() {
+        "md" | "markdown" | "mdx" => Some(true),
+        "txt" | "text" => Some(false),
+        _ => None,
+    }
+}
+
+/// Finds the files under `paths`, recursively, in a stable order; returns them and the
+/// files skipped for their extension.
+pub fn collect(paths: &[PathBuf]) -> anyhow::Result<(Vec<SourceFile>, Vec<PathBuf>)> {
+    let (mut files, mut skipped) = (Vec::new(), Vec::new());
+    for root in paths {
+        let meta = std::fs::metadata(root).with_context(|| format!("{}", root.display()))?;
+        if meta.is_file() {
+            let id = root.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            match format_of(root) {
+                Some(markdown) => files.push(SourceFile { id, path: root.clone(), markdown }),
+                None => skipped.push(root.clone()),
+            }
+            continue;
+        }
+        let mut stack = vec![root.clone()];
+        while let Some(dir) = stack.pop() {
+            let mut entries: Vec<PathBuf> = std::fs::read_dir(&dir)
+                .with_context(|| format!("{}", dir.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .collect();
+            entries.sort();
+            for path in entries {
+                if path.is_dir() {
+                    stack.push(path);
+                } else if let Some(markdown) = format_of(&path) {
+                    let relative = path.strip_prefix(root).unwrap_or(&path);
+                    let id = relative.to_string_lossy().replace(std::path::MAIN_SEPARATOR, "/");
+                    files.push(SourceFile { id, path, markdown });
+                } else {
+                    skipped.push(path);
+                }
+            }
+        }
+    }
+    files.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok((files, skipped))
+}
+
+/// Reads a file as a document's text; `Err` says why it cannot be one.
+fn read(file: &SourceFile, max_bytes: u64) -> Result<String, String> {
+    let size = std::fs::metadata(&file.path).map_err(|e| e.to_string())?.len();
+    if size > max_bytes {
+        return Err(format!(
+            "the file is {size} bytes; at most {max_bytes} are accepted per document (--max-bytes)"
+        ));
+    }
+    let bytes = std::fs::read(&file.path).map_err(|e| e.to_string())?;
+    if bytes.contains(&0) {
+        return Err("not a text file (it holds NUL bytes)".into());
+    }
+    let text = String::from_utf8(bytes).map_err(|_| "not a text file (not UTF-8)".to_owned())?;
+    if text.trim().is_empty() {
+        return Err("the file is empty".into());
+    }
+    Ok(text)
+}
+
+/// Shows progress: a bar on a terminal, a plain line per batch otherwise.
+enum Progress {
+    Bar(indicatif::ProgressBar),
+    Lines { total: u64, done: u64 },
+}
+
+impl Progress {
+    fn new(total: u64) -> Progress {
+        if std::io::stderr().is_terminal() {
+            let bar = indicatif::ProgressBar::new(total);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{bar:40} {pos}/{len} documents {elapsed_precise} eta {eta} {msg}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            Progress::Bar(bar)
+        } else {
+            Progress::Lines { total, done: 0 }
+        }
+    }
+
+    fn advance(&mut self, by: u64, chunks: u64) {
+        match self {
+            Progress::Bar(bar) => {
+                bar.inc(by);
+                bar.set_message(format!("{chunks} chunks"));
+            }
+            Progress::Lines { total, done } => {
+                *done += by;
+                eprintln!("ingested {done}/{total} documents ({chunks} chunks)");
+            }
+        }
+    }
+
+    fn note(&self, line: &str) {
+        match self {
+            Progress::Bar(bar) => bar.println(line),
+            Progress::Lines { .. } => eprintln!("{line}"),
+        }
+    }
+
+    fn finish(&self) {
+        if let Progress::Bar(bar) = self {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// Ingests `files` into `collection` on the server at `addr`.
+pub async fn ingest(
+    addr: &str,
+    collection: &str,
+    files: &[SourceFile],
+    max_bytes: u64,
+) -> anyhow::Result<IngestSummary> {
+    let mut client = KnowledgeServiceClient::new(crate::client::channel(addr).await?)
+        .max_decoding_message_size(16 << 20);
+    let mut summary = IngestSummary::default();
+    let mut progress = Progress::new(files.len() as u64);
+    let mut batch: Vec<Document> = Vec::new();
+    let mut bytes = 0;
+    let mut pending = files.iter().peekable();
+    while pending.peek().is_some() || !batch.is_empty() {
+        while pending.peek().is_some() {
+            if !batch.is_empty() && (batch.len() >= BATCH_DOCUMENTS || bytes >= BATCH_BYTES) {
+                break;
+            }
+            let file = pending.next().expect("peeked");
+            match read(file, max_bytes) {
+                Ok(text) => {
+                    bytes += text.len();
+                    batch.push(Document {
+                        id: file.id.clone(),
+                        text,
+                        format: if file.markdown {
+                            DocumentFormat::Markdown
+                        } else {
+                            DocumentFormat::Text
+                        } as i32,
+                        metadata_json: serde_json::json!({ "path": file.id }).to_string(),
+                    });
+                }
+                Err(reason) => {
+                    progress.note(&format!("{}: {reason}", file.id));
+                    summary.failed.push((file.id.clone(), reason));
+                    progress.advance(1, summary.chunks);
+                }
+            }
+        }
+        if batch.is_empty() {
+            continue;
+        }
+        let sent = batch.len() as u64;
+        let request = IngestRequest {
+            collection: collection.to_owned(),
+            documents: std::mem::take(&mut batch),
+        };
+        bytes = 0;
+        let response = client
+            .ingest(futures::stream::iter([request]))
+            .await
+            .map_err(|status| anyhow::anyhow!("ingest into {collection:?}: {}", status.message()))?
+            .into_inner();
+        for result in response.results {
+            if result.error.is_empty() {
+                summary.ingested += 1;
+                summary.chunks += u64::from(result.chunks);
+            } else {
+                progress.note(&format!("{}: {}", result.id, result.error));
+                summary.failed.push((result.id, result.error));
+            }
+        }
+        progress.advance(sent, summary.chunks);
+    }
+    progress.finish();
+    Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_are_found_recursively_with_ids_relative_to_the_directory() {
+        let dir = std::env::temp_dir().join(format!("toolmesh-ingest-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("guide/deep")).unwrap();
+        std::fs::write(dir.join("a.md"), "# A").unwrap();
+        std::fs::write(dir.join("guide/deep/b.txt"), "b").unwrap();
+        std::fs::write(dir.join("guide/logo.png"), [0u8, 1, 2]).unwrap();
+        let (files, skipped) = collect(std::slice::from_ref(&dir)).unwrap();
+        let ids: Vec<(&str, bool)> = files.iter().map(|f| (f.id.as_str(), f.markdown)).collect();
+        assert_eq!(ids, [("a.md", true), ("guide/deep/b.txt", false)]);
+        assert_eq!(skipped, [dir.join("guide/logo.png")]);
+        // A file given by itself is named by its file name.
+        let (one, _) = collect(&[dir.join("guide/deep/b.txt")]).unwrap();
+        assert_eq!(one[0].id, "b.txt");
+        std::fs::write(dir.join("empty.md"), "  \n").unwrap();
+        let empty =
+            SourceFile { id: "empty.md".into(), path: dir.join("empty.md"), markdown: true };
+        assert_eq!(read(&empty, 100).unwrap_err(), "the file is empty");
+        let big = SourceFile { id: "a.md".into(), path: dir.join("a.md"), markdown: true };
+        assert!(read(&big, 2).unwrap_err().contains("at most 2"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

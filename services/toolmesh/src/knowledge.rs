@@ -1,0 +1,147 @@
+//! `toolmesh.v1.KnowledgeService`: ingestion, deletion and the list of knowledge
+//! collections, over the [`KnowledgeHandle`].
+
+use serde_json::Value;
+use tonic::{Request, Response, Status, Streaming};
+use toolmesh_knowledge::{Document, DocumentResult, KnowledgeError, KnowledgeHandle};
+use toolmesh_proto::v1::{
+    CollectionInfo, DeleteRequest, DeleteResponse, DocumentFormat, IngestRequest, IngestResponse,
+    ListCollectionsRequest, ListCollectionsResponse, knowledge_service_server::KnowledgeService,
+};
+
+/// The knowledge API.
+#[derive(Debug, Clone)]
+pub(crate) struct KnowledgeServiceImpl {
+    knowledge: KnowledgeHandle,
+}
+
+impl KnowledgeServiceImpl {
+    pub(crate) fn new(knowledge: KnowledgeHandle) -> Self {
+        KnowledgeServiceImpl { knowledge }
+    }
+}
+
+fn status(error: KnowledgeError) -> Status {
+    Status::new(toolmesh_proto::status_code(error.code()), error.to_string())
+}
+
+/// The document of a message, or why it cannot be one.
+fn document(message: toolmesh_proto::v1::Document) -> Result<Document, DocumentResult> {
+    let failed = |id: &str, reason: String| DocumentResult {
+        id: id.to_owned(),
+        chunks: 0,
+        error: Some(reason),
+    };
+    let metadata = match message.metadata_json.trim() {
+        "" => serde_json::Map::new(),
+        json => match serde_json::from_str::<Value>(json) {
+            Ok(Value::Object(map)) => map,
+            Ok(_) => return Err(failed(&message.id, "metadata_json is not a JSON object".into())),
+            Err(error) => return Err(failed(&message.id, format!("metadata_json: {error}"))),
+        },
+    };
+    let markdown = message.format() == DocumentFormat::Markdown;
+    Ok(Document { id: message.id, text: message.text, markdown, metadata })
+}
+
+#[tonic::async_trait]
+impl KnowledgeService for KnowledgeServiceImpl {
+    async fn ingest(
+        &self,
+        request: Request<Streaming<IngestRequest>>,
+    ) -> Result<Response<IngestResponse>, Status> {
+        let mut stream = request.into_inner();
+        let mut collection: Option<String> = None;
+        let mut results: Vec<DocumentResult> = Vec::new();
+        while let Some(message) = stream.message().await? {
+            let name = match (&collection, message.collection.as_str()) {
+                (None, "") => {
+                    return Err(Status::invalid_argument(
+                        "the first message of an ingestion names the collection",
+                    ));
+                }
+                (None, name) => collection.insert(name.to_owned()).clone(),
+                (Some(first), name) if name.is_empty() || name == first => first.clone(),
+                (Some(first), name) => {
+                    return Err(Status::invalid_argument(format!(
+                        "one ingestion is into one collection: {first:?}, then {name:?}"
+                    )));
+                }
+            };
+            // Documents that cannot be read keep their place in the results.
+            let mut order: Vec<Result<(), DocumentResult>> = Vec::new();
+            let mut documents = Vec::new();
+            for message in message.documents {
+                match document(message) {
+                    Ok(document) => {
+                        documents.push(document);
+                        order.push(Ok(()));
+                    }
+                    Err(result) => order.push(Err(result)),
+                }
+            }
+            let mut ingested = if documents.is_empty() {
+                Vec::new().into_iter()
+            } else {
+                self.knowledge.ingest(&name, documents).await.map_err(status)?.into_iter()
+            };
+            for slot in order {
+                match slot {
+                    Ok(()) => results.extend(ingested.next()),
+                    Err(result) => results.push(result),
+                }
+            }
+        }
+        if collection.is_none() {
+            return Err(Status::invalid_argument("an ingestion needs at least one message"));
+        }
+        let failed = results.iter().filter(|r| r.error.is_some()).count() as u64;
+        let chunks = results.iter().map(|r| r.chunks as u64).sum();
+        Ok(Response::new(IngestResponse {
+            ingested: results.len() as u64 - failed,
+            chunks,
+            failed,
+            results: results
+                .into_iter()
+                .map(|r| toolmesh_proto::v1::DocumentResult {
+                    id: r.id,
+                    chunks: r.chunks as u32,
+                    error: r.error.unwrap_or_default(),
+                })
+                .collect(),
+        }))
+    }
+
+    async fn delete(
+        &self,
+        request: Request<DeleteRequest>,
+    ) -> Result<Response<DeleteResponse>, Status> {
+        let request = request.into_inner();
+        let (deleted_chunks, not_found) = self
+            .knowledge
+            .delete(&request.collection, request.document_ids)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(DeleteResponse { deleted_chunks, not_found }))
+    }
+
+    async fn list_collections(
+        &self,
+        _: Request<ListCollectionsRequest>,
+    ) -> Result<Response<ListCollectionsResponse>, Status> {
+        let collections = self.knowledge.collections().await.map_err(status)?;
+        Ok(Response::new(ListCollectionsResponse {
+            collections: collections
+                .into_iter()
+                .map(|c| CollectionInfo {
+                    name: c.name,
+                    description: c.description,
+                    tool: c.tool,
+                    documents: c.documents,
+                    chunks: c.chunks,
+                    store: c.store,
+                })
+                .collect(),
+        }))
+    }
+}
