@@ -34,8 +34,15 @@ use tracing::{debug, info, warn};
 
 use crate::filter::edge_filter;
 
-/// Points changed since a collection was last optimised before the next write optimises it.
+/// Points changed since a collection was last optimised before the next write optimises it,
+/// at the least; and at least half as many as the collection holds, so that filling a
+/// collection optimises it a logarithmic number of times, not once per fixed step.
 const SETTLE_EVERY: usize = 2_000;
+/// Segments below this size (KB of vectors) are searched exactly, without an HNSW graph:
+/// about 13,000 vectors of 384 dimensions. An exact scan of that many takes about a
+/// millisecond, finds the true neighbours, and costs no index build on every change;
+/// larger collections get the graph.
+const INDEXING_THRESHOLD_KB: usize = 20_000;
 
 /// Qdrant's engine in-process, persisted under a directory.
 #[derive(Debug)]
@@ -240,7 +247,10 @@ fn create(dir: &Path, spec: &CollectionSpec) -> Result<EdgeShard, String> {
         fs::remove_dir_all(&path).map_err(|e| format!("cannot clear {}: {e}", path.display()))?;
     }
     fs::create_dir_all(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-    let mut config = EdgeConfigBuilder::new();
+    let mut config = EdgeConfigBuilder::new().optimizers(qdrant_edge::EdgeOptimizersConfig {
+        indexing_threshold: Some(INDEXING_THRESHOLD_KB),
+        ..Default::default()
+    });
     if let Some(size) = spec.dense_size {
         config = config.vector(DENSE, EdgeVectorParamsBuilder::new(size, Distance::Cosine).build());
     }
@@ -336,7 +346,7 @@ impl Collection {
             .update(UpdateOperation::PointOperation(operation))
             .map_err(|e| invalid(e.to_string()))?;
         let unsettled = self.unsettled.fetch_add(changed, Ordering::Relaxed) + changed;
-        if unsettled >= SETTLE_EVERY {
+        if unsettled >= SETTLE_EVERY && unsettled >= self.shard().info().points_count / 2 {
             self.settle();
         }
         Ok(())
