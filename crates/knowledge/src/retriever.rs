@@ -277,8 +277,8 @@ impl KnowledgeHandle {
         Ok(infos)
     }
 
-    /// Returns the best `top_k` passages of `collection` for `query` among those whose
-    /// metadata matches `filter` (field → value, or → any of several values).
+    /// Returns the best `top_k` passages of `collection` for `query` whose metadata
+    /// matches `filter`, as its search tool does.
     pub async fn search(
         &self,
         collection: &str,

@@ -63,6 +63,17 @@ impl ServerStore {
         Ok(ServerStore { client, url: url.to_owned() })
     }
 
+    /// Returns the server's points of `points`.
+    fn points(&self, collection: &str, points: Vec<Point>) -> Result<Vec<PointStruct>, StoreError> {
+        points.into_iter().map(point).collect::<Result<Vec<_>, _>>().map_err(|reason| {
+            StoreError::Invalid {
+                store: self.describe(),
+                collection: collection.to_owned(),
+                reason,
+            }
+        })
+    }
+
     /// Maps a client error: transport failures and timeouts are `Unavailable`, a missing
     /// collection `NoCollection`, a refused request `Invalid`.
     fn error(&self, collection: &str, error: QdrantError) -> StoreError {
@@ -189,14 +200,7 @@ impl VectorStore for ServerStore {
         if points.is_empty() {
             return Ok(());
         }
-        let points =
-            points.into_iter().map(point).collect::<Result<Vec<_>, _>>().map_err(|reason| {
-                StoreError::Invalid {
-                    store: self.describe(),
-                    collection: collection.to_owned(),
-                    reason,
-                }
-            })?;
+        let points = self.points(collection, points)?;
         self.client
             .upsert_points(qdrant::UpsertPointsBuilder::new(collection, points).wait(true))
             .await
@@ -222,14 +226,7 @@ impl VectorStore for ServerStore {
         filter: Filter,
         points: Vec<Point>,
     ) -> Result<(), StoreError> {
-        let points =
-            points.into_iter().map(point).collect::<Result<Vec<_>, _>>().map_err(|reason| {
-                StoreError::Invalid {
-                    store: self.describe(),
-                    collection: collection.to_owned(),
-                    reason,
-                }
-            })?;
+        let points = self.points(collection, points)?;
         let mut operations = vec![PointsUpdateOperation {
             operation: Some(Operation::DeletePoints(points_update_operation::DeletePoints {
                 points: Some(selector(server_filter(&filter))),

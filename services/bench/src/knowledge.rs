@@ -11,7 +11,7 @@ use toolmesh_proto::v1::{
     knowledge_service_client::KnowledgeServiceClient,
 };
 
-use crate::load::{Programs, RemoveOnDrop, new_histogram, read_jsonl, start_child};
+use crate::load::{Programs, RemoveOnDrop, new_histogram, read_jsonl, score_ranking, start_child};
 
 /// Passages asked per query: enough distinct documents for NDCG@10 after a document's
 /// further chunks are dropped.
@@ -36,18 +36,6 @@ pub(crate) struct KnowledgeReport {
     pub(crate) chunk_overlap: usize,
 }
 
-/// Recall@5, Recall@10 and NDCG@10 of distinct document ids, best first.
-fn score(ranked: &[String], relevant: &[String]) -> (f64, f64, f64) {
-    let hit = |i: usize| relevant.contains(&ranked[i]);
-    let recall = |k: usize| {
-        (0..k.min(ranked.len())).filter(|i| hit(*i)).count() as f64 / relevant.len() as f64
-    };
-    let dcg: f64 =
-        (0..10.min(ranked.len())).filter(|i| hit(*i)).map(|i| 1.0 / ((i + 2) as f64).log2()).sum();
-    let ideal: f64 = (0..relevant.len().min(10)).map(|i| 1.0 / ((i + 2) as f64).log2()).sum();
-    (recall(5), recall(10), dcg / ideal)
-}
-
 pub(crate) async fn run(
     dir: &Path,
     programs: &Programs,
@@ -56,7 +44,8 @@ pub(crate) async fn run(
 ) -> anyhow::Result<KnowledgeReport> {
     let corpus = read_jsonl(&dir.join("corpus.jsonl"))?;
     let queries = read_jsonl(&dir.join("queries-dev.jsonl"))?;
-    let data = std::env::temp_dir().join(format!("toolmesh-bench-knowledge-{}", std::process::id()));
+    let data =
+        std::env::temp_dir().join(format!("toolmesh-bench-knowledge-{}", std::process::id()));
     let _data = RemoveOnDrop(data.clone());
     let config = data.with_extension("toml");
     let _config = RemoveOnDrop(config.clone());
@@ -102,7 +91,12 @@ pub(crate) async fn run(
         .context("ingesting the corpus")?
         .into_inner();
     let ingest_s = started.elapsed().as_secs_f64();
-    anyhow::ensure!(ingested.failed == 0, "{} documents failed: {:?}", ingested.failed, ingested.results.iter().find(|r| !r.error.is_empty()));
+    anyhow::ensure!(
+        ingested.failed == 0,
+        "{} documents failed: {:?}",
+        ingested.failed,
+        ingested.results.iter().find(|r| !r.error.is_empty())
+    );
 
     let mut histogram = new_histogram();
     let (mut recall5, mut recall10, mut ndcg) = (0.0, 0.0, 0.0);
@@ -136,7 +130,7 @@ pub(crate) async fn run(
                 ranked.push(id);
             }
         }
-        let (r5, r10, n) = score(&ranked, &relevant);
+        let ([_, r5, r10], n, _) = score_ranking(&ranked, &relevant);
         recall5 += r5;
         recall10 += r10;
         ndcg += n;

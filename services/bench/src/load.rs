@@ -618,7 +618,7 @@ fn scale_catalog(base: &[serde_json::Value], total: usize) -> String {
 }
 
 /// Recall@1/5/10, NDCG@10 and completeness of one ranking, as the benchmark's README defines.
-fn score_ranking(ranked: &[String], relevant: &[String]) -> ([f64; 3], f64, bool) {
+pub(crate) fn score_ranking(ranked: &[String], relevant: &[String]) -> ([f64; 3], f64, bool) {
     let hit = |i: usize| relevant.contains(&ranked[i]);
     let recall = |k: usize| {
         (0..k.min(ranked.len())).filter(|i| hit(*i)).count() as f64 / relevant.len() as f64
