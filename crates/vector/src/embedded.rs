@@ -404,10 +404,11 @@ impl VectorStore for EmbeddedStore {
     }
 
     async fn ensure(&self, spec: &CollectionSpec) -> Result<(), StoreError> {
-        if let Err(error @ StoreError::Unavailable { .. }) = self.collection(&spec.name) {
-            return Err(error);
-        }
-        if let Ok(existing) = self.collection(&spec.name) {
+        let found = match self.collection(&spec.name) {
+            Err(error @ StoreError::Unavailable { .. }) => return Err(error),
+            found => found.ok(),
+        };
+        if let Some(existing) = found {
             if existing.spec.dense_size != spec.dense_size || existing.spec.lexical != spec.lexical
             {
                 return Err(StoreError::Invalid {

@@ -26,34 +26,21 @@ pub(crate) fn edge_filter(filter: &Filter) -> Result<qdrant_edge::Filter, String
     serde_json::from_value(value).map_err(|e| format!("bad filter: {e}"))
 }
 
-/// Returns the server's filter.
+/// Returns the server's filter. "Any of" is a nested filter that keeps a point when one of
+/// its equalities holds, so lists of any scalar type (or of mixed types) mean the same on
+/// the server as in the engine.
 pub(crate) fn server_filter(filter: &Filter) -> server::Filter {
-    let condition = |condition: &Condition| -> server::Condition {
-        match condition {
-            Condition::Is(field, Scalar::Str(s)) => server::Condition::matches(field, s.clone()),
-            Condition::Is(field, Scalar::Int(i)) => server::Condition::matches(field, *i),
-            Condition::Is(field, Scalar::Bool(b)) => server::Condition::matches(field, *b),
-            Condition::In(field, values) => {
-                let strings: Vec<String> = values
-                    .iter()
-                    .filter_map(|v| match v {
-                        Scalar::Str(s) => Some(s.clone()),
-                        _ => None,
-                    })
-                    .collect();
-                if strings.len() == values.len() {
-                    server::Condition::matches(field, strings)
-                } else {
-                    let integers: Vec<i64> = values
-                        .iter()
-                        .filter_map(|v| match v {
-                            Scalar::Int(i) => Some(*i),
-                            _ => None,
-                        })
-                        .collect();
-                    server::Condition::matches(field, integers)
-                }
-            }
+    fn equals(field: &str, value: &Scalar) -> server::Condition {
+        match value {
+            Scalar::Str(s) => server::Condition::matches(field, s.clone()),
+            Scalar::Int(i) => server::Condition::matches(field, *i),
+            Scalar::Bool(b) => server::Condition::matches(field, *b),
+        }
+    }
+    let condition = |condition: &Condition| match condition {
+        Condition::Is(field, value) => equals(field, value),
+        Condition::In(field, values) => {
+            server::Filter::should(values.iter().map(|v| equals(field, v))).into()
         }
     };
     server::Filter {
