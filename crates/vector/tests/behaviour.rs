@@ -254,20 +254,23 @@ async fn a_query_sees_a_replaced_document_whole_never_half() {
 
 #[tokio::test]
 async fn an_unreachable_server_fails_fast_with_unavailable_naming_it() {
-    // Nothing listens on port 1 of the loopback address.
-    let store =
-        ServerStore::connect("http://127.0.0.1:1", None, Duration::from_millis(500)).unwrap();
-    let started = std::time::Instant::now();
-    for error in [
-        store.check().await.unwrap_err(),
-        store.query("tools", query(None, Some(&[1]), 1)).await.unwrap_err(),
-        store.ensure(&spec("tools")).await.unwrap_err(),
-    ] {
-        assert_eq!(error.code(), ErrorCode::Unavailable, "{error}");
-        assert!(error.to_string().contains("qdrant at http://127.0.0.1:1"), "{error}");
-        assert!(matches!(error, StoreError::Unavailable { .. }));
+    // Nothing listens on port 1 of the loopback address; with a short timeout and with
+    // the shipped default.
+    let default = Duration::from_millis(toolmesh_vector::VectorConfig::default().timeout_ms);
+    for timeout in [Duration::from_millis(500), default] {
+        let store = ServerStore::connect("http://127.0.0.1:1", None, timeout).unwrap();
+        let started = std::time::Instant::now();
+        for error in [
+            store.check().await.unwrap_err(),
+            store.query("tools", query(None, Some(&[1]), 1)).await.unwrap_err(),
+            store.ensure(&spec("tools")).await.unwrap_err(),
+        ] {
+            assert_eq!(error.code(), ErrorCode::Unavailable, "{error}");
+            assert!(error.to_string().contains("qdrant at http://127.0.0.1:1"), "{error}");
+            assert!(matches!(error, StoreError::Unavailable { .. }));
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
     }
-    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
 }
 
 #[tokio::test]
