@@ -28,6 +28,11 @@ use tokio::net::TcpListener;
 /// Name of the tool that changes another tool's description (see [`EchoServer`]).
 pub(crate) const TOUCH_TOOL: &str = "bench__touch";
 
+/// Tools per `tools/list` page: the benchmark's 6,944 tools in one, a catalog of 100,000 in
+/// pages of a few MB (one page of them all would be over the 16 MiB that an MCP client
+/// takes in one event).
+const PAGE: usize = 10_000;
+
 /// An MCP server for load tests. It offers `echo` (answers with its `message` argument), or
 /// the tools of a file (each answers with its arguments), plus [`TOUCH_TOOL`], which appends
 /// `marker` to the description of tool `name` and announces `tools/list_changed`, so that
@@ -101,13 +106,23 @@ impl ServerHandler for EchoServer {
         info
     }
 
+    /// Lists the tools in pages of [`PAGE`], the cursor being the offset of the next page.
     async fn list_tools(
         &self,
-        _: Option<PaginatedRequestParams>,
+        request: Option<PaginatedRequestParams>,
         _: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        let tools = self.tools.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
-        Ok(ListToolsResult::with_all_items(tools))
+        let start = match request.and_then(|r| r.cursor) {
+            None => 0,
+            Some(cursor) => cursor
+                .parse::<usize>()
+                .map_err(|_| ErrorData::invalid_params(format!("bad cursor {cursor:?}"), None))?,
+        };
+        let tools = self.tools.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let end = (start + PAGE).min(tools.len());
+        let mut page = ListToolsResult::with_all_items(tools[start.min(end)..end].to_vec());
+        page.next_cursor = (end < tools.len()).then(|| end.to_string());
+        Ok(page)
     }
 
     async fn call_tool(
