@@ -1249,3 +1249,182 @@ allow_private_network = true
     assert!(logged.is_some(), "the named proxy carried the call:\n{}", proxy.log());
     assert!(!proxy.log().contains("/direct"), "the environment proxy was not used");
 }
+
+#[tokio::test]
+async fn toolmesh_ingest_loads_a_tree_names_each_bad_file_and_replaces_on_a_second_run() {
+    let config = "[[knowledge.collections]]\nname = \"docs\"\ndescription = \"The handbook.\"\n";
+    let server = BinaryServer::with_config(config, &[]).await.unwrap();
+    let addr = server.addr.to_string();
+    let tree = tempfile::tempdir().unwrap();
+    let dir = tree.path();
+    std::fs::create_dir_all(dir.join("guide")).unwrap();
+    let write = |name: &str, bytes: &[u8]| std::fs::write(dir.join(name), bytes).unwrap();
+    write("guide/install.md", b"# Guide\n\n## Installing\n\nRun the installer, then sign in.\n");
+    write("faq.txt", b"Passwords are reset from the login page.");
+    write("empty.txt", b" \n\n");
+    write("blob.txt", b"GIF89a\0\0\x01\x02");
+    write("guide/logo.png", b"\x89PNG");
+    write("big.txt", "word ".repeat(10 << 20).as_bytes()); // 50 MiB
+
+    let dir_arg = dir.display().to_string();
+    let first = run(&["ingest", "--collection", "docs", "--server", &addr, &dir_arg]).await;
+    let (out, err) = (stdout(&first), stderr(&first));
+    // Some files failed: the exit code says so, each is named with its reason.
+    assert_eq!(first.status.code(), Some(1), "{out}\n{err}");
+    assert!(out.contains("ingested 2 documents") && out.contains("3 failed, 1 skipped"), "{out}");
+    assert!(err.contains("empty.txt: the file is empty"), "{err}");
+    assert!(err.contains("blob.txt: not a text file"), "{err}");
+    assert!(err.contains("big.txt: the file is 52428800 bytes"), "{err}");
+    assert!(err.contains("skipped") && err.contains("logo.png"), "{err}");
+    // Not a terminal: progress is plain lines.
+    assert!(err.contains("ingested 5/5 documents"), "{err}");
+
+    let search = |query: &'static str| {
+        let addr = addr.clone();
+        async move {
+            let mut client = toolmesh::client::connect(&addr).await.unwrap();
+            let request = CallToolRequest {
+                name: "search_docs".into(),
+                arguments_json: json!({ "query": query }).to_string(),
+                ..Default::default()
+            };
+            let response = client.call_tool(request).await.unwrap().into_inner();
+            let structured: serde_json::Value =
+                serde_json::from_str(response.structured_json.as_deref().unwrap()).unwrap();
+            structured["passages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| {
+                    let id = p["document_id"].as_str().unwrap().to_owned();
+                    (id, p["text"].as_str().unwrap().to_owned())
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    // Ids are paths relative to the directory given; Markdown keeps its headings.
+    let found = search("how do I install it").await;
+    assert_eq!(found[0].0, "guide/install.md", "{found:?}");
+    assert!(found[0].1.contains("Installing"), "{found:?}");
+    assert_eq!(search("reset my password").await[0].0, "faq.txt");
+
+    // A second run over the changed tree replaces the documents: the old text is gone.
+    write("faq.txt", b"Passwords are changed in the account settings.");
+    for name in ["empty.txt", "blob.txt", "big.txt"] {
+        std::fs::remove_file(dir.join(name)).unwrap();
+    }
+    let second = run(&["ingest", "--collection", "docs", "--server", &addr, &dir_arg]).await;
+    assert!(second.status.success(), "{}\n{}", stdout(&second), stderr(&second));
+    let found = search("reset my password").await;
+    assert_eq!(found[0].0, "faq.txt", "{found:?}");
+    assert!(found.iter().all(|(_, text)| !text.contains("login page")), "{found:?}");
+    assert_eq!(found.iter().filter(|(id, _)| id == "faq.txt").count(), 1, "{found:?}");
+
+    // A collection that does not exist: one clear line, nothing sent.
+    let missing = run(&["ingest", "--collection", "nope", "--server", &addr, &dir_arg]).await;
+    assert!(!missing.status.success());
+    assert!(stderr(&missing).contains("no knowledge collection \"nope\""), "{}", stderr(&missing));
+}
+
+/// An integer attribute of `span`.
+fn int_attr(span: &Span, key: &str) -> Option<i64> {
+    span.attributes.iter().find(|a| a.key == key).and_then(|a| {
+        match a.value.as_ref()?.value.as_ref()? {
+            any_value::Value::IntValue(v) => Some(*v),
+            _ => None,
+        }
+    })
+}
+
+#[tokio::test]
+async fn knowledge_ingest_and_query_are_spans_in_the_callers_trace() {
+    let (receiver, otlp) = Receiver::start().await;
+    let config = "[[knowledge.collections]]\nname = \"docs\"\ndescription = \"The handbook.\"\n";
+    let mut server = BinaryServer::with_config(
+        config,
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()), ("OTEL_SERVICE_NAME", "toolmesh-e2e")],
+    )
+    .await
+    .unwrap();
+    let addr = server.addr.to_string();
+    let trace_id = "5bf92f3577b34da6a3ce929d0e0e4737";
+    fn traced<T>(message: T, trace_id: &str) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        let parent = format!("00-{trace_id}-00f067aa0ba902b8-01");
+        request.metadata_mut().insert("traceparent", parent.parse().unwrap());
+        request
+    }
+    let channel = toolmesh::client::channel(&addr).await.unwrap();
+    let mut knowledge =
+        toolmesh_proto::v1::knowledge_service_client::KnowledgeServiceClient::new(channel);
+    let documents = ["Passwords are reset from the login page.", "Invoices are sent monthly."]
+        .iter()
+        .enumerate()
+        .map(|(i, text)| toolmesh_proto::v1::Document {
+            id: format!("doc-{i}"),
+            text: (*text).into(),
+            ..Default::default()
+        })
+        .collect();
+    let request = toolmesh_proto::v1::IngestRequest { collection: "docs".into(), documents };
+    let ingested =
+        knowledge.ingest(traced(futures::stream::iter([request]), trace_id)).await.unwrap();
+    assert_eq!(ingested.into_inner().ingested, 2);
+    let mut client = toolmesh::client::connect(&addr).await.unwrap();
+    let query = CallToolRequest {
+        name: "search_docs".into(),
+        arguments_json: json!({"query": "reset my password", "top_k": 3}).to_string(),
+        ..Default::default()
+    };
+    client.call_tool(traced(query, trace_id)).await.unwrap();
+
+    let spans = receiver.spans_after_stop(&mut server, "knowledge.query").await;
+    let spans: Vec<&Span> = spans.iter().map(|(_, s)| s).collect();
+    let named = |name: &str| -> Vec<&Span> {
+        spans.iter().copied().filter(|s| s.name == name).collect::<Vec<_>>()
+    };
+    let one = |name: &str| -> &Span {
+        let found = named(name);
+        assert_eq!(
+            found.len(),
+            1,
+            "one {name} span; got {:?}",
+            spans.iter().map(|s| &s.name).collect::<Vec<_>>()
+        );
+        found[0]
+    };
+    let parent_of = |span: &Span| spans.iter().copied().find(|s| s.span_id == span.parent_span_id);
+    let under = |span: &Span, ancestor: &Span| {
+        let mut at = parent_of(span);
+        while let Some(s) = at {
+            if s.span_id == ancestor.span_id {
+                return true;
+            }
+            at = parent_of(s);
+        }
+        false
+    };
+
+    // Ingestion: in the caller's trace, under the gRPC call, with its parts beneath it.
+    let ingest = one("knowledge.ingest");
+    assert_eq!(hex(&ingest.trace_id), trace_id, "the ingestion is in the caller's trace");
+    let rpc = one("toolmesh.v1.KnowledgeService/Ingest");
+    assert!(under(ingest, rpc), "knowledge.ingest is under the Ingest call");
+    assert_eq!(attr(ingest, "knowledge.collection").as_deref(), Some("docs"));
+    assert_eq!(int_attr(ingest, "knowledge.documents"), Some(2));
+    for part in ["knowledge.chunk", "knowledge.upsert"] {
+        assert!(under(one(part), ingest), "{part} under knowledge.ingest");
+    }
+    let embeds = named("knowledge.embed");
+    let batch = embeds.iter().find(|s| under(s, ingest)).expect("an embed span under the ingest");
+    assert!(int_attr(batch, "knowledge.texts").is_some_and(|n| n >= 2), "{batch:?}");
+
+    // The query: under the tool call, with the collection, top_k, the hits and its embed.
+    let query = one("knowledge.query");
+    assert_eq!(hex(&query.trace_id), trace_id);
+    assert!(under(query, one("execute_tool search_docs")), "knowledge.query under the call");
+    assert_eq!(attr(query, "knowledge.collection").as_deref(), Some("docs"));
+    assert_eq!(int_attr(query, "knowledge.top_k"), Some(3));
+    assert_eq!(int_attr(query, "knowledge.hits"), Some(2));
+    assert!(embeds.iter().any(|s| under(s, query)), "an embed span under the query");
+}

@@ -1264,3 +1264,127 @@ async fn knowledge_refuses_bad_input_clearly_and_loses_nothing_else() {
     // Nothing else was lost.
     assert_eq!(passages(&server, json!({"query": "reset my password"})).await[0].0, "good.txt");
 }
+
+/// Collections in three stores: the default one, a named embedded one, and a named Qdrant
+/// server that does not answer (nothing listens on 127.0.0.1:1).
+const STORES: &str = r#"
+[vector.stores.archive]
+backend = "embedded"
+
+[vector.stores.remote]
+backend = "qdrant"
+url = "http://127.0.0.1:1"
+
+[[knowledge.collections]]
+name = "docs"
+description = "The product handbook."
+
+[[knowledge.collections]]
+name = "archive"
+description = "Handbooks of retired products."
+store = "archive"
+
+[[knowledge.collections]]
+name = "remote"
+description = "Documents on a shared server."
+store = "remote"
+"#;
+
+#[tokio::test]
+async fn knowledge_collections_live_in_the_store_they_name_and_a_store_that_is_down_fails_alone() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+
+    let data = tempfile::tempdir().unwrap();
+    let server = TestServer::start_in(STORES, AppOptions::default(), data.path()).await.unwrap();
+    let results = ingest(
+        &server,
+        "archive",
+        vec![knowledge_document("fax.md", "The fax gateway sends invoices by fax.", true, "en")],
+    )
+    .await
+    .unwrap();
+    assert_eq!((results.ingested, results.failed), (1, 0), "{results:?}");
+    let docs = ingest(
+        &server,
+        "docs",
+        vec![knowledge_document(
+            "reset.txt",
+            "Passwords are reset from the login page.",
+            false,
+            "en",
+        )],
+    )
+    .await
+    .unwrap();
+    assert_eq!(docs.ingested, 1, "{docs:?}");
+
+    // Each collection is in its own store: the archive's passages are not in docs.
+    let archived = server.call("search_archive", json!({"query": "send an invoice by fax"})).await;
+    let archived = archived.unwrap();
+    assert!(text(&archived).contains("fax.md"), "{archived:?}");
+    let in_docs = passages(&server, json!({"query": "send an invoice by fax"})).await;
+    assert!(in_docs.iter().all(|(id, _)| id != "fax.md"), "{in_docs:?}");
+    assert!(data.path().join("vector/stores/archive").is_dir());
+
+    // The server that does not answer fails its collection's calls at once, naming it...
+    let started = std::time::Instant::now();
+    let down = server.call("search_remote", json!({"query": "anything"})).await.unwrap_err();
+    assert_eq!(down.code(), Code::Unavailable, "{down:?}");
+    assert!(down.message().contains("127.0.0.1:1"), "{down:?}");
+    let refused =
+        ingest(&server, "remote", vec![knowledge_document("a.txt", "Some text.", false, "en")])
+            .await
+            .unwrap();
+    assert_eq!(refused.failed, 1, "{refused:?}");
+    assert!(refused.results[0].error.contains("127.0.0.1:1"), "{refused:?}");
+    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+    // ...and its health says so, while the other stores are up...
+    let health = |service: &'static str| {
+        let server = &server;
+        async move { server.health(service).await }
+    };
+    let reported = eventually(Duration::from_secs(15), || async {
+        (health("toolmesh.vector.remote").await == Some(ServingStatus::NotServing)).then_some(())
+    })
+    .await;
+    assert!(reported.is_some(), "toolmesh.vector.remote is not serving");
+    assert_eq!(health("toolmesh.vector.archive").await, Some(ServingStatus::Serving));
+    assert_eq!(health("toolmesh.vector.embedded").await, Some(ServingStatus::Serving));
+
+    // ...the listing shows every collection, the one down with the reason...
+    let listed = knowledge_client(&server)
+        .await
+        .list_collections(toolmesh_proto::v1::ListCollectionsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .collections;
+    let by_name: std::collections::HashMap<&str, &toolmesh_proto::v1::CollectionInfo> =
+        listed.iter().map(|c| (c.name.as_str(), c)).collect();
+    assert_eq!((by_name["archive"].documents, by_name["archive"].error.as_str()), (1, ""));
+    assert!(by_name["archive"].store.contains("stores/archive"), "{listed:?}");
+    assert_eq!(by_name["docs"].documents, 1);
+    assert!(by_name["remote"].error.contains("127.0.0.1:1"), "{listed:?}");
+    assert!(by_name["remote"].store.starts_with("qdrant"), "{listed:?}");
+
+    // ...and everything else keeps working.
+    assert_eq!(passages(&server, json!({"query": "reset my password"})).await[0].0, "reset.txt");
+    let echoed = server.call("echo", json!({"still": "here"})).await.unwrap();
+    assert!(!echoed.is_error, "{echoed:?}");
+}
+
+#[tokio::test]
+async fn a_collection_naming_a_store_that_is_not_configured_fails_the_start_naming_the_key() {
+    let config = r#"
+[[knowledge.collections]]
+name = "docs"
+description = "The handbook."
+store = "archive"
+"#;
+    let Err(error) = TestServer::start(config, AppOptions::default()).await else {
+        panic!("the server started with a collection in a store that is not configured");
+    };
+    let message = format!("{error:#}");
+    assert!(message.contains("knowledge.collections[0].store"), "{message}");
+    assert!(message.contains("no vector store \"archive\" (stores: default)"), "{message}");
+}

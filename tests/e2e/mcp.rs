@@ -819,9 +819,9 @@ async fn crashed_children_of_the_root_supervisor_are_restarted_and_their_health_
         }
     };
     let names: Vec<&str> = server.app.actors().into_iter().map(|(name, _)| name).collect();
-    assert_eq!(names, ["mcp", "registry", "search", "workers"]);
+    assert_eq!(names, ["knowledge", "mcp", "registry", "search", "workers"]);
 
-    for child in ["registry", "workers", "mcp", "search"] {
+    for child in ["registry", "workers", "mcp", "search", "knowledge"] {
         let service = format!("toolmesh.actor.{child}");
         assert_eq!(status(service.clone()).await, Some(ServingStatus::Serving), "{child}");
         let old = server.app.actors().into_iter().find(|(n, _)| *n == child).unwrap().1;
@@ -851,5 +851,11 @@ async fn crashed_children_of_the_root_supervisor_are_restarted_and_their_health_
         let found =
             eventually(Duration::from_secs(20), || search("repeat my arguments back")).await;
         assert!(found.is_some(), "search works after {child} restarted");
+        // The retriever answers again (here: that the collection does not exist).
+        let answered = server.app.knowledge().ingest("nope", Vec::new()).await.unwrap_err();
+        assert!(
+            matches!(answered, toolmesh_knowledge::KnowledgeError::NoCollection { .. }),
+            "after {child} restarted: {answered:?}"
+        );
     }
 }

@@ -35,4 +35,4 @@ pub use provider::{Health, HealthBoard, Provider, ProviderError};
 pub use tool::{
     InvalidToolName, SourceKind, ToolAnnotations, ToolSource, ToolSpec, Toolkit, validate_tool_name,
 };
-pub use vector::{StoreError, VectorStore};
+pub use vector::{StoreError, VectorStore, VectorStores};

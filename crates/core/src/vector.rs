@@ -5,7 +5,7 @@
 //! in-process and a Qdrant server. Everything above (the tool index, knowledge collections)
 //! speaks these types only.
 
-use std::fmt;
+use std::{collections::BTreeMap, fmt, sync::Arc};
 
 use async_trait::async_trait;
 use serde_json::{Map, Value};
@@ -308,4 +308,55 @@ pub trait VectorStore: Send + Sync + fmt::Debug {
     /// directory, so another process (or a restarted app) may open it; later requests fail
     /// as unavailable. A server connection has nothing to let go of.
     async fn close(&self) {}
+}
+
+/// The stores of a process: the default one (`[vector]`), which the tool index uses, and
+/// the named ones (`[vector.stores.NAME]`) that knowledge collections may choose. Cheap to
+/// clone.
+#[derive(Debug, Clone)]
+pub struct VectorStores {
+    default: Arc<dyn VectorStore>,
+    named: BTreeMap<String, Arc<dyn VectorStore>>,
+}
+
+impl VectorStores {
+    /// The name that chooses the default store.
+    pub const DEFAULT: &'static str = "default";
+
+    /// Returns the stores: `default`, and `named` by their names.
+    pub fn new(
+        default: Arc<dyn VectorStore>,
+        named: BTreeMap<String, Arc<dyn VectorStore>>,
+    ) -> VectorStores {
+        VectorStores { default, named }
+    }
+
+    /// Returns only `store`, as the default.
+    pub fn single(store: Arc<dyn VectorStore>) -> VectorStores {
+        VectorStores::new(store, Default::default())
+    }
+
+    /// Returns the default store.
+    pub fn default_store(&self) -> &Arc<dyn VectorStore> {
+        &self.default
+    }
+
+    /// Returns the store `name` chooses: the default for `None` or [`Self::DEFAULT`].
+    pub fn get(&self, name: Option<&str>) -> Option<&Arc<dyn VectorStore>> {
+        match name {
+            None | Some(Self::DEFAULT) => Some(&self.default),
+            Some(name) => self.named.get(name),
+        }
+    }
+
+    /// Returns the names a store may be chosen by: [`Self::DEFAULT`], then the named ones.
+    pub fn names(&self) -> Vec<&str> {
+        std::iter::once(Self::DEFAULT).chain(self.named.keys().map(String::as_str)).collect()
+    }
+
+    /// Returns every store with its name (`None` for the default).
+    pub fn all(&self) -> impl Iterator<Item = (Option<&str>, &Arc<dyn VectorStore>)> {
+        std::iter::once((None, &self.default))
+            .chain(self.named.iter().map(|(name, store)| (Some(name.as_str()), store)))
+    }
 }

@@ -54,6 +54,10 @@ pub struct CollectionConfig {
     /// field is refused.
     #[serde(default)]
     pub filter_fields: Vec<String>,
+    /// The vector store it is in: `default` (`[vector]`, also when unset) or the name of a
+    /// `[vector.stores.NAME]`.
+    #[serde(default)]
+    pub store: Option<String>,
 }
 
 fn default_chunk_tokens() -> usize {

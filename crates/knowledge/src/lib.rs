@@ -21,5 +21,5 @@ pub use config::{CollectionConfig, KnowledgeConfig, MAX_TOP_K, SECTION};
 pub use provider::KnowledgeProvider;
 pub use retriever::{
     CollectionInfo, Document, DocumentResult, KnowledgeError, KnowledgeHandle, Passage,
-    RetrieverActor, RetrieverMsg, RetrieverState,
+    RetrieverActor, RetrieverMsg, RetrieverState, unknown_store,
 };

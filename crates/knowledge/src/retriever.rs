@@ -16,7 +16,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde_json::{Map, Value, json};
 use sha2::{Digest as _, Sha256};
 use toolmesh_core::{
-    ErrorCode, Health, SourceKind, StoreError, ToolSource, VectorStore,
+    ErrorCode, Health, SourceKind, StoreError, ToolSource, VectorStore, VectorStores,
     vector::{CollectionSpec, Condition, Filter, Point, PointId, Query, Scalar},
 };
 use toolmesh_embed::Embedder;
@@ -82,6 +82,8 @@ pub struct CollectionInfo {
     pub chunks: u64,
     /// The store it is in.
     pub store: String,
+    /// Why the counts could not be read; `None` when they were.
+    pub error: Option<String>,
 }
 
 /// One passage a search found.
@@ -143,13 +145,16 @@ pub(crate) struct Collection {
     pub(crate) config: CollectionConfig,
     /// Its name in the store.
     pub(crate) stored: String,
+    /// The store it is in (`store` of its config).
+    pub(crate) store: Arc<dyn VectorStore>,
     /// Held while a write to it runs: one ingestion or deletion at a time.
     writing: tokio::sync::Mutex<()>,
 }
 
 /// What the actor and the handle share.
 pub(crate) struct Shared {
-    pub(crate) store: Arc<dyn VectorStore>,
+    /// The stores a collection may be in.
+    pub(crate) stores: VectorStores,
     pub(crate) embedder: Option<Arc<dyn Embedder>>,
     pub(crate) collections: ArcSwap<BTreeMap<String, Arc<Collection>>>,
     pub(crate) max_document_bytes: std::sync::atomic::AtomicUsize,
@@ -160,7 +165,7 @@ pub(crate) struct Shared {
 
 impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shared").field("store", &self.store.describe()).finish_non_exhaustive()
+        f.debug_struct("Shared").field("stores", &self.stores.names()).finish_non_exhaustive()
     }
 }
 
@@ -168,7 +173,9 @@ impl std::fmt::Debug for Shared {
 #[derive(Debug, Clone)]
 pub struct KnowledgeHandle {
     pub(crate) shared: Arc<Shared>,
-    pub(crate) actor: ActorRef<RetrieverMsg>,
+    /// The retriever now: a supervisor replaces it after a failure.
+    actor: Arc<ArcSwap<ActorRef<RetrieverMsg>>>,
+    registry: RegistryHandle,
 }
 
 /// Messages of the [`RetrieverActor`].
@@ -176,8 +183,14 @@ pub struct KnowledgeHandle {
 pub enum RetrieverMsg {
     /// Apply `[knowledge]`: make the collections, publish their tools.
     Apply(KnowledgeConfig, RpcReplyPort<Result<(), KnowledgeError>>),
-    /// Ingest documents into a collection.
-    Ingest(String, Vec<Document>, RpcReplyPort<Result<Vec<DocumentResult>, KnowledgeError>>),
+    /// Ingest documents into a collection, under the span given (the caller's
+    /// `knowledge.ingest`).
+    Ingest(
+        String,
+        Vec<Document>,
+        tracing::Span,
+        RpcReplyPort<Result<Vec<DocumentResult>, KnowledgeError>>,
+    ),
     /// Delete documents of a collection by id; replies how many chunks went and the ids
     /// that were not there.
     Delete(String, Vec<String>, RpcReplyPort<Result<(u64, Vec<String>), KnowledgeError>>),
@@ -190,23 +203,44 @@ pub struct RetrieverActor {
 }
 
 impl KnowledgeHandle {
-    /// Starts the retriever over `store`, publishing tools into `registry`.
+    /// Starts the retriever over `stores` (each collection in the one its config chooses),
+    /// publishing tools into `registry`.
     pub async fn start(
-        store: Arc<dyn VectorStore>,
+        stores: VectorStores,
         embedder: Option<Arc<dyn Embedder>>,
         registry: RegistryHandle,
     ) -> Result<KnowledgeHandle, ractor::SpawnErr> {
         let shared = Arc::new(Shared {
-            store,
+            stores,
             embedder,
             collections: ArcSwap::default(),
             max_document_bytes: KnowledgeConfig::MAX_DOCUMENT_BYTES.into(),
             failed: Mutex::default(),
             changed: tokio::sync::Notify::new(),
         });
-        let (actor, _) =
-            Actor::spawn(None, RetrieverActor { shared: shared.clone(), registry }, ()).await?;
-        Ok(KnowledgeHandle { shared, actor })
+        let retriever = RetrieverActor { shared: shared.clone(), registry: registry.clone() };
+        let (actor, _) = Actor::spawn(None, retriever, ()).await?;
+        Ok(KnowledgeHandle { shared, actor: Arc::new(ArcSwap::from_pointee(actor)), registry })
+    }
+
+    /// Returns the retriever's actor, for a supervisor to link.
+    pub fn actor(&self) -> ractor::ActorCell {
+        self.actor.load().get_cell()
+    }
+
+    /// Starts a fresh retriever under `supervisor` after the old one failed. The
+    /// collections, their tools and the store's data live on in the shared state: the new
+    /// actor takes the next ingestion, deletion or reload; a call the old one was answering
+    /// got an error naming its end.
+    pub async fn respawn(
+        &self,
+        supervisor: ractor::ActorCell,
+    ) -> Result<ractor::ActorCell, ractor::SpawnErr> {
+        let retriever =
+            RetrieverActor { shared: self.shared.clone(), registry: self.registry.clone() };
+        let (actor, _) = Actor::spawn_linked(None, retriever, (), supervisor).await?;
+        self.actor.store(Arc::new(actor.clone()));
+        Ok(actor.get_cell())
     }
 
     async fn ask<T>(
@@ -216,7 +250,7 @@ impl KnowledgeHandle {
     where
         T: Send + 'static,
     {
-        match self.actor.call(message, None).await {
+        match self.actor.load().call(message, None).await {
             Ok(ractor::rpc::CallResult::Success(result)) => result,
             Ok(ractor::rpc::CallResult::Timeout) => Err(KnowledgeError::Gone("timed out".into())),
             Ok(ractor::rpc::CallResult::SenderError) => {
@@ -238,8 +272,14 @@ impl KnowledgeHandle {
         collection: &str,
         documents: Vec<Document>,
     ) -> Result<Vec<DocumentResult>, KnowledgeError> {
+        // Made here, in the caller's trace: the actor runs the ingestion under it.
+        let span = info_span!(
+            "knowledge.ingest",
+            knowledge.collection = %collection,
+            knowledge.documents = documents.len() as i64
+        );
         let collection = collection.to_owned();
-        self.ask(|reply| RetrieverMsg::Ingest(collection, documents, reply)).await
+        self.ask(|reply| RetrieverMsg::Ingest(collection, documents, span, reply)).await
     }
 
     /// Deletes documents by id; returns how many chunks went and the ids not found.
@@ -252,18 +292,25 @@ impl KnowledgeHandle {
         self.ask(|reply| RetrieverMsg::Delete(collection, ids, reply)).await
     }
 
-    /// Returns the collections with their document and chunk counts.
-    pub async fn collections(&self) -> Result<Vec<CollectionInfo>, KnowledgeError> {
+    /// Returns the collections with their document and chunk counts; a collection whose
+    /// store does not answer is listed with the reason.
+    pub async fn collections(&self) -> Vec<CollectionInfo> {
         let collections = self.shared.collections.load_full();
-        let store = &self.shared.store;
         let mut infos = Vec::with_capacity(collections.len());
         for collection in collections.values() {
-            let (documents, chunks) = match store.count(&collection.stored, None).await {
-                Ok(0) | Err(StoreError::NoCollection { .. }) => (0, 0),
-                Ok(chunks) => {
-                    (store.distinct(&collection.stored, DOC_ID, usize::MAX >> 1).await?, chunks)
-                }
-                Err(error) => return Err(error.into()),
+            let store = &collection.store;
+            // One store that does not answer fails its collections' counts, not the list.
+            let counts = match store.count(&collection.stored, None).await {
+                Ok(0) | Err(StoreError::NoCollection { .. }) => Ok((0, 0)),
+                Ok(chunks) => store
+                    .distinct(&collection.stored, DOC_ID, usize::MAX >> 1)
+                    .await
+                    .map(|documents| (documents, chunks)),
+                Err(error) => Err(error),
+            };
+            let ((documents, chunks), error) = match counts {
+                Ok(counts) => (counts, None),
+                Err(error) => ((0, 0), Some(error.to_string())),
             };
             infos.push(CollectionInfo {
                 name: collection.config.name.clone(),
@@ -272,9 +319,10 @@ impl KnowledgeHandle {
                 documents,
                 chunks,
                 store: store.describe(),
+                error,
             });
         }
-        Ok(infos)
+        infos
     }
 
     /// Returns the best `top_k` passages of `collection` for `query` whose metadata
@@ -307,6 +355,7 @@ impl KnowledgeHandle {
     pub async fn stop(&self) {
         let _ = self
             .actor
+            .load()
             .stop_and_wait(Some("shutdown".into()), Some(std::time::Duration::from_secs(5)))
             .await;
     }
@@ -326,7 +375,7 @@ impl Shared {
         let span = info_span!(
             "knowledge.query",
             knowledge.collection = %collection.config.name,
-            knowledge.top_k = top_k,
+            knowledge.top_k = top_k as i64,
             knowledge.hits = tracing::field::Empty,
         );
         let found = async {
@@ -338,7 +387,7 @@ impl Shared {
                 Some(embedder) => {
                     let text = query.to_owned();
                     let vector = tokio::task::spawn_blocking(move || embedder.embed_query(&text))
-                        .instrument(info_span!("knowledge.embed", knowledge.texts = 1))
+                        .instrument(info_span!("knowledge.embed", knowledge.texts = 1_i64))
                         .await
                         .map_err(|e| KnowledgeError::Embedding(e.to_string()))?
                         .map_err(|e| KnowledgeError::Embedding(e.to_string()))?;
@@ -355,7 +404,7 @@ impl Shared {
                 candidates: (4 * top_k).max(50),
                 rrf_k: 0,
             };
-            let hits = match self.store.query(&collection.stored, request).await {
+            let hits = match collection.store.query(&collection.stored, request).await {
                 Ok(hits) => hits,
                 Err(StoreError::NoCollection { .. }) => Vec::new(),
                 Err(error) => return Err(error.into()),
@@ -383,7 +432,7 @@ impl Shared {
         }
         .instrument(span.clone())
         .await?;
-        span.record("knowledge.hits", found.len());
+        span.record("knowledge.hits", found.len() as i64);
         Ok(found)
     }
 
@@ -435,6 +484,11 @@ fn metadata_filter(
         });
     }
     Ok((!must.is_empty()).then_some(Filter { must, must_not: Vec::new() }))
+}
+
+/// Says that no store is named `name`, naming those there are.
+pub fn unknown_store(name: &str, known: &[&str]) -> String {
+    format!("no vector store {name:?} (stores: {}); add [vector.stores.{name}]", known.join(", "))
 }
 
 /// The name of a collection in the store: per embedding model, so that vectors of two
@@ -492,7 +546,7 @@ impl RetrieverActor {
         let old = self.shared.collections.load_full();
         let mut next = BTreeMap::new();
         let mut failed = BTreeMap::new();
-        for collection in config.collections {
+        for (i, collection) in config.collections.into_iter().enumerate() {
             let stored = stored_name(&collection.name, embedder);
             let spec = CollectionSpec {
                 name: stored.clone(),
@@ -502,7 +556,14 @@ impl RetrieverActor {
                     .chain(collection.filter_fields.iter().map(|f| format!("{METADATA}.{f}")))
                     .collect(),
             };
-            if let Err(error) = self.shared.store.ensure(&spec).await {
+            let store = self.shared.stores.get(collection.store.as_deref()).ok_or_else(|| {
+                let name = collection.store.as_deref().unwrap_or_default();
+                KnowledgeError::Invalid(format!(
+                    "knowledge.collections[{i}].store: {}",
+                    unknown_store(name, &self.shared.stores.names())
+                ))
+            })?;
+            if let Err(error) = store.ensure(&spec).await {
                 warn!(collection = %collection.name, %error, "cannot make a knowledge collection");
                 failed.insert(collection.name.clone(), error.to_string());
             }
@@ -511,6 +572,7 @@ impl RetrieverActor {
                 Some(existing) if existing.config == collection => existing.clone(),
                 _ => Arc::new(Collection {
                     stored,
+                    store: store.clone(),
                     config: collection.clone(),
                     writing: tokio::sync::Mutex::new(()),
                 }),
@@ -609,7 +671,7 @@ async fn ingest(
                 }
                 Ok::<_, String>(vectors)
             })
-            .instrument(info_span!("knowledge.embed", knowledge.texts = count))
+            .instrument(info_span!("knowledge.embed", knowledge.texts = count as i64))
             .await
             .map_err(|e| KnowledgeError::Embedding(e.to_string()))?
         }
@@ -632,7 +694,7 @@ async fn ingest(
         }
     };
 
-    let upsert = info_span!("knowledge.upsert", knowledge.collection = %config.name, knowledge.documents = chunked.len());
+    let upsert = info_span!("knowledge.upsert", knowledge.collection = %config.name, knowledge.documents = chunked.len() as i64);
     async {
         for (document, chunked) in chunked {
             let chunks = match chunked {
@@ -668,7 +730,7 @@ async fn ingest(
             let count = points.len();
             // The document's old chunks go and its new ones come in one step.
             let old = Filter::is(DOC_ID, Scalar::Str(document.id.clone()));
-            match shared.store.replace(&collection.stored, old, points).await {
+            match collection.store.replace(&collection.stored, old, points).await {
                 Ok(()) => {
                     results.push(DocumentResult { id: document.id, chunks: count, error: None })
                 }
@@ -687,12 +749,11 @@ async fn ingest(
 
 /// Deletes documents by id; see [`KnowledgeHandle::delete`].
 async fn delete(
-    shared: Arc<Shared>,
     collection: Arc<Collection>,
     ids: Vec<String>,
 ) -> Result<(u64, Vec<String>), KnowledgeError> {
     let _writing = collection.writing.lock().await;
-    let store = &shared.store;
+    let store = &collection.store;
     let mut deleted = 0;
     let mut missing = Vec::new();
     for id in ids {
@@ -738,8 +799,7 @@ impl Actor for RetrieverActor {
             RetrieverMsg::Apply(config, reply) => {
                 let _ = reply.send(self.apply(config).await);
             }
-            RetrieverMsg::Ingest(name, documents, reply) => {
-                let span = info_span!("knowledge.ingest", knowledge.collection = %name, knowledge.documents = documents.len());
+            RetrieverMsg::Ingest(name, documents, span, reply) => {
                 match self.shared.collection(&name) {
                     Err(error) => {
                         let _ = reply.send(Err(error));
@@ -760,9 +820,8 @@ impl Actor for RetrieverActor {
                     let _ = reply.send(Err(error));
                 }
                 Ok(collection) => {
-                    let shared = self.shared.clone();
                     tokio::spawn(async move {
-                        let _ = reply.send(delete(shared, collection, ids).await);
+                        let _ = reply.send(delete(collection, ids).await);
                     });
                 }
             },

@@ -11,8 +11,8 @@ use toolmesh_proto::v1::{
     ListToolsRequest, ListToolsResponse, call_tool_client_message, call_tool_server_message,
     tool_service_server::ToolService,
 };
-use toolmesh_telemetry::{names, set_parent_from_metadata};
-use tracing::{Instrument, Span, debug, info_span};
+use toolmesh_telemetry::rpc_server_span;
+use tracing::{Instrument, Span, debug};
 
 use crate::{Admission, CallRequest, Discovery, Router, RouterError, convert, parse_grpc_timeout};
 
@@ -72,16 +72,7 @@ impl ToolFilter {
 
 /// The server span of one RPC, child of the caller's `traceparent` when it sent one.
 fn rpc_span<T>(method: &'static str, request: &Request<T>) -> Span {
-    let span = info_span!(
-        "rpc",
-        otel.name = %format!("{}/{method}", toolmesh_proto::TOOL_SERVICE_NAME),
-        otel.kind = "server",
-        { names::RPC_SYSTEM } = "grpc",
-        { names::RPC_SERVICE } = toolmesh_proto::TOOL_SERVICE_NAME,
-        { names::RPC_METHOD } = method,
-    );
-    set_parent_from_metadata(&span, request.metadata());
-    span
+    rpc_server_span(toolmesh_proto::TOOL_SERVICE_NAME, method, request.metadata())
 }
 
 fn client_timeout<T>(request: &Request<T>) -> Option<std::time::Duration> {

@@ -49,6 +49,26 @@ pub fn set_parent_from_metadata(span: &tracing::Span, metadata: &MetadataMap) {
     }
 }
 
+/// Returns the server span of one RPC, `service/method`, a child of the caller's
+/// `traceparent` when `metadata` holds one.
+pub fn rpc_server_span(
+    service: &'static str,
+    method: &'static str,
+    metadata: &MetadataMap,
+) -> tracing::Span {
+    use crate::names;
+    let span = tracing::info_span!(
+        "rpc",
+        otel.name = %format!("{service}/{method}"),
+        otel.kind = "server",
+        { names::RPC_SYSTEM } = "grpc",
+        { names::RPC_SERVICE } = service,
+        { names::RPC_METHOD } = method,
+    );
+    set_parent_from_metadata(&span, metadata);
+    span
+}
+
 /// Writes the trace context of `span` into `metadata`, for an outgoing gRPC request.
 pub fn inject_context(span: &tracing::Span, metadata: &mut MetadataMap) {
     let context = span.context();

@@ -3,17 +3,18 @@
 //! router replicas), both behind [`toolmesh_core::VectorStore`].
 //!
 //! This is the only crate that links the engine (`qdrant-edge`): everything else holds an
-//! `Arc<dyn VectorStore>` that [`open`] returns from the `[vector]` section.
+//! `Arc<dyn VectorStore>` of the [`VectorStores`] that [`open_all`] opens from the `[vector]`
+//! section.
 
 mod embedded;
 mod filter;
 mod provider;
 mod server;
 
-use std::{path::Path, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
 
 use serde::Deserialize;
-use toolmesh_core::{StoreError, VectorStore};
+use toolmesh_core::{StoreError, VectorStore, VectorStores};
 
 pub use embedded::EmbeddedStore;
 pub use provider::VectorProvider;
@@ -35,6 +36,9 @@ pub struct VectorConfig {
     pub api_key_env: String,
     /// How long one request to the server may take, in milliseconds.
     pub timeout_ms: u64,
+    /// `[vector.stores.NAME]`: more stores, each with the keys above, that knowledge
+    /// collections may choose by name (`store = "NAME"`); the one above is `default`.
+    pub stores: BTreeMap<String, VectorConfig>,
 }
 
 impl Default for VectorConfig {
@@ -44,6 +48,7 @@ impl Default for VectorConfig {
             url: None,
             api_key_env: "QDRANT_API_KEY".into(),
             timeout_ms: 2_000,
+            stores: BTreeMap::new(),
         }
     }
 }
@@ -60,31 +65,93 @@ pub enum BackendKind {
 }
 
 impl VectorConfig {
-    /// Checks the section on its own: a server backend needs its address. The error names
-    /// the key and what is wrong with it.
-    pub fn validate(&self) -> Result<(), (&'static str, String)> {
-        match (self.backend, &self.url) {
-            (BackendKind::Qdrant, None) => {
-                Err(("vector.url", "backend \"qdrant\" needs the server's gRPC address".into()))
+    /// Checks the section on its own: a server backend needs its address; a named store
+    /// has a name that is not taken by the default store or a backend, and no stores of its
+    /// own. The error names the key and what is wrong with it.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        self.validate_store(SECTION)?;
+        for (name, store) in &self.stores {
+            let at = format!("{SECTION}.stores.{name}");
+            if name.is_empty()
+                || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            {
+                return Err((at, "a store's name is letters, digits, _ and - only".into()));
             }
-            _ if self.timeout_ms == 0 => Err(("vector.timeout_ms", "must be more than 0".into())),
+            if [VectorStores::DEFAULT, "embedded", "qdrant"].contains(&name.as_str()) {
+                return Err((at, format!("{name:?} names the default store or a backend")));
+            }
+            if !store.stores.is_empty() {
+                return Err((format!("{at}.stores"), "a named store has no stores".into()));
+            }
+            store.validate_store(&at)?;
+        }
+        Ok(())
+    }
+
+    fn validate_store(&self, at: &str) -> Result<(), (String, String)> {
+        match (self.backend, &self.url) {
+            (BackendKind::Qdrant, None) => Err((
+                format!("{at}.url"),
+                "backend \"qdrant\" needs the server's gRPC address".into(),
+            )),
+            _ if self.timeout_ms == 0 => {
+                Err((format!("{at}.timeout_ms"), "must be more than 0".into()))
+            }
             _ => Ok(()),
         }
     }
 }
 
-/// Opens the store `config` names; the embedded one under `data_dir/vector`.
-pub async fn open(
-    config: &VectorConfig,
-    data_dir: &Path,
-) -> Result<Arc<dyn VectorStore>, StoreError> {
+/// Opens the stores `config` names: the default one (an embedded one under
+/// `data_dir/vector`) and each of `[vector.stores.NAME]` (an embedded one under
+/// `data_dir/vector/stores/NAME`). A store that cannot be opened fails them all: the error
+/// names it.
+pub async fn open_all(config: &VectorConfig, data_dir: &Path) -> Result<VectorStores, StoreError> {
+    let default = open(config, &data_dir.join("vector")).await?;
+    let mut named = BTreeMap::new();
+    for (name, store) in &config.stores {
+        let dir = data_dir.join("vector").join("stores").join(name);
+        named.insert(name.clone(), open(store, &dir).await?);
+    }
+    Ok(VectorStores::new(default, named))
+}
+
+/// Opens the one store `config` names (its `stores` aside); an embedded one in `dir`.
+pub async fn open(config: &VectorConfig, dir: &Path) -> Result<Arc<dyn VectorStore>, StoreError> {
     match config.backend {
-        BackendKind::Embedded => Ok(Arc::new(EmbeddedStore::open(data_dir.join("vector")).await?)),
+        BackendKind::Embedded => Ok(Arc::new(EmbeddedStore::open(dir.to_owned()).await?)),
         BackendKind::Qdrant => {
             let url = config.url.as_deref().unwrap_or_default();
             let api_key = std::env::var(&config.api_key_env).ok().filter(|k| !k.is_empty());
             let timeout = Duration::from_millis(config.timeout_ms);
             Ok(Arc::new(ServerStore::connect(url, api_key, timeout)?))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn named_stores_are_checked_and_errors_name_the_key() {
+        let server = |url: Option<&str>| VectorConfig {
+            backend: BackendKind::Qdrant,
+            url: url.map(str::to_owned),
+            ..VectorConfig::default()
+        };
+        let with = |name: &str, store: VectorConfig| VectorConfig {
+            stores: [(name.to_owned(), store)].into(),
+            ..VectorConfig::default()
+        };
+        assert_eq!(with("shared", server(Some("http://q:6334"))).validate(), Ok(()));
+        let error = |config: VectorConfig| config.validate().unwrap_err().0;
+        assert_eq!(error(with("shared", server(None))), "vector.stores.shared.url");
+        assert_eq!(error(with("default", VectorConfig::default())), "vector.stores.default");
+        assert_eq!(error(with("qdrant", VectorConfig::default())), "vector.stores.qdrant");
+        assert_eq!(error(with("a b", VectorConfig::default())), "vector.stores.a b");
+        let nested = with("outer", with("inner", VectorConfig::default()));
+        assert_eq!(error(nested), "vector.stores.outer.stores");
+        assert_eq!(error(server(None)), "vector.url");
     }
 }

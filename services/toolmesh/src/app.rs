@@ -6,7 +6,7 @@ use ractor::ActorRef;
 use tokio_util::sync::CancellationToken;
 use toolmesh_config::Config;
 use toolmesh_core::{HealthBoard, Provider, Toolkit};
-use toolmesh_knowledge::{KnowledgeHandle, KnowledgeProvider};
+use toolmesh_knowledge::{KnowledgeHandle, KnowledgeProvider, unknown_store};
 use toolmesh_mcp::McpManager;
 use toolmesh_meta::MetaTools;
 use toolmesh_registry::RegistryHandle;
@@ -72,29 +72,41 @@ pub const SECTIONS: &[&str] = &[toolmesh_vector::SECTION, toolmesh_knowledge::SE
 /// do: a bad key or value is one line naming it.
 pub fn check_sections(config: &Config) -> anyhow::Result<()> {
     config.check_sections(SECTIONS)?;
-    vector_config(config)?;
-    KnowledgeProvider::section(config)?;
+    let vector = vector_config(config)?;
+    let knowledge = KnowledgeProvider::section(config)?;
+    let stores: Vec<&str> = std::iter::once(toolmesh_core::VectorStores::DEFAULT)
+        .chain(vector.stores.keys().map(String::as_str))
+        .collect();
+    for (i, collection) in knowledge.collections.iter().enumerate() {
+        if let Some(name) = collection.store.as_deref().filter(|name| !stores.contains(name)) {
+            let key = format!("knowledge.collections[{i}].store");
+            return Err(config.key_error(&key, unknown_store(name, &stores)).into());
+        }
+    }
     Ok(())
 }
 
 fn vector_config(config: &Config) -> anyhow::Result<VectorConfig> {
     let vector: VectorConfig = config.section(toolmesh_vector::SECTION)?.unwrap_or_default();
-    vector.validate().map_err(|(key, reason)| config.key_error(key, reason))?;
+    vector.validate().map_err(|(key, reason)| config.key_error(&key, reason))?;
     Ok(vector)
 }
 
-/// Opens the vector store `[vector]` names: the embedded engine under the data directory,
-/// or a Qdrant server.
-async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn toolmesh_core::VectorStore>> {
+/// Opens the vector stores `[vector]` names: the embedded engine under the data directory,
+/// or a Qdrant server; the default one and each of `[vector.stores.NAME]`.
+async fn open_stores(config: &Config) -> anyhow::Result<toolmesh_core::VectorStores> {
     let vector = vector_config(config)?;
     let data_dir = config
         .server
         .data_dir
         .clone()
         .context("no data directory: set --data-dir, server.data_dir, XDG_DATA_HOME or HOME")?;
-    let store = toolmesh_vector::open(&vector, &data_dir).await?;
-    info!(store = %store.describe(), "vector store open");
-    Ok(store)
+    let stores = toolmesh_vector::open_all(&vector, &data_dir).await?;
+    for (name, store) in stores.all() {
+        let name = name.unwrap_or(toolmesh_core::VectorStores::DEFAULT);
+        info!(name, store = %store.describe(), "vector store open");
+    }
+    Ok(stores)
 }
 
 /// How long a provider may take to stop once the front door has drained.
@@ -120,25 +132,26 @@ impl App {
         let mcp = McpManager::start(registry.clone())
             .await
             .map_err(|e| anyhow::anyhow!("cannot start the mcp supervisor: {e}"))?;
-        let vector = Arc::new(VectorProvider::new(open_store(config).await?));
+        let vector = Arc::new(VectorProvider::new(open_stores(config).await?));
         let search = Arc::new(
             SearchProvider::from_config(registry.clone(), config, vector.store().clone()).await?,
         );
-        let (root, children) = RootSupervisor::start(vec![
-            ("registry", Arc::new(registry.clone())),
-            ("workers", Arc::new(local.pool().clone())),
-            ("mcp", Arc::new(mcp.clone())),
-            ("search", search.clone()),
-        ])
-        .await
-        .context("starting the root supervisor")?;
         let knowledge = KnowledgeHandle::start(
-            vector.store().clone(),
+            vector.stores().clone(),
             search.handle().embedder(),
             registry.clone(),
         )
         .await
         .context("starting the retriever")?;
+        let (root, children) = RootSupervisor::start(vec![
+            ("registry", Arc::new(registry.clone())),
+            ("workers", Arc::new(local.pool().clone())),
+            ("mcp", Arc::new(mcp.clone())),
+            ("search", search.clone()),
+            ("knowledge", Arc::new(knowledge.clone())),
+        ])
+        .await
+        .context("starting the root supervisor")?;
         let mut providers: Vec<Arc<dyn Provider<Config>>> = vec![
             local.clone(),
             Arc::new(mcp.clone()),
@@ -246,7 +259,7 @@ impl App {
         &self.health
     }
 
-    /// Returns the root supervisor's children (`registry`, `workers`, `mcp`, `search`)
+    /// Returns the root supervisor's children (`registry`, `workers`, `mcp`, `search`, `knowledge`)
     /// and their actors now.
     pub fn actors(&self) -> Vec<(&'static str, ractor::ActorCell)> {
         self.children.actors()

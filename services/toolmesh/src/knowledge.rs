@@ -8,6 +8,7 @@ use toolmesh_proto::v1::{
     CollectionInfo, DeleteRequest, DeleteResponse, DocumentFormat, IngestRequest, IngestResponse,
     ListCollectionsRequest, ListCollectionsResponse, knowledge_service_server::KnowledgeService,
 };
+use tracing::Instrument;
 
 /// The knowledge API.
 #[derive(Debug, Clone)]
@@ -47,6 +48,40 @@ fn document(message: toolmesh_proto::v1::Document) -> Result<Document, DocumentR
 #[tonic::async_trait]
 impl KnowledgeService for KnowledgeServiceImpl {
     async fn ingest(
+        &self,
+        request: Request<Streaming<IngestRequest>>,
+    ) -> Result<Response<IngestResponse>, Status> {
+        let span = rpc_span("Ingest", &request);
+        self.serve_ingest(request).instrument(span).await
+    }
+
+    async fn delete(
+        &self,
+        request: Request<DeleteRequest>,
+    ) -> Result<Response<DeleteResponse>, Status> {
+        let span = rpc_span("Delete", &request);
+        self.serve_delete(request).instrument(span).await
+    }
+
+    async fn list_collections(
+        &self,
+        request: Request<ListCollectionsRequest>,
+    ) -> Result<Response<ListCollectionsResponse>, Status> {
+        let span = rpc_span("ListCollections", &request);
+        self.serve_list_collections(request).instrument(span).await
+    }
+}
+
+/// The server span of one RPC, child of the caller's `traceparent` when it sent one.
+fn rpc_span<T>(method: &'static str, request: &Request<T>) -> tracing::Span {
+    toolmesh_telemetry::rpc_server_span(SERVICE, method, request.metadata())
+}
+
+/// The service's fully qualified name.
+const SERVICE: &str = "toolmesh.v1.KnowledgeService";
+
+impl KnowledgeServiceImpl {
+    async fn serve_ingest(
         &self,
         request: Request<Streaming<IngestRequest>>,
     ) -> Result<Response<IngestResponse>, Status> {
@@ -112,7 +147,7 @@ impl KnowledgeService for KnowledgeServiceImpl {
         }))
     }
 
-    async fn delete(
+    async fn serve_delete(
         &self,
         request: Request<DeleteRequest>,
     ) -> Result<Response<DeleteResponse>, Status> {
@@ -125,11 +160,11 @@ impl KnowledgeService for KnowledgeServiceImpl {
         Ok(Response::new(DeleteResponse { deleted_chunks, not_found }))
     }
 
-    async fn list_collections(
+    async fn serve_list_collections(
         &self,
         _: Request<ListCollectionsRequest>,
     ) -> Result<Response<ListCollectionsResponse>, Status> {
-        let collections = self.knowledge.collections().await.map_err(status)?;
+        let collections = self.knowledge.collections().await;
         Ok(Response::new(ListCollectionsResponse {
             collections: collections
                 .into_iter()
@@ -140,6 +175,7 @@ impl KnowledgeService for KnowledgeServiceImpl {
                     documents: c.documents,
                     chunks: c.chunks,
                     store: c.store,
+                    error: c.error.unwrap_or_default(),
                 })
                 .collect(),
         }))

@@ -12,6 +12,7 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::sync::Notify;
 use toolmesh_config::Config;
 use toolmesh_core::{Health, Provider, ProviderError};
+use toolmesh_knowledge::KnowledgeHandle;
 use toolmesh_mcp::McpManager;
 use toolmesh_registry::RegistryHandle;
 use toolmesh_search::SearchProvider;
@@ -77,6 +78,17 @@ impl Supervised for SearchProvider {
 
     async fn respawn(&self, root: ActorCell, reason: String) -> Result<ActorCell, String> {
         SearchProvider::respawn(self, root, reason).await.map_err(|e| e.to_string())
+    }
+}
+
+#[async_trait::async_trait]
+impl Supervised for KnowledgeHandle {
+    fn actor(&self) -> ActorCell {
+        KnowledgeHandle::actor(self)
+    }
+
+    async fn respawn(&self, root: ActorCell, _: String) -> Result<ActorCell, String> {
+        KnowledgeHandle::respawn(self, root).await.map_err(|e| e.to_string())
     }
 }
 
