@@ -1388,3 +1388,66 @@ store = "archive"
     assert!(message.contains("knowledge.collections[0].store"), "{message}");
     assert!(message.contains("no vector store \"archive\" (stores: default)"), "{message}");
 }
+
+/// Two routers on one Qdrant server (`QDRANT_URL`, a gRPC address such as
+/// `http://localhost:6334`): the tools are embedded once between them, and what one ingests
+/// the other finds, and no longer finds once the other deleted it.
+#[tokio::test]
+#[cfg_attr(not(qdrant_url), ignore = "QDRANT_URL is not set: no Qdrant server to test against")]
+async fn two_routers_on_one_qdrant_server_share_the_tool_index_and_the_documents() {
+    let url = std::env::var("QDRANT_URL").unwrap();
+    // A collection of this run only: the server outlives it.
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let collection = format!("shared_{}_{}", std::process::id(), nanos.as_nanos());
+    let config = format!(
+        "[vector]\nbackend = \"qdrant\"\nurl = \"{url}\"\n\n[[knowledge.collections]]\n\
+         name = \"{collection}\"\ndescription = \"Documents both routers see.\"\n"
+    );
+    let settled = |server: &TestServer| {
+        let search = server.app.search();
+        search.version() > 0 && search.indexed() > 0 && search.embedded() == search.indexed()
+    };
+    let first = TestServer::start(&config, AppOptions::default()).await.unwrap();
+    eventually(Duration::from_secs(60), || async { settled(&first).then_some(()) })
+        .await
+        .expect("the first router has every tool's vector");
+    let second = TestServer::start(&config, AppOptions::default()).await.unwrap();
+    eventually(Duration::from_secs(30), || async { settled(&second).then_some(()) })
+        .await
+        .expect("the second router has every tool's vector");
+    let tools = first.app.search().indexed() as u64;
+    assert_eq!(second.app.search().embeddings_made(), 0, "the second router embedded nothing");
+    assert!(first.app.search().embeddings_made() <= tools);
+
+    let document =
+        knowledge_document("shared.txt", "The VPN is set up with the office key.", false, "en");
+    let ingested = ingest(&first, &collection, vec![document]).await.unwrap();
+    assert_eq!(ingested.ingested, 1, "{ingested:?}");
+    let tool = format!("search_{collection}");
+    let ids = |server| passage_ids(server, &tool, "set up the VPN");
+    assert_eq!(ids(&second).await, ["shared.txt"], "the second router finds the first's document");
+    let deleted = knowledge_client(&second)
+        .await
+        .delete(toolmesh_proto::v1::DeleteRequest {
+            collection: collection.clone(),
+            document_ids: vec!["shared.txt".into()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(deleted.deleted_chunks, 1, "{deleted:?}");
+    assert!(ids(&first).await.is_empty(), "the first router no longer finds it");
+}
+
+/// The document ids of the passages `tool` finds for `query`, best first.
+async fn passage_ids(server: &TestServer, tool: &str, query: &str) -> Vec<String> {
+    let response = server.call(tool, json!({ "query": query })).await.unwrap();
+    let structured: Value =
+        serde_json::from_str(response.structured_json.as_deref().unwrap()).unwrap();
+    structured["passages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["document_id"].as_str().unwrap().to_owned())
+        .collect()
+}
