@@ -1288,18 +1288,7 @@ async fn toolmesh_ingest_loads_a_tree_names_each_bad_file_and_replaces_on_a_seco
                 arguments_json: json!({ "query": query }).to_string(),
                 ..Default::default()
             };
-            let response = client.call_tool(request).await.unwrap().into_inner();
-            let structured: serde_json::Value =
-                serde_json::from_str(response.structured_json.as_deref().unwrap()).unwrap();
-            structured["passages"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|p| {
-                    let id = p["document_id"].as_str().unwrap().to_owned();
-                    (id, p["text"].as_str().unwrap().to_owned())
-                })
-                .collect::<Vec<_>>()
+            toolmesh_e2e::passages(&client.call_tool(request).await.unwrap().into_inner())
         }
     };
     // Ids are paths relative to the directory given; Markdown keeps its headings.

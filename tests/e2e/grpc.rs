@@ -1104,19 +1104,7 @@ async fn ingest(
 
 /// The passages of a knowledge search, as (document id, text).
 async fn passages(server: &TestServer, arguments: Value) -> Vec<(String, String)> {
-    let response = server.call("search_docs", arguments).await.unwrap();
-    assert!(!response.is_error, "{response:?}");
-    let structured: Value =
-        serde_json::from_str(response.structured_json.as_deref().unwrap()).unwrap();
-    structured["passages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| {
-            assert!(p["score"].is_number() && p["chunk"].is_u64(), "{p}");
-            (p["document_id"].as_str().unwrap().to_owned(), p["text"].as_str().unwrap().to_owned())
-        })
-        .collect()
+    toolmesh_e2e::passages(&server.call("search_docs", arguments).await.unwrap())
 }
 
 #[tokio::test]
@@ -1442,12 +1430,5 @@ async fn two_routers_on_one_qdrant_server_share_the_tool_index_and_the_documents
 /// The document ids of the passages `tool` finds for `query`, best first.
 async fn passage_ids(server: &TestServer, tool: &str, query: &str) -> Vec<String> {
     let response = server.call(tool, json!({ "query": query })).await.unwrap();
-    let structured: Value =
-        serde_json::from_str(response.structured_json.as_deref().unwrap()).unwrap();
-    structured["passages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["document_id"].as_str().unwrap().to_owned())
-        .collect()
+    toolmesh_e2e::passages(&response).into_iter().map(|(id, _)| id).collect()
 }

@@ -66,3 +66,22 @@ pub fn text(response: &toolmesh_proto::v1::CallToolResponse) -> String {
         .collect::<Vec<_>>()
         .join("\n")
 }
+
+/// Returns the passages of a knowledge search's result as (document id, text), best first;
+/// each has a score and a chunk position.
+pub fn passages(response: &toolmesh_proto::v1::CallToolResponse) -> Vec<(String, String)> {
+    assert!(!response.is_error, "{response:?}");
+    let structured: serde_json::Value =
+        serde_json::from_str(response.structured_json.as_deref().expect("structured output"))
+            .expect("structured output is JSON");
+    structured["passages"]
+        .as_array()
+        .expect("passages")
+        .iter()
+        .map(|p| {
+            assert!(p["score"].is_number() && p["chunk"].is_u64(), "{p}");
+            let field = |name: &str| p[name].as_str().expect("a string field").to_owned();
+            (field("document_id"), field("text"))
+        })
+        .collect()
+}
