@@ -789,11 +789,15 @@ async fn until_indexed(
                 return Ok(first.unwrap_or_default());
             }
         }
+        // A guard against a hang, not a goal: a first start embeds every tool, at a few
+        // dozen a second on two cores, so the limit grows with the catalog.
+        let limit = Duration::from_secs(3600).max(Duration::from_millis(100) * expected as u32);
         anyhow::ensure!(
-            started.elapsed() < Duration::from_secs(3600),
-            "only {} of {expected} tools indexed ({} embedded) after an hour",
+            started.elapsed() < limit,
+            "{} tools indexed, {} of them with their vector, after {} s; {expected} expected",
             response.indexed_tools,
-            response.embedded_tools
+            response.embedded_tools,
+            limit.as_secs()
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
