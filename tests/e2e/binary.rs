@@ -917,10 +917,8 @@ async fn an_unprefixed_mcp_tool_that_collides_is_an_error_naming_both_sources() 
     assert_eq!(echo.source.as_ref().unwrap().name, "builtin");
 }
 
-#[tokio::test]
-async fn bench_search_measures_a_tool_search_benchmark() {
-    // A small benchmark in the format of shared/bench/toolsearch; this checks that the
-    // harness loads tools through MCP, scores rankings and re-indexes, not how fast.
+/// A small benchmark in the format of shared/bench/toolsearch: four tools, two queries.
+fn small_tool_search_benchmark() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let tools = [
         ("weather_current", "Current weather conditions for a city"),
@@ -941,13 +939,44 @@ async fn bench_search_measures_a_tool_search_benchmark() {
     ];
     let lines: Vec<String> = queries.iter().map(ToString::to_string).collect();
     std::fs::write(dir.path().join("queries-dev.jsonl"), lines.join("\n")).unwrap();
+    dir
+}
 
+#[tokio::test]
+async fn bench_search_measures_a_tool_search_benchmark() {
+    // This checks that the harness loads tools through MCP, scores rankings and
+    // re-indexes, not how fast.
+    let dir = small_tool_search_benchmark();
     let output = bench(&["--search", dir.path().to_str().unwrap(), "--fresh"]).await;
     assert!(output.status.success(), "{}", stderr(&output));
     let report = stdout(&output);
     assert!(report.contains("2 queries over the whole pool of 4 tools"), "{report}");
     assert!(report.contains("Recall@1   1.000") && report.contains("NDCG@10    1.000"), "{report}");
     assert!(report.contains("re-index after one tool changed"), "{report}");
+}
+
+#[tokio::test]
+async fn bench_embed_measures_the_model_alone() {
+    let dir = small_tool_search_benchmark();
+    let output = bench(&["--embed", dir.path().to_str().unwrap(), "--json"]).await;
+    assert!(output.status.success(), "{}", stderr(&output));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    assert!(report["model"].as_str().unwrap().starts_with("minilm-"), "{report}");
+    assert_eq!(report["queries"], 2, "{report}");
+    assert_eq!(report["batch_texts"], 4, "{report}");
+    // "what is the weather in Paris" is 6 words, 8 tokens with [CLS] and [SEP].
+    let tokens = report["query_tokens_mean"].as_f64().unwrap();
+    assert!((7.0..=12.0).contains(&tokens), "{report}");
+    let (p50, p99) =
+        (report["query_p50_ms"].as_f64().unwrap(), report["query_p99_ms"].as_f64().unwrap());
+    assert!(p50 > 0.0 && p99 >= p50, "{report}");
+    assert!(report["batch_texts_per_s"].as_f64().unwrap() > 0.0, "{report}");
+
+    // Without queries there is nothing to measure, and the bench says so.
+    std::fs::write(dir.path().join("queries-dev.jsonl"), "").unwrap();
+    let output = bench(&["--embed", dir.path().to_str().unwrap()]).await;
+    assert!(!output.status.success());
+    assert!(stderr(&output).contains("no queries in"), "{}", stderr(&output));
 }
 
 #[tokio::test]

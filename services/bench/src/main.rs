@@ -2,12 +2,14 @@
 //!
 //! - [`load`]: `CallTool` against a toolmesh and against a bare tonic echo server, in
 //!   alternating rounds; the MCP proxying benchmark; the tool-search benchmark.
+//! - [`embed`]: the embedding model alone, query latency and batch throughput.
 //! - [`mcp_echo`]: the MCP echo server those benchmarks put behind toolmesh, and a plain MCP
 //!   client driving it directly.
 //!
 //! The servers under test are child processes: `toolmesh serve` (the binary beside this
 //! one, or `--toolmesh`), and this binary itself with a hidden flag for the echo servers.
 
+mod embed;
 mod knowledge;
 mod load;
 mod mcp_echo;
@@ -18,7 +20,7 @@ use clap::Parser;
 
 /// toolmesh's benchmarks. Without a mode flag it measures CallTool throughput and latency
 /// against a toolmesh server and against a bare tonic echo server; --mcp measures MCP
-/// proxying, --search a tool-search benchmark.
+/// proxying, --search a tool-search benchmark, --embed the embedding model alone.
 #[derive(Parser)]
 #[command(name = "toolmesh-bench", version, about, long_about = None)]
 struct Cli {
@@ -97,6 +99,10 @@ struct Cli {
     /// With --knowledge: the collection's chunk overlap, in tokens.
     #[arg(long, default_value_t = 24, requires = "knowledge")]
     chunk_overlap: usize,
+    /// Measure the embedding model alone on the tool-search benchmark in this directory:
+    /// one dev query at a time (p50, p99) and tool texts in batches (texts per second).
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["search", "knowledge"])]
+    embed: Option<PathBuf>,
     /// With --search: the data directory of the toolmesh under test (default: one under
     /// the system's temporary directory, kept between runs).
     #[arg(long, requires = "search", value_name = "DIR")]
@@ -152,6 +158,15 @@ async fn run(args: Cli) -> anyhow::Result<ExitCode> {
         half_load: !args.no_half_load,
         rounds: args.rounds.max(1),
     };
+    if let Some(dir) = &args.embed {
+        let report = embed::run(dir)?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            print!("{}", embed::render(&report));
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let bench = std::env::current_exe()?;
     let toolmesh = match args.toolmesh {
         Some(path) => path,
