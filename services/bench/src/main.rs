@@ -146,6 +146,12 @@ async fn run(args: Cli) -> anyhow::Result<ExitCode> {
         mcp_echo::serve_echo(listener, server).await?;
         return Ok(ExitCode::SUCCESS);
     }
+    if let Some(dir) = &args.embed {
+        // The model alone: no server, so no toolmesh binary to find.
+        let report = embed::run(dir)?;
+        print_report(args.json, &embed::render(&report), &serde_json::to_value(&report)?)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let options = load::BenchOptions {
         server: args.server,
         concurrency: args.concurrency.max(1),
@@ -158,15 +164,6 @@ async fn run(args: Cli) -> anyhow::Result<ExitCode> {
         half_load: !args.no_half_load,
         rounds: args.rounds.max(1),
     };
-    if let Some(dir) = &args.embed {
-        let report = embed::run(dir)?;
-        if args.json {
-            println!("{}", serde_json::to_string_pretty(&report)?);
-        } else {
-            print!("{}", embed::render(&report));
-        }
-        return Ok(ExitCode::SUCCESS);
-    }
     let bench = std::env::current_exe()?;
     let toolmesh = match args.toolmesh {
         Some(path) => path,
@@ -193,10 +190,16 @@ async fn run(args: Cli) -> anyhow::Result<ExitCode> {
         let report = load::run(&options, &programs).await?;
         (load::render(&options, &report), serde_json::to_value(&report)?)
     };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&json)?);
+    print_report(args.json, &table, &json)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints a report as its table, or as JSON with `--json`.
+fn print_report(json: bool, table: &str, value: &serde_json::Value) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(value)?);
     } else {
         print!("{table}");
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
