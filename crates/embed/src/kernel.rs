@@ -92,15 +92,23 @@ impl WithSimd for MatMulT<'_> {
                 let mut i = m0;
                 while i < m1 {
                     let mr = (m1 - i).min(MR);
-                    if mr == MR && nr == NR {
-                        tile(simd, x, w, k, i, j, y, n);
-                    } else {
-                        for r in i..i + mr {
-                            for c in j..j + nr {
-                                y[r * n + c] =
-                                    dot(simd, &x[r * k..(r + 1) * k], &w[c * k..(c + 1) * k]);
-                            }
-                        }
+                    // The edges of the product get a smaller tile of their own shape: a
+                    // dot product at a time runs one chain of dependent multiply-adds, and
+                    // a query's last rows would take a third of its time.
+                    let block = Block { x, w, k, i, j, y: &mut *y, n };
+                    match (mr, nr) {
+                        (4, 3) => tile::<S, 4, 3>(simd, block),
+                        (3, 3) => tile::<S, 3, 3>(simd, block),
+                        (2, 3) => tile::<S, 2, 3>(simd, block),
+                        (1, 3) => tile::<S, 1, 3>(simd, block),
+                        (4, 2) => tile::<S, 4, 2>(simd, block),
+                        (3, 2) => tile::<S, 3, 2>(simd, block),
+                        (2, 2) => tile::<S, 2, 2>(simd, block),
+                        (1, 2) => tile::<S, 1, 2>(simd, block),
+                        (4, _) => tile::<S, 4, 1>(simd, block),
+                        (3, _) => tile::<S, 3, 1>(simd, block),
+                        (2, _) => tile::<S, 2, 1>(simd, block),
+                        _ => tile::<S, 1, 1>(simd, block),
                     }
                     i += mr;
                 }
@@ -117,30 +125,34 @@ impl WithSimd for MatMulT<'_> {
     }
 }
 
-/// One MR × NR block of outputs, its accumulators held in registers across the whole of `k`.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn tile<S: Simd>(
-    simd: S,
-    x: &[f32],
-    w: &[f32],
+/// Where one register tile reads and writes: rows `i..` of `x`, rows `j..` of `w`, and the
+/// outputs at their crossing in `y` (`n` columns).
+struct Block<'a> {
+    x: &'a [f32],
+    w: &'a [f32],
     k: usize,
     i: usize,
     j: usize,
-    y: &mut [f32],
+    y: &'a mut [f32],
     n: usize,
-) {
-    let xr: [&[f32]; MR] = std::array::from_fn(|r| &x[(i + r) * k..(i + r + 1) * k]);
-    let wr: [&[f32]; NR] = std::array::from_fn(|c| &w[(j + c) * k..(j + c + 1) * k]);
-    let xs: [&[S::f32s]; MR] = xr.map(|row| S::as_simd_f32s(row).0);
-    let ws: [&[S::f32s]; NR] = wr.map(|row| S::as_simd_f32s(row).0);
+}
+
+/// One R × C block of outputs (at most MR × NR), its accumulators held in registers across
+/// the whole of `k`.
+#[inline(always)]
+fn tile<S: Simd, const R: usize, const C: usize>(simd: S, block: Block<'_>) {
+    let Block { x, w, k, i, j, y, n } = block;
+    let xr: [&[f32]; R] = std::array::from_fn(|r| &x[(i + r) * k..(i + r + 1) * k]);
+    let wr: [&[f32]; C] = std::array::from_fn(|c| &w[(j + c) * k..(j + c + 1) * k]);
+    let xs: [&[S::f32s]; R] = xr.map(|row| S::as_simd_f32s(row).0);
+    let ws: [&[S::f32s]; C] = wr.map(|row| S::as_simd_f32s(row).0);
     // Equal lengths, stated so the loop below runs without bounds checks.
     let len = xs[0].len();
     let xs = xs.map(|row| &row[..len]);
     let ws = ws.map(|row| &row[..len]);
-    let mut acc = [[simd.splat_f32s(0.0); NR]; MR];
+    let mut acc = [[simd.splat_f32s(0.0); C]; R];
     for p in 0..len {
-        let wv: [S::f32s; NR] = std::array::from_fn(|c| ws[c][p]);
+        let wv: [S::f32s; C] = std::array::from_fn(|c| ws[c][p]);
         for (acc_row, xs_row) in acc.iter_mut().zip(&xs) {
             let xv = xs_row[p];
             for (a, wv) in acc_row.iter_mut().zip(wv) {
@@ -157,26 +169,18 @@ fn tile<S: Simd>(
     }
 }
 
-#[inline(always)]
-fn dot<S: Simd>(simd: S, a: &[f32], b: &[f32]) -> f32 {
-    let (av, at) = S::as_simd_f32s(a);
-    let (bv, bt) = S::as_simd_f32s(b);
-    let mut acc = simd.splat_f32s(0.0);
-    for (a, b) in av.iter().zip(bv) {
-        acc = simd.mul_add_f32s(*a, *b, acc);
-    }
-    simd.reduce_sum_f32s(acc) + at.iter().zip(bt).map(|(a, b)| a * b).sum::<f32>()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// The tiled, vectorised product equals the plain triple loop for shapes that hit every
-    /// edge: partial register tiles, partial cache blocks, and `k` not a multiple of the lanes.
+    /// edge: register tiles of every smaller shape, partial cache blocks, `k` not a multiple
+    /// of the lanes, and a query-sized product split between threads.
     #[test]
     fn matmul_t_matches_the_definition() {
-        for (m, n, k) in [(1, 1, 1), (5, 7, 13), (4, 3, 16), (70, 10, 40), (130, 385, 37)] {
+        let edges = (1..=9).flat_map(|m| (1..=7).map(move |n| (m, n, 19)));
+        let large = [(1, 1, 1), (4, 3, 16), (70, 10, 40), (130, 385, 37), (34, 1152, 384)];
+        for (m, n, k) in edges.chain(large) {
             let x: Vec<f32> = (0..m * k).map(|v| ((v * 7919) % 113) as f32 / 57.0 - 1.0).collect();
             let w: Vec<f32> =
                 (0..n * k).map(|v| ((v * 104_729) % 97) as f32 / 49.0 - 1.0).collect();
