@@ -1027,6 +1027,12 @@ async fn a_provider_is_started_watched_listed_reloaded_and_stopped_like_the_buil
 #[tokio::test]
 async fn a_restart_on_the_same_data_embeds_no_tool_again_and_ranks_alike() {
     let data = tempfile::tempdir().unwrap();
+    let described = |description: &str| {
+        format!(
+            "[[tools.command]]\nname = \"word_count\"\ndescription = \"{description}\"\ncommand = \"/usr/bin/wc\"\n"
+        )
+    };
+    let config = described("Counts the words of a text document.");
     let settled = |server: &TestServer| {
         let search = server.app.search();
         search.version() > 0 && search.indexed() > 0 && search.embedded() == search.indexed()
@@ -1039,7 +1045,7 @@ async fn a_restart_on_the_same_data_embeds_no_tool_again_and_ranks_alike() {
         }
     };
 
-    let first = TestServer::start_in("", AppOptions::default(), data.path()).await.unwrap();
+    let first = TestServer::start_in(&config, AppOptions::default(), data.path()).await.unwrap();
     eventually(Duration::from_secs(60), || async { settled(&first).then_some(()) })
         .await
         .expect("every tool embedded");
@@ -1050,7 +1056,7 @@ async fn a_restart_on_the_same_data_embeds_no_tool_again_and_ranks_alike() {
     assert_eq!(ranked[0], "think");
     first.stop().await.unwrap();
 
-    let second = TestServer::start_in("", AppOptions::default(), data.path()).await.unwrap();
+    let second = TestServer::start_in(&config, AppOptions::default(), data.path()).await.unwrap();
     eventually(Duration::from_secs(10), || async {
         (settled(&second) && second.app.search().indexed() == tools).then_some(())
     })
@@ -1058,6 +1064,21 @@ async fn a_restart_on_the_same_data_embeds_no_tool_again_and_ranks_alike() {
     .expect("the index caught up from the store");
     assert_eq!(second.app.search().embeddings_made(), 0, "nothing is embedded again");
     assert_eq!(top(&second).await, ranked);
+    second.stop().await.unwrap();
+
+    // A description changed while nothing ran: its new text is embedded, and the point of
+    // the old one does not stay behind in the store.
+    let changed = described("Tallies lines, words and bytes of a file.");
+    let third = TestServer::start_in(&changed, AppOptions::default(), data.path()).await.unwrap();
+    eventually(Duration::from_secs(30), || async {
+        (settled(&third) && third.app.search().indexed() == tools).then_some(())
+    })
+    .await
+    .expect("the index caught up");
+    let search = third.app.search();
+    assert_eq!(search.embeddings_made(), 1, "only the changed text is embedded");
+    let points = search.store().count(search.collection(), None).await.unwrap();
+    assert_eq!(points as usize, tools, "one point per tool, none of an old text");
 }
 
 const KNOWLEDGE: &str = r#"

@@ -103,18 +103,21 @@ pub enum Condition {
     Is(String, Scalar),
     /// The field equals one of the values.
     In(String, Vec<Scalar>),
+    /// The point's id is one of these.
+    HasId(Vec<PointId>),
 }
 
 impl Condition {
-    /// Returns the field the condition looks at.
-    pub fn field(&self) -> &str {
+    /// Returns the payload field the condition looks at; `None` for ids.
+    pub fn field(&self) -> Option<&str> {
         match self {
-            Condition::Is(field, _) | Condition::In(field, _) => field,
+            Condition::Is(field, _) | Condition::In(field, _) => Some(field),
+            Condition::HasId(_) => None,
         }
     }
 }
 
-/// Conditions on payload fields: every `must` holds and no `must_not` does.
+/// Conditions on payload fields and ids: every `must` holds and no `must_not` does.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Filter {
     /// Conditions that must all hold.
@@ -157,6 +160,9 @@ pub struct Query {
     /// The rank offset of the reciprocal-rank fusion: a point scores `1 / (k + rank)` in
     /// each ranking; 0 means [`DEFAULT_RRF_K`].
     pub rrf_k: usize,
+    /// Whether hits carry their payload; without it a hit's payload is empty, and the store
+    /// reads nothing but ids and scores.
+    pub payload: bool,
 }
 
 /// The usual rank offset of reciprocal-rank fusion.

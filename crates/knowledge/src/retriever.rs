@@ -403,6 +403,7 @@ impl Shared {
                 limit: top_k,
                 candidates: (4 * top_k).max(50),
                 rrf_k: 0,
+                payload: true,
             };
             let hits = match collection.store.query(&collection.stored, request).await {
                 Ok(hits) => hits,

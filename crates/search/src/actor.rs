@@ -10,7 +10,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use serde_json::{Map, Value, json};
 use toolmesh_core::{
     StoreError, VectorStore,
-    vector::{CollectionSpec, Point, PointId, SparseVector},
+    vector::{CollectionSpec, Condition, Filter, Point, PointId, Scalar, SparseVector},
 };
 use toolmesh_embed::Embedder;
 use toolmesh_registry::{Catalog, RegistryHandle, ToolEntry};
@@ -76,7 +76,8 @@ impl std::fmt::Debug for SearchOptions {
 /// entries by pointer (the registry keeps an unchanged tool's entry), hashes the text of new
 /// and changed tools only, asks the store which of their points it has, writes the missing
 /// ones at once with their lexical vector, and deletes the points of changed and removed
-/// tools. Tools whose point has no dense vector yet wait in batches of texts of similar
+/// tools (and, for a tool it indexes for the first time, any point of an older text of it
+/// that an earlier run left behind). Tools whose point has no dense vector yet wait in batches of texts of similar
 /// length, embedded one batch per message in random order (so routers sharing a store split
 /// a first embedding between them), with catalog changes handled between batches.
 #[derive(Debug)]
@@ -290,6 +291,17 @@ impl ToolSearchActor {
         if !changes.gone.is_empty() {
             store.delete(collection, changes.gone.clone()).await?;
         }
+        // A tool whose text changed while no router ran left the old text's point behind: it
+        // would take candidates from every search and weigh in the lexical statistics.
+        for chunk in changes.first.chunks(STORE_BATCH) {
+            let (names, ids) =
+                chunk.iter().map(|(name, id)| (Scalar::Str(name.clone()), *id)).unzip();
+            let stale = Filter {
+                must: vec![Condition::In(NAME.into(), names)],
+                must_not: vec![Condition::HasId(ids)],
+            };
+            store.replace(collection, stale, Vec::new()).await?;
+        }
         Ok(known)
     }
 
@@ -492,6 +504,9 @@ struct Changes {
     removed: Vec<String>,
     /// Points no tool has any more: of removed tools, and the old texts of changed ones.
     gone: Vec<PointId>,
+    /// Tools this process indexes for the first time, with the point of their text. Any
+    /// other point under the same name is of an older text, left by an earlier run.
+    first: Vec<(String, PointId)>,
 }
 
 /// Compares `catalog` with what is `indexed` (entries by pointer: the registry keeps an
@@ -511,8 +526,9 @@ fn diff(catalog: &Catalog, mut indexed: Indexed) -> (Indexed, Changes) {
         match previous {
             Some((known, old)) if *old == id => *known = entry.clone(),
             previous => {
-                if let Some((_, old)) = previous {
-                    changes.gone.push(*old);
+                match previous {
+                    Some((_, old)) => changes.gone.push(*old),
+                    None => changes.first.push((name.clone(), id)),
                 }
                 let lexical = lexical::document(&terms(&text), AVERAGE_TERMS);
                 let pending = Pending { name: name.clone(), id, text, lexical };

@@ -24,6 +24,9 @@ pub struct SearchHit {
     pub score: f64,
 }
 
+/// Points and their scores, best first.
+type Ranked = Vec<(PointId, f64)>;
+
 /// Candidates each ranking contributes to the fusion.
 const CANDIDATES: usize = 100;
 
@@ -117,15 +120,15 @@ impl SearchHandle {
         }
         let catalog = self.registry.snapshot();
         let lexical = lexical::query(&terms(query));
-        let dense = self.embed_query(query).await?;
-        let ranked = self.rank(dense.as_deref(), &lexical, None).await?;
+        let (ranked, dense) = self.rank(self.embed_query(query), &lexical, None).await?;
         let mut hits = self.resolve(&catalog, &ranked, &keep, top_k);
         if hits.len() < top_k && ranked.len() >= CANDIDATES {
             let kept = self.kept_names(&catalog, &keep);
             if !kept.is_empty() {
                 let only =
                     Filter { must: vec![Condition::In(NAME.into(), kept)], must_not: vec![] };
-                let ranked = self.rank(dense.as_deref(), &lexical, Some(only)).await?;
+                let dense = std::future::ready(Ok(dense));
+                let (ranked, _) = self.rank(dense, &lexical, Some(only)).await?;
                 hits = self.resolve(&catalog, &ranked, &keep, top_k);
             }
         }
@@ -155,14 +158,15 @@ impl SearchHandle {
         Ok(Some(vector))
     }
 
-    /// Returns the best points, best first: one fused query to the store for
-    /// reciprocal-rank fusion; for the convex combination, a query per ranking, fused here.
+    /// Returns the best points, best first, and the query's vector: one fused query to the
+    /// store for reciprocal-rank fusion; for the convex combination, a query per ranking,
+    /// fused here, the lexical one sent while the query is still being embedded.
     async fn rank(
         &self,
-        dense: Option<&[f32]>,
+        dense: impl Future<Output = Result<Option<Arc<[f32]>>, SearchError>>,
         lexical: &SparseVector,
         filter: Option<Filter>,
-    ) -> Result<Vec<(PointId, f64)>, SearchError> {
+    ) -> Result<(Ranked, Option<Arc<[f32]>>), SearchError> {
         let store = &self.shared.store;
         let collection = &self.shared.collection;
         let lexical = (!lexical.is_empty()).then(|| lexical.clone());
@@ -173,6 +177,8 @@ impl SearchHandle {
             limit: CANDIDATES,
             candidates: CANDIDATES,
             rrf_k,
+            // Points are resolved to tools by id.
+            payload: false,
         };
         // Before the index has made its collection, there is nothing to find.
         let scored = |found: Result<Vec<toolmesh_core::vector::Hit>, StoreError>| match found {
@@ -180,23 +186,27 @@ impl SearchHandle {
             Err(StoreError::NoCollection { .. }) => Ok(Vec::new()),
             Err(error) => Err(SearchError::Store(error)),
         };
-        match (self.shared.fusion, dense) {
-            (Fusion::Convex { .. }, Some(dense)) => {
-                let (by_words, by_meaning) = futures::future::join(
-                    store.query(collection, query(None, lexical, 0)),
-                    store.query(collection, query(Some(dense), None, 0)),
-                )
-                .await;
-                let (by_words, by_meaning): (Vec<_>, Vec<_>) =
-                    (scored(by_words)?, scored(by_meaning)?);
-                Ok(self.shared.fusion.fuse(&by_words, &by_meaning))
+        match self.shared.fusion {
+            Fusion::Convex { .. } => {
+                let by_words = store.query(collection, query(None, lexical, 0));
+                let by_meaning = async {
+                    let Some(dense) = dense.await? else { return Ok((None, None)) };
+                    let found = store.query(collection, query(Some(&dense), None, 0)).await;
+                    Ok::<_, SearchError>((Some(scored(found)?), Some(dense)))
+                };
+                let (by_words, by_meaning) = futures::future::join(by_words, by_meaning).await;
+                let (by_words, (by_meaning, dense)) = (scored(by_words)?, by_meaning?);
+                let ranked = match by_meaning {
+                    Some(by_meaning) => self.shared.fusion.fuse(&by_words, &by_meaning),
+                    None => by_words,
+                };
+                Ok((ranked, dense))
             }
-            (Fusion::Rrf { k }, dense) => {
+            Fusion::Rrf { k } => {
                 let k = (k.round() as usize).max(1);
-                scored(store.query(collection, query(dense, lexical, k)).await)
-            }
-            (Fusion::Convex { .. }, None) => {
-                scored(store.query(collection, query(None, lexical, 0)).await)
+                let dense = dense.await?;
+                let found = store.query(collection, query(dense.as_deref(), lexical, k)).await;
+                Ok((scored(found)?, dense))
             }
         }
     }
@@ -276,5 +286,10 @@ impl SearchHandle {
     /// Returns the store the index is in.
     pub fn store(&self) -> &Arc<dyn VectorStore> {
         &self.shared.store
+    }
+
+    /// Returns the store's collection of tool points.
+    pub fn collection(&self) -> &str {
+        &self.shared.collection
     }
 }

@@ -590,7 +590,7 @@ impl VectorStore for EmbeddedStore {
                 offset: 0,
                 params: None,
                 with_vector: WithVector::Bool(false),
-                with_payload: WithPayloadInterface::Bool(true),
+                with_payload: WithPayloadInterface::Bool(query.payload),
             };
             let _swap = c.swap.read().unwrap_or_else(PoisonError::into_inner);
             let found = c.shard().query(request).map_err(|e| invalid(e.to_string()))?;

@@ -18,6 +18,7 @@ pub(crate) fn edge_filter(filter: &Filter) -> Result<qdrant_edge::Filter, String
                     "key": field,
                     "match": { "any": values.iter().map(Scalar::to_json).collect::<Vec<_>>() }
                 }),
+                Condition::HasId(ids) => json!({ "has_id": ids }),
             })
             .collect()
     };
@@ -42,6 +43,7 @@ pub(crate) fn server_filter(filter: &Filter) -> server::Filter {
         Condition::In(field, values) => {
             server::Filter::should(values.iter().map(|v| equals(field, v))).into()
         }
+        Condition::HasId(ids) => server::Condition::has_id(ids.iter().copied()),
     };
     server::Filter {
         must: filter.must.iter().map(condition).collect(),

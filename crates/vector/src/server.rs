@@ -284,6 +284,7 @@ impl VectorStore for ServerStore {
         let filter = query.filter.as_ref().map(server_filter);
         let k = query.rrf_k();
         let candidates = query.candidates.max(query.limit) as u64;
+        let payload = query.payload;
         let lexical = query.lexical.filter(|l| !l.is_empty());
         let mut request = QueryPointsBuilder::new(collection).limit(query.limit as u64);
         match (query.dense, lexical) {
@@ -327,7 +328,7 @@ impl VectorStore for ServerStore {
         }
         let found = self
             .client
-            .query(request.with_payload(true))
+            .query(request.with_payload(payload))
             .await
             .map_err(|e| self.error(collection, e))?;
         Ok(found

@@ -60,6 +60,7 @@ fn query(dense: Option<[f32; 4]>, lexical: Option<&[u32]>, limit: usize) -> Quer
         limit,
         candidates: 10,
         rrf_k: 0,
+        payload: true,
     }
 }
 
@@ -116,6 +117,12 @@ async fn behaves(store: Arc<dyn VectorStore>, name: &str) {
         store.query(name, query(Some([1.0, 0.0, 0.2, 0.0]), Some(&[10, 11]), 2)).await.unwrap();
     assert_eq!(ids(&fused), [1, 3]);
     assert!(fused[0].score >= fused[1].score);
+    // Hits carry their payload when asked, and only then; the ranking is the same.
+    assert!(fused.iter().all(|hit| !hit.payload.is_empty()), "{fused:?}");
+    let bare = Query { payload: false, ..query(Some([1.0, 0.0, 0.2, 0.0]), Some(&[10, 11]), 2) };
+    let bare = store.query(name, bare).await.unwrap();
+    assert_eq!(ids(&bare), [1, 3]);
+    assert!(bare.iter().all(|hit| hit.payload.is_empty()), "{bare:?}");
 
     // Filters: keep, keep any, exclude; and on an array field.
     let mut filtered = query(Some([1.0, 0.0, 0.0, 0.0]), Some(&[10]), 4);
@@ -155,6 +162,19 @@ async fn behaves(store: Arc<dyn VectorStore>, name: &str) {
     assert_eq!(store.count(name, None).await.unwrap(), 2);
     assert!(store.query(name, query(None, Some(&[14]), 3)).await.unwrap().is_empty());
 
+    // Deleting by field and id: every point of "a" or "b" but 20, with nothing stored.
+    let others = Filter {
+        must: vec![toolmesh_core::vector::Condition::In(
+            "doc".into(),
+            vec![Scalar::Str("a".into()), Scalar::Str("b".into())],
+        )],
+        must_not: vec![toolmesh_core::vector::Condition::HasId(vec![20])],
+    };
+    store.replace(name, others, Vec::new()).await.unwrap();
+    assert!(store.retrieve(name, vec![3], false).await.unwrap().is_empty());
+    assert_eq!(store.retrieve(name, vec![20], false).await.unwrap().len(), 1);
+    assert_eq!(store.count(name, None).await.unwrap(), 1);
+
     // A point may come without its dense vector and get it later.
     let lexical_only =
         Point { id: 30, dense: None, lexical: Some(terms(&[16])), payload: payload("d", 0) };
@@ -165,7 +185,7 @@ async fn behaves(store: Arc<dyn VectorStore>, name: &str) {
     store.upsert(name, vec![point(30, [0.0, 0.0, 0.0, 1.0], &[16], "d", 0)]).await.unwrap();
     let by_vector = store.query(name, query(Some([0.0, 0.0, 0.0, 1.0]), None, 1)).await.unwrap();
     assert_eq!(ids(&by_vector), [30]);
-    assert_eq!(store.count(name, None).await.unwrap(), 3);
+    assert_eq!(store.count(name, None).await.unwrap(), 2);
 
     // Errors name the store and the collection.
     let missing = store.query("no-such-collection", query(None, Some(&[1]), 1)).await.unwrap_err();
@@ -191,8 +211,8 @@ async fn the_embedded_engine_behaves_and_keeps_its_collections_across_a_reopen()
     drop(store);
 
     let reopened = EmbeddedStore::open(&dir).await.unwrap();
-    assert_eq!(reopened.count("docs", None).await.unwrap(), 3);
-    assert_eq!(reopened.count("docs/../x y", None).await.unwrap(), 3);
+    assert_eq!(reopened.count("docs", None).await.unwrap(), 2);
+    assert_eq!(reopened.count("docs/../x y", None).await.unwrap(), 2);
     let found = reopened.query("docs", query(None, Some(&[15]), 1)).await.unwrap();
     assert_eq!(ids(&found), [20]);
     // A collection reopened still refuses vectors of another size.
@@ -203,7 +223,7 @@ async fn the_embedded_engine_behaves_and_keeps_its_collections_across_a_reopen()
     let closed = reopened.count("docs", None).await.unwrap_err();
     assert_eq!(closed.code(), ErrorCode::Unavailable, "{closed}");
     let again = EmbeddedStore::open(&dir).await.unwrap();
-    assert_eq!(again.count("docs", None).await.unwrap(), 3);
+    assert_eq!(again.count("docs", None).await.unwrap(), 2);
     drop((reopened, again));
     let _ = std::fs::remove_dir_all(&dir);
 }
