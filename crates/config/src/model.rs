@@ -212,7 +212,8 @@ pub struct SearchConfig {
     pub fusion: Fusion,
     /// Longest query searched, in bytes; longer ones are INVALID_ARGUMENT.
     pub max_query_bytes: NonZeroUsize,
-    /// Threads that embed the catalog in the background; 0: one fewer than the cores.
+    /// Threads that embed the catalog and ingested documents in the background, at the
+    /// lowest CPU priority; 0: one per core.
     pub embed_threads: usize,
     /// Where vectors and fetched models are kept; `None` when no place could be found
     /// (no `cache_dir`, `XDG_CACHE_HOME` or `HOME`): then nothing is kept between runs.

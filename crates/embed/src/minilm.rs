@@ -25,8 +25,9 @@ pub struct MiniLm {
     max_tokens: usize,
     /// The threads a query's products are split across, one per core: a caller waits.
     queries: rayon::ThreadPool,
-    /// The threads of background batches (the catalog), fewer than the cores by default,
-    /// so that a cold catalog leaves room for serving.
+    /// The threads of background batches (a catalog, an ingested corpus), one per core by
+    /// default, each at the lowest CPU priority: they use the cores that serving leaves
+    /// idle and give way at once to queries and calls.
     batches: rayon::ThreadPool,
     id: String,
     dimensions: usize,
@@ -43,7 +44,7 @@ impl std::fmt::Debug for MiniLm {
 
 impl MiniLm {
     /// Loads `config.json`, `tokenizer.json` and `model.safetensors` from `dir`. Batches
-    /// run on `batch_threads` threads; 0: one fewer than the cores, at least one.
+    /// run on `batch_threads` threads (0: one per core) at the lowest CPU priority.
     pub fn load(dir: &Path, batch_threads: usize) -> Result<Self, EmbedError> {
         let fail = |reason: String| EmbedError::Load { dir: dir.display().to_string(), reason };
         let config_text = std::fs::read_to_string(dir.join("config.json"))
@@ -72,19 +73,17 @@ impl MiniLm {
             }))
             .map_err(|e| fail(format!("tokenizer: {e}")))?;
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
-        let batch_threads = match batch_threads {
-            0 => cores.saturating_sub(1).max(1),
-            n => n,
-        };
+        let batch_threads = if batch_threads == 0 { cores } else { batch_threads };
         let pool = |name: &'static str, threads: usize| {
             rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
                 .thread_name(move |i| format!("toolmesh-{name}-{i}"))
-                .build()
-                .map_err(|e| fail(format!("threads: {e}")))
         };
-        let queries = pool("embed-query", cores)?;
-        let batches = pool("embed", batch_threads)?;
+        let built = |pool: rayon::ThreadPoolBuilder| {
+            pool.build().map_err(|e| fail(format!("threads: {e}")))
+        };
+        let queries = built(pool("embed-query", cores))?;
+        let batches = built(pool("embed", batch_threads).start_handler(|_| background()))?;
         let max_tokens = MAX_TOKENS.min(model.max_tokens());
         Ok(MiniLm { model, tokenizer, counter, max_tokens, queries, batches, id, dimensions })
     }
@@ -94,6 +93,21 @@ impl MiniLm {
             self.tokenizer.encode_batch(texts.to_vec(), true).map_err(|e| e.to_string())?;
         let ids: Vec<&[u32]> = encodings.iter().map(|e| e.get_ids()).collect();
         pool.install(|| self.model.embed(&ids))
+    }
+}
+
+/// The nice value of background embedding: the lowest priority, so that the scheduler runs
+/// any other runnable thread of the machine first.
+const BACKGROUND_NICE: i32 = 19;
+
+/// Lowers the calling thread's CPU priority to [`BACKGROUND_NICE`]. On Linux a nice value
+/// belongs to a thread; elsewhere it would lower the whole process, so it is left alone.
+fn background() {
+    #[cfg(target_os = "linux")]
+    if let Err(error) =
+        rustix::process::setpriority_process(Some(rustix::thread::gettid()), BACKGROUND_NICE)
+    {
+        tracing::warn!(%error, "background embedding runs at normal CPU priority");
     }
 }
 
@@ -183,6 +197,27 @@ mod tests {
 
     fn cosine(a: &[f32], b: &[f32]) -> f32 {
         a.iter().zip(b).map(|(x, y)| x * y).sum()
+    }
+
+    /// Background batches run on every core at the lowest priority; queries keep the
+    /// priority of the process.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn batches_run_at_the_lowest_priority_and_queries_do_not() {
+        let nice = || rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap();
+        let own = nice();
+        let model = model();
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        assert_eq!(model.batches.current_num_threads(), cores);
+        let batch = model.batches.broadcast(|_| nice());
+        assert!(batch.iter().all(|n| *n == BACKGROUND_NICE), "{batch:?}");
+        let query = model.queries.broadcast(|_| nice());
+        assert!(query.iter().all(|n| *n == own), "{query:?}, not {own}");
+        // Work on the background pool is the same work.
+        let texts = ["read a file from disk"];
+        let (batched, queried) =
+            (model.embed(&texts).unwrap(), model.embed_query(texts[0]).unwrap());
+        assert_eq!(batched[0], queried);
     }
 
     #[test]
