@@ -77,9 +77,10 @@ impl std::fmt::Debug for SearchOptions {
 /// and changed tools only, asks the store which of their points it has, writes the missing
 /// ones at once with their lexical vector, and deletes the points of changed and removed
 /// tools (and, for a tool it indexes for the first time, any point of an older text of it
-/// that an earlier run left behind). Tools whose point has no dense vector yet wait in batches of texts of similar
-/// length, embedded one batch per message in random order (so routers sharing a store split
-/// a first embedding between them), with catalog changes handled between batches.
+/// that an earlier run left behind). Tools whose point has no dense vector yet wait in
+/// batches of texts of similar length, embedded one batch per message in random order (so
+/// routers sharing a store split a first embedding between them), with catalog changes
+/// handled between batches.
 #[derive(Debug)]
 pub struct ToolSearchActor {
     registry: RegistryHandle,
