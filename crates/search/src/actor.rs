@@ -235,15 +235,20 @@ impl ToolSearchActor {
         // Texts, digests and lexical vectors of a whole catalog are CPU work: on a blocking
         // thread, with the map of what is indexed lent to it.
         let (indexed, lexical) = (std::mem::take(&mut state.indexed), catalog.clone());
-        let (indexed, changes) =
+        let (indexed, mut changes) =
             tokio::task::spawn_blocking(move || diff(&lexical, indexed)).await?;
         state.indexed = indexed;
+        let first = std::mem::take(&mut changes.first);
         match self.write(&changes).await {
             Ok(known) => self.commit(myself, state, changes, &known),
             Err(error) => {
                 self.store_failed(myself, state, &error, SearchMsg::CatalogChanged);
                 return Ok(());
             }
+        }
+        if let Err(error) = self.sweep(&first).await {
+            // Searchable as it is; the points are swept at the next start.
+            warn!(%error, "deleting points of older tool texts failed");
         }
         self.shared.version.store(catalog.version, Ordering::Release);
         let recovered =
@@ -292,9 +297,24 @@ impl ToolSearchActor {
         if !changes.gone.is_empty() {
             store.delete(collection, changes.gone.clone()).await?;
         }
-        // A tool whose text changed while no router ran left the old text's point behind: it
-        // would take candidates from every search and weigh in the lexical statistics.
-        for chunk in changes.first.chunks(STORE_BATCH) {
+        Ok(known)
+    }
+
+    /// Deletes the points of older texts of tools this process indexes for the first time:
+    /// a tool whose text changed while no router ran left its old point behind, which would
+    /// take candidates from every search and weigh in the lexical statistics. Skipped when
+    /// the store holds no more points than are indexed, as after a restart over an
+    /// unchanged catalog.
+    async fn sweep(&self, first: &[(String, PointId)]) -> Result<(), StoreError> {
+        let (store, collection) = (&self.shared.store, &self.shared.collection);
+        if first.is_empty() {
+            return Ok(());
+        }
+        let indexed = self.shared.live.read().unwrap_or_else(PoisonError::into_inner).len();
+        if store.count(collection, None).await? as usize <= indexed {
+            return Ok(());
+        }
+        for chunk in first.chunks(STORE_BATCH) {
             let (names, ids) =
                 chunk.iter().map(|(name, id)| (Scalar::Str(name.clone()), *id)).unzip();
             let stale = Filter {
@@ -303,7 +323,7 @@ impl ToolSearchActor {
             };
             store.replace(collection, stale, Vec::new()).await?;
         }
-        Ok(known)
+        Ok(())
     }
 
     /// Applies written changes to what searches read, and queues the tools that need a
@@ -514,27 +534,42 @@ struct Changes {
 /// unchanged tool's entry), and hashes the text of new and changed tools only. Tools whose
 /// entry changed but not their text are updated in the map at once.
 fn diff(catalog: &Catalog, mut indexed: Indexed) -> (Indexed, Changes) {
+    use rayon::prelude::*;
     let mut changes = Changes::default();
-    for (name, entry) in &catalog.tools {
+    // Texts, digests and lexical vectors of the tools whose entry is new, split across the
+    // cores: every tool at a first start, one or a few after a change.
+    let fresh: Vec<(&String, &Arc<ToolEntry>)> = catalog
+        .tools
+        .iter()
+        .filter(|(name, entry)| {
+            !indexed.get(*name).is_some_and(|(known, _)| Arc::ptr_eq(known, entry))
+        })
+        .collect();
+    let hashed: Vec<_> = fresh
+        .into_par_iter()
+        .map(|(name, entry)| {
+            let text = tool_text(&entry.spec);
+            let id = point_id(&digest(&text));
+            let same = indexed.get(name).is_some_and(|(_, old)| *old == id);
+            let lexical = (!same).then(|| lexical::document(&terms(&text), AVERAGE_TERMS));
+            (name, entry, text, id, lexical)
+        })
+        .collect();
+    for (name, entry, text, id, lexical) in hashed {
         let previous = indexed.get_mut(name);
-        if let Some((known, _)) = &previous
-            && Arc::ptr_eq(known, entry)
-        {
-            continue;
-        }
-        let text = tool_text(&entry.spec);
-        let id = point_id(&digest(&text));
-        match previous {
-            Some((known, old)) if *old == id => *known = entry.clone(),
-            previous => {
+        match (previous, lexical) {
+            // The same text under a new entry.
+            (Some((known, _)), None) => *known = entry.clone(),
+            (previous, Some(lexical)) => {
                 match previous {
                     Some((_, old)) => changes.gone.push(*old),
                     None => changes.first.push((name.clone(), id)),
                 }
-                let lexical = lexical::document(&terms(&text), AVERAGE_TERMS);
                 let pending = Pending { name: name.clone(), id, text, lexical };
                 changes.upserts.push((name.clone(), entry.clone(), pending));
             }
+            // Without a previous point the text is never the same.
+            (None, None) => {}
         }
     }
     // Every catalog tool is indexed or new: when the counts agree, nothing went.
