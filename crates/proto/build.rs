@@ -7,7 +7,8 @@ use prost::Message;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
-    let files = [root.join("toolmesh/v1/tools.proto"), root.join("toolmesh/v1/knowledge.proto")];
+    let files =
+        ["tools", "knowledge", "worker"].map(|name| root.join(format!("toolmesh/v1/{name}.proto")));
     for file in &files {
         println!("cargo:rerun-if-changed={}", file.display());
     }

@@ -27,6 +27,9 @@ use toolmesh_e2e::{
 };
 use toolmesh_proto::v1::{CallToolRequest, ListToolsRequest};
 
+#[path = "remote.rs"]
+mod remote;
+
 async fn run(args: &[&str]) -> Output {
     run_program(toolmesh_bin(), args).await
 }

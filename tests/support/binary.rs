@@ -151,3 +151,79 @@ impl Drop for BinaryServer {
         }
     }
 }
+
+/// The real `toolmesh worker` as a child process, serving the tools of the configuration
+/// `toml` for the router at `router`. Dropping it stops it with SIGTERM (it drains).
+pub struct BinaryWorker {
+    /// The child process.
+    pub child: Child,
+    /// Everything the worker wrote to stderr so far.
+    pub stderr: Arc<Mutex<String>>,
+    _config: tempfile::TempDir,
+}
+
+impl BinaryWorker {
+    /// Starts `toolmesh worker --router ROUTER --config FILE ARGS…`; does not wait for it
+    /// to join (see [`BinaryWorker::joined`]).
+    pub fn start(router: &str, toml: &str, args: &[&str]) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let config = dir.path().join("worker.toml");
+        std::fs::write(&config, toml)?;
+        let mut child = Command::new(toolmesh_bin())
+            .arg("worker")
+            .args(["--router", router, "--config"])
+            .arg(&config)
+            .args(args)
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting toolmesh worker")?;
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let sink = stderr.clone();
+        let mut lines = BufReader::new(child.stderr.take().context("stderr")?).lines();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                sink.lock().expect("stderr buffer").push_str(&(line + "\n"));
+            }
+        });
+        Ok(BinaryWorker { child, stderr, _config: dir })
+    }
+
+    /// Waits until the worker says it is connected to `sessions` routers.
+    pub async fn joined(&self, sessions: usize) -> anyhow::Result<()> {
+        let connected = crate::eventually(Duration::from_secs(20), || async {
+            (self.logs().matches(" connected").count() >= sessions).then_some(())
+        })
+        .await;
+        connected.with_context(|| format!("the worker did not connect:\n{}", self.logs()))
+    }
+
+    /// Returns the child's pid.
+    pub fn pid(&self) -> i32 {
+        self.child.id().expect("child is running") as i32
+    }
+
+    /// Sends `signal` to the worker.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), signal)
+            .expect("signal the worker");
+    }
+
+    /// Returns what the worker logged so far.
+    pub fn logs(&self) -> String {
+        self.stderr.lock().expect("stderr buffer").clone()
+    }
+}
+
+impl Drop for BinaryWorker {
+    fn drop(&mut self) {
+        if let Some(pid) = self.child.id() {
+            let pid = nix::unistd::Pid::from_raw(pid as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        }
+    }
+}

@@ -6,7 +6,7 @@ mod server;
 pub mod tools;
 mod upstream;
 
-pub use binary::{BinaryServer, toolmesh_bench_bin, toolmesh_bin};
+pub use binary::{BinaryServer, BinaryWorker, toolmesh_bench_bin, toolmesh_bin};
 pub use server::TestServer;
 pub use upstream::{PyHttpServer, py_server, python, serve_http};
 

@@ -4,7 +4,7 @@
 use std::{
     collections::{BTreeMap, HashMap},
     net::SocketAddr,
-    num::NonZeroUsize,
+    num::{NonZeroU32, NonZeroUsize},
     path::PathBuf,
     time::Duration,
 };
@@ -12,6 +12,7 @@ use std::{
 use serde::Deserialize;
 use serde_json::Value as Json;
 use toml::Table;
+use toolmesh_core::{RetryPolicy, ToolAnnotations};
 
 use crate::ConfigError;
 
@@ -384,6 +385,8 @@ pub struct ServerConfig {
     pub keepalive_interval: Option<Duration>,
     /// How long a ping may go unanswered before the connection is closed.
     pub keepalive_timeout: Duration,
+    /// How calls whose connection broke are repeated.
+    pub retry: RetryPolicy,
 }
 
 /// `[workers]`.
@@ -441,6 +444,30 @@ pub struct ToolCommon {
     pub timeout: Duration,
     /// Calls that may run at once; `None`: limited by the pool only.
     pub max_concurrency: Option<NonZeroUsize>,
+    /// Behaviour hints declared in the file (`annotations = { idempotent = true }`); a
+    /// read-only or idempotent tool's call is repeated when its connection breaks.
+    pub annotations: ToolAnnotations,
+}
+
+/// `annotations` of a configured tool.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAnnotations {
+    read_only: Option<bool>,
+    destructive: Option<bool>,
+    idempotent: Option<bool>,
+    open_world: Option<bool>,
+}
+
+impl From<RawAnnotations> for ToolAnnotations {
+    fn from(raw: RawAnnotations) -> Self {
+        ToolAnnotations {
+            read_only: raw.read_only,
+            destructive: raw.destructive,
+            idempotent: raw.idempotent,
+            open_world: raw.open_world,
+        }
+    }
 }
 
 /// HTTP methods an HTTP tool may use.
@@ -652,6 +679,9 @@ struct RawServer {
     max_concurrent_streams: u32,
     keepalive_interval_ms: u64,
     keepalive_timeout_ms: u64,
+    retry_attempts: NonZeroU32,
+    retry_backoff_ms: u64,
+    retry_max_backoff_ms: u64,
 }
 
 #[derive(Deserialize)]
@@ -712,6 +742,8 @@ struct RawHttpTool {
     #[serde(default = "default_timeout_ms")]
     timeout_ms: u64,
     max_concurrency: Option<NonZeroUsize>,
+    #[serde(default)]
+    annotations: RawAnnotations,
     #[serde(default = "default_method")]
     method: HttpMethod,
     url: String,
@@ -742,6 +774,8 @@ struct RawCommandTool {
     #[serde(default = "default_timeout_ms")]
     timeout_ms: u64,
     max_concurrency: Option<NonZeroUsize>,
+    #[serde(default)]
+    annotations: RawAnnotations,
     command: PathBuf,
     #[serde(default)]
     args: Vec<String>,
@@ -826,6 +860,19 @@ impl Config {
                 "server.keepalive_timeout_ms",
                 &key_error,
             )?,
+            retry: RetryPolicy {
+                attempts: raw.server.retry_attempts,
+                backoff: positive_ms(
+                    raw.server.retry_backoff_ms,
+                    "server.retry_backoff_ms",
+                    &key_error,
+                )?,
+                max_backoff: positive_ms(
+                    raw.server.retry_max_backoff_ms,
+                    "server.retry_max_backoff_ms",
+                    &key_error,
+                )?,
+            },
         };
         let telemetry = TelemetryConfig {
             log: raw.telemetry.log,
@@ -858,6 +905,7 @@ impl Config {
                 raw.max_concurrency,
                 &key_error,
             )?;
+            let common = ToolCommon { annotations: raw.annotations.into(), ..common };
             if !(raw.url.starts_with("http://") || raw.url.starts_with("https://")) {
                 return Err(key_error(
                     format!("{key}.url"),
@@ -912,6 +960,7 @@ impl Config {
                 raw.max_concurrency,
                 &key_error,
             )?;
+            let common = ToolCommon { annotations: raw.annotations.into(), ..common };
             if raw.command.as_os_str().is_empty() {
                 return Err(key_error(format!("{key}.command"), "must not be empty".into()));
             }
@@ -1141,6 +1190,7 @@ fn common(
         tags,
         timeout: positive_ms(timeout_ms, &format!("{key}.timeout_ms"), key_error)?,
         max_concurrency,
+        annotations: ToolAnnotations::default(),
     })
 }
 

@@ -306,4 +306,6 @@ pub struct CallContext {
     pub deadline: Instant,
     /// Where progress and partial outputs go.
     pub events: EventSink,
+    /// The attempt, 1 for the first; a call whose connection broke may be repeated.
+    pub attempt: u32,
 }

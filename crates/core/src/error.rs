@@ -91,6 +91,16 @@ pub enum BackendError {
         /// What failed.
         reason: String,
     },
+    /// The connection to the backend broke while the call was running: whether the tool
+    /// ran, and what it did, is unknown. The router repeats the call (on another worker, or
+    /// once the connection is back) only for a tool annotated read-only or idempotent.
+    #[error("the connection to {backend} was lost during the call: {reason}")]
+    Lost {
+        /// The backend (worker, server).
+        backend: String,
+        /// What broke.
+        reason: String,
+    },
     /// The call was cancelled before it finished.
     #[error("call cancelled")]
     Cancelled,
@@ -134,7 +144,7 @@ impl BackendError {
     pub fn code(&self) -> ErrorCode {
         match self {
             BackendError::Overloaded { .. } => ErrorCode::ResourceExhausted,
-            BackendError::Unavailable { .. } => ErrorCode::Unavailable,
+            BackendError::Unavailable { .. } | BackendError::Lost { .. } => ErrorCode::Unavailable,
             BackendError::Cancelled => ErrorCode::Cancelled,
             BackendError::DeadlineExceeded(_) => ErrorCode::DeadlineExceeded,
             BackendError::Crashed { .. } => ErrorCode::Internal,
@@ -145,11 +155,19 @@ impl BackendError {
         }
     }
 
+    /// Whether the call may be repeated: the connection broke and the tool's annotations say
+    /// that running it again is harmless.
+    pub fn retryable(&self, annotations: &crate::ToolAnnotations) -> bool {
+        matches!(self, BackendError::Lost { .. })
+            && (annotations.read_only == Some(true) || annotations.idempotent == Some(true))
+    }
+
     /// Returns a short, stable name of the error kind, for the `error.type` span attribute.
     pub fn kind(&self) -> &'static str {
         match self {
             BackendError::Overloaded { .. } => "overloaded",
             BackendError::Unavailable { .. } => "unavailable",
+            BackendError::Lost { .. } => "connection_lost",
             BackendError::Cancelled => "cancelled",
             BackendError::DeadlineExceeded(_) => "deadline_exceeded",
             BackendError::Crashed { .. } => "crashed",

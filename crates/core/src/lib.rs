@@ -22,7 +22,7 @@ mod provider;
 mod tool;
 pub mod vector;
 
-pub use backend::Backend;
+pub use backend::{Backend, RetryPolicy};
 pub use call::{
     CallContext, CallEvent, Elicitation, ElicitationAnswer, ElicitationPrompt, EventReceiver,
     EventSink,

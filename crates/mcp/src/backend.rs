@@ -56,7 +56,12 @@ impl McpBackend {
                 if let Some(actor) = self.shared.actor.load_full() {
                     let _ = actor.cast(crate::McpMsg::Broken { peer: peer.clone(), reason });
                 }
-                self.unavailable("the connection closed during the call".into())
+                // Whether the server ran the call is unknown: the router repeats it only
+                // for a read-only or idempotent tool.
+                BackendError::Lost {
+                    backend: format!("mcp server {}", self.shared.name()),
+                    reason: "the connection closed during the call".into(),
+                }
             }
             ServiceError::Cancelled { .. } => BackendError::Cancelled,
             other => BackendError::Internal(format!("mcp server {}: {other}", self.shared.name())),

@@ -13,6 +13,7 @@ pub mod v1 {
 }
 
 mod codec;
+pub mod convert;
 
 pub use codec::{RequestDecoder, ServerCodec};
 

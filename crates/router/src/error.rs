@@ -48,12 +48,40 @@ pub enum RouterError {
         /// The call.
         call_id: String,
     },
+    /// The connection to the tool's backend broke during the call: its outcome is unknown.
+    #[error("{cause}; {}", lost_outcome(.tool, .call_id, *.attempts, *.repeatable))]
+    ConnectionLost {
+        /// The tool.
+        tool: String,
+        /// The call.
+        call_id: String,
+        /// What broke.
+        cause: String,
+        /// Attempts made.
+        attempts: u32,
+        /// Whether the tool may be repeated (read-only or idempotent).
+        repeatable: bool,
+    },
     /// Refused whole, with its own kind and details: by the admission step, or a search.
     #[error("{}", .0.message)]
     Refused(Box<CallFailure>),
     /// The backend failed.
     #[error(transparent)]
     Backend(#[from] BackendError),
+}
+
+fn lost_outcome(tool: &str, call_id: &str, attempts: u32, repeatable: bool) -> String {
+    match (repeatable, attempts) {
+        (false, _) => format!(
+            "the outcome of call {call_id} is unknown: tool {tool} is not annotated read-only \
+             or idempotent, so it was not repeated"
+        ),
+        (true, 1) => format!(
+            "call {call_id} was not repeated (server.retry_attempts is 1, or no time was left \
+             before its deadline)"
+        ),
+        (true, n) => format!("call {call_id} failed in each of its {n} attempts"),
+    }
 }
 
 fn join(violations: &[SchemaViolation]) -> String {
@@ -70,6 +98,7 @@ impl RouterError {
             | RouterError::InvalidRequest { .. } => ErrorCode::InvalidArgument,
             RouterError::DeadlineExceeded { .. } => ErrorCode::DeadlineExceeded,
             RouterError::Cancelled { .. } => ErrorCode::Cancelled,
+            RouterError::ConnectionLost { .. } => ErrorCode::Unavailable,
             RouterError::Refused(failure) => failure.code,
             RouterError::Backend(error) => error.code(),
         }
@@ -84,6 +113,7 @@ impl RouterError {
             RouterError::InvalidRequest { .. } => "invalid_request",
             RouterError::DeadlineExceeded { .. } => "deadline_exceeded",
             RouterError::Cancelled { .. } => "cancelled",
+            RouterError::ConnectionLost { .. } => "connection_lost",
             RouterError::Refused(failure) => failure.kind,
             RouterError::Backend(error) => error.kind(),
         }
@@ -123,6 +153,14 @@ impl RouterError {
                     ]),
                 }
             }
+            RouterError::ConnectionLost { tool, call_id, attempts, .. } => FailureDetail::Info {
+                reason: "OUTCOME_UNKNOWN",
+                metadata: BTreeMap::from([
+                    ("attempts".to_owned(), attempts.to_string()),
+                    ("call_id".to_owned(), call_id.clone()),
+                    ("tool".to_owned(), tool.clone()),
+                ]),
+            },
             _ => FailureDetail::None,
         };
         CallFailure { code: self.code(), kind: self.kind(), message: self.to_string(), detail }

@@ -19,7 +19,6 @@
 //! [`RouterError`] is mapped to a gRPC status once, in [`RouterError::to_status`].
 
 mod admission;
-mod convert;
 mod deadline;
 mod discovery;
 mod error;

@@ -2,7 +2,10 @@
 
 use std::{sync::OnceLock, time::Duration};
 
-use opentelemetry::{KeyValue, metrics::Histogram};
+use opentelemetry::{
+    KeyValue,
+    metrics::{Counter, Histogram},
+};
 use toolmesh_core::ToolSource;
 use toolmesh_telemetry::names;
 
@@ -32,4 +35,26 @@ pub(crate) fn call_ended(
         attributes.push(KeyValue::new(names::ERROR_TYPE, kind));
     }
     duration().record(took.as_secs_f64(), &attributes);
+}
+
+fn retries() -> &'static Counter<u64> {
+    static RETRIES: OnceLock<Counter<u64>> = OnceLock::new();
+    RETRIES.get_or_init(|| {
+        opentelemetry::global::meter("toolmesh")
+            .u64_counter(names::METRIC_CALL_RETRIES)
+            .with_description("calls repeated after their connection broke, by source and tool")
+            .build()
+    })
+}
+
+/// Records that a call of `tool` from `source` was repeated once more.
+pub(crate) fn call_retried(source: &ToolSource, tool: &str) {
+    retries().add(
+        1,
+        &[
+            KeyValue::new(names::TOOLMESH_SOURCE_KIND, source.kind.as_str()),
+            KeyValue::new(names::TOOLMESH_SOURCE_NAME, source.name.clone()),
+            KeyValue::new(names::GEN_AI_TOOL_NAME, tool.to_owned()),
+        ],
+    );
 }

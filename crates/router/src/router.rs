@@ -11,10 +11,12 @@ use arc_swap::ArcSwap;
 use serde_json::Value;
 use tokio::{sync::Notify, time::Instant};
 use tokio_util::sync::CancellationToken;
-use toolmesh_core::{BackendError, CallContext, ContentPart, EventSink, ToolOutput, ToolSource};
+use toolmesh_core::{
+    BackendError, CallContext, ContentPart, EventSink, RetryPolicy, ToolOutput, ToolSource,
+};
 use toolmesh_registry::{RegistryHandle, ToolEntry};
 use toolmesh_telemetry::names;
-use tracing::{Instrument, Span, field::Empty, info_span};
+use tracing::{Instrument, Span, field::Empty, info_span, warn};
 
 use crate::{Admission, Door, RouterError, Searched};
 
@@ -25,6 +27,8 @@ pub struct RouterOptions {
     pub default_timeout: Duration,
     /// No call runs longer than this.
     pub max_timeout: Duration,
+    /// How calls of read-only and idempotent tools whose connection broke are repeated.
+    pub retry: RetryPolicy,
 }
 
 impl Default for RouterOptions {
@@ -32,6 +36,7 @@ impl Default for RouterOptions {
         RouterOptions {
             default_timeout: Duration::from_secs(60),
             max_timeout: Duration::from_secs(600),
+            retry: RetryPolicy::default(),
         }
     }
 }
@@ -186,6 +191,7 @@ impl Router {
             { names::TOOLMESH_SESSION_ID } = %request.session_id,
             { names::TOOLMESH_SOURCE_KIND } = Empty,
             { names::TOOLMESH_SOURCE_NAME } = Empty,
+            { names::TOOLMESH_CALL_RETRIES } = Empty,
             { names::ERROR_TYPE } = Empty,
         );
         let started = std::time::Instant::now();
@@ -277,10 +283,9 @@ impl Router {
             cancel: token.clone(),
             deadline,
             events,
+            attempt: 1,
         };
-        let dispatch =
-            entry.backend.call(ctx, arguments).instrument(info_span!(names::SPAN_DISPATCH));
-        let outcome = tokio::time::timeout_at(deadline, dispatch).await;
+        let (outcome, attempts) = self.dispatch(&entry, ctx, arguments, deadline).await;
         let deadline_error = || RouterError::DeadlineExceeded {
             tool: request.name.clone(),
             call_id: call_id.clone(),
@@ -298,6 +303,18 @@ impl Router {
             }
             Ok(Err(BackendError::Cancelled)) => {
                 return Err(RouterError::Cancelled { tool: request.name, call_id });
+            }
+            Ok(Err(BackendError::Lost { backend, reason })) => {
+                return Err(RouterError::ConnectionLost {
+                    tool: request.name,
+                    call_id,
+                    cause: format!(
+                        "the connection to {backend} was lost during the call: {reason}"
+                    ),
+                    attempts,
+                    repeatable: entry.spec.annotations.read_only == Some(true)
+                        || entry.spec.annotations.idempotent == Some(true),
+                });
             }
             Ok(Err(error)) => return Err(error.into()),
             Ok(Ok(output)) => output,
@@ -319,6 +336,61 @@ impl Router {
                 structured: None,
                 is_error: true,
             })
+        }
+    }
+}
+
+impl Router {
+    /// Hands the call to its backend, within the deadline; a call whose connection broke
+    /// is repeated while the tool is read-only or idempotent, the policy allows another
+    /// attempt, and its wait ends before the deadline. The repetitions are recorded on the
+    /// call's span (`toolmesh.call.retries`) and counted. Returns the outcome of the last
+    /// attempt and the number of attempts.
+    async fn dispatch(
+        &self,
+        entry: &ToolEntry,
+        ctx: CallContext,
+        arguments: Value,
+        deadline: Instant,
+    ) -> (Result<Result<ToolOutput, BackendError>, tokio::time::error::Elapsed>, u32) {
+        let policy = self.options.retry;
+        let annotations = &entry.spec.annotations;
+        let repeatable = policy.attempts.get() > 1
+            && (annotations.read_only == Some(true) || annotations.idempotent == Some(true));
+        // Arguments are kept for another attempt only where there can be one.
+        let mut kept = repeatable.then(|| arguments.clone());
+        let mut this = arguments;
+        let mut attempt = 1;
+        let call = Span::current();
+        loop {
+            let span = info_span!(names::SPAN_DISPATCH, { names::TOOLMESH_CALL_ATTEMPT } = attempt);
+            let dispatch =
+                entry.backend.call(CallContext { attempt, ..ctx.clone() }, this).instrument(span);
+            let outcome = tokio::time::timeout_at(deadline, dispatch).await;
+            let Ok(Err(error)) = &outcome else { return (outcome, attempt) };
+            if !error.retryable(annotations) || attempt >= policy.attempts.get() {
+                return (outcome, attempt);
+            }
+            let wait = policy.wait(attempt + 1);
+            if Instant::now() + wait >= deadline {
+                return (outcome, attempt);
+            }
+            // The last attempt takes the kept arguments themselves.
+            let next = if attempt + 1 < policy.attempts.get() { kept.clone() } else { kept.take() };
+            let Some(next) = next else { return (outcome, attempt) };
+            warn!(
+                tool = %ctx.tool, call_id = %ctx.call_id, attempt, %error,
+                wait_ms = wait.as_millis() as u64,
+                "the call's connection broke; repeating it (the tool is read-only or idempotent)"
+            );
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = ctx.cancel.cancelled() => return (Ok(Err(BackendError::Cancelled)), attempt),
+            }
+            crate::metrics::call_retried(&entry.spec.source, &ctx.tool);
+            call.record(names::TOOLMESH_CALL_RETRIES, attempt);
+            this = next;
+            attempt += 1;
         }
     }
 }

@@ -6,15 +6,18 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use toolmesh_core::{ElicitationAnswer, ErrorCode, EventSink, HealthBoard};
-use toolmesh_proto::v1::{
-    self, CallToolClientMessage, CallToolRequest, CallToolResponse, CallToolServerMessage,
-    ListToolsRequest, ListToolsResponse, call_tool_client_message, call_tool_server_message,
-    tool_service_server::ToolService,
+use toolmesh_proto::{
+    convert,
+    v1::{
+        self, CallToolClientMessage, CallToolRequest, CallToolResponse, CallToolServerMessage,
+        ListToolsRequest, ListToolsResponse, call_tool_client_message, call_tool_server_message,
+        tool_service_server::ToolService,
+    },
 };
 use toolmesh_telemetry::rpc_server_span;
 use tracing::{Instrument, Span, debug};
 
-use crate::{Admission, CallRequest, Discovery, Router, RouterError, convert, parse_grpc_timeout};
+use crate::{Admission, CallRequest, Discovery, Router, RouterError, parse_grpc_timeout};
 
 /// Default tools per `ListTools` page.
 const DEFAULT_PAGE_SIZE: usize = 100;

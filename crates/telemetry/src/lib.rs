@@ -14,5 +14,5 @@ pub use health::record_source_up;
 pub use init::{TelemetryError, TelemetryGuard, TelemetryOptions, init};
 pub use propagation::{
     MetadataExtractor, MetadataInjector, SpanIds, add_link, context_headers, inject_context,
-    rpc_server_span, set_parent_from_metadata, span_ids,
+    rpc_server_span, set_parent_from_headers, set_parent_from_metadata, span_ids,
 };

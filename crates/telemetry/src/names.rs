@@ -46,6 +46,14 @@ pub const METRIC_MCP_CONNECTION_FAILURES: &str = "toolmesh.mcp.connection.failur
 /// `toolmesh.source.kind` and `toolmesh.source.name` (when the tool was found) and
 /// `error.type` (when the call failed, `tool_error` when the tool reported a failure).
 pub const METRIC_CALL_DURATION: &str = "toolmesh.call.duration";
+/// Counter: repetitions of calls whose connection broke (of read-only and idempotent
+/// tools only); attributes `toolmesh.source.kind`, `toolmesh.source.name` and
+/// `gen_ai.tool.name`.
+pub const METRIC_CALL_RETRIES: &str = "toolmesh.call.retries";
+/// `toolmesh.call.retries`: how many times a call was repeated after its connection broke.
+pub const TOOLMESH_CALL_RETRIES: &str = "toolmesh.call.retries";
+/// `toolmesh.call.attempt`: the attempt a dispatch span carries, 1 for the first.
+pub const TOOLMESH_CALL_ATTEMPT: &str = "toolmesh.call.attempt";
 /// `mcp.server`: the configured name of an MCP server.
 pub const MCP_SERVER: &str = "mcp.server";
 

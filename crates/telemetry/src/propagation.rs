@@ -49,6 +49,20 @@ pub fn set_parent_from_metadata(span: &tracing::Span, metadata: &MetadataMap) {
     }
 }
 
+/// Makes the remote span named by the `traceparent` of `headers` (as [`context_headers`]
+/// writes them, for example into a remote worker's call) the parent of `span`.
+pub fn set_parent_from_headers(
+    span: &tracing::Span,
+    headers: &std::collections::HashMap<String, String>,
+) {
+    let context =
+        opentelemetry::global::get_text_map_propagator(|propagator| propagator.extract(headers));
+    use opentelemetry::trace::TraceContextExt;
+    if context.span().span_context().is_valid() {
+        let _ = span.set_parent(context);
+    }
+}
+
 /// Returns the server span of one RPC, `service/method`, a child of the caller's
 /// `traceparent` when `metadata` holds one.
 pub fn rpc_server_span(

@@ -182,6 +182,7 @@ impl LocalTool for CommandTool {
         );
         spec.tags = common.tags.clone();
         spec.timeout = Some(common.timeout);
+        spec.annotations = common.annotations;
         spec
     }
 

@@ -214,12 +214,14 @@ impl LocalTool for HttpTool {
         );
         spec.tags = common.tags.clone();
         spec.timeout = Some(common.timeout);
+        // A GET reads; what the file declares wins.
         let read_only = self.config.method == HttpMethod::Get;
+        let declared = common.annotations;
         spec.annotations = ToolAnnotations {
-            read_only: Some(read_only),
-            destructive: None,
-            idempotent: Some(read_only),
-            open_world: Some(true),
+            read_only: declared.read_only.or(Some(read_only)),
+            destructive: declared.destructive,
+            idempotent: declared.idempotent.or(Some(read_only)),
+            open_world: declared.open_world.or(Some(true)),
         };
         spec
     }

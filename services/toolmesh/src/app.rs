@@ -10,6 +10,7 @@ use toolmesh_knowledge::{KnowledgeHandle, KnowledgeProvider, unknown_store};
 use toolmesh_mcp::McpManager;
 use toolmesh_meta::MetaTools;
 use toolmesh_registry::RegistryHandle;
+use toolmesh_remote::RemoteWorkers;
 use toolmesh_router::{Admission, Router, RouterOptions};
 use toolmesh_search::{SearchHandle, SearchProvider};
 use toolmesh_tools::{LocalProvider, LocalTools};
@@ -48,6 +49,7 @@ pub struct App {
     mcp: McpManager,
     search: SearchHandle,
     knowledge: KnowledgeHandle,
+    remote: RemoteWorkers,
     /// Every provider, in start order; stopped in reverse.
     providers: Arc<Vec<Arc<dyn Provider<Config>>>>,
     health: HealthBoard,
@@ -66,7 +68,8 @@ impl std::fmt::Debug for App {
 }
 
 /// The configuration sections that providers built into toolmesh define themselves.
-pub const SECTIONS: &[&str] = &[toolmesh_vector::SECTION, toolmesh_knowledge::SECTION];
+pub const SECTIONS: &[&str] =
+    &[toolmesh_vector::SECTION, toolmesh_knowledge::SECTION, toolmesh_remote::SECTION];
 
 /// Parses and checks the sections of [`SECTIONS`], as `toolmesh config check` and a start
 /// do: a bad key or value is one line naming it.
@@ -74,6 +77,7 @@ pub fn check_sections(config: &Config) -> anyhow::Result<()> {
     config.check_sections(SECTIONS)?;
     let vector = vector_config(config)?;
     let knowledge = KnowledgeProvider::section(config)?;
+    RemoteWorkers::section(config)?;
     let stores: Vec<&str> = std::iter::once(toolmesh_core::VectorStores::DEFAULT)
         .chain(vector.stores.keys().map(String::as_str))
         .collect();
@@ -124,6 +128,7 @@ impl App {
             RouterOptions {
                 default_timeout: config.server.default_call_timeout,
                 max_timeout: config.server.max_call_timeout,
+                retry: config.server.retry,
             },
         );
         let embedded = LocalTools { tools: options.tools, toolkits: options.toolkits };
@@ -143,6 +148,7 @@ impl App {
         )
         .await
         .context("starting the retriever")?;
+        let remote = RemoteWorkers::new(registry.clone());
         let (root, children) = RootSupervisor::start(vec![
             ("registry", Arc::new(registry.clone())),
             ("workers", Arc::new(local.pool().clone())),
@@ -158,6 +164,7 @@ impl App {
             vector.clone(),
             search.clone(),
             Arc::new(KnowledgeProvider::new(knowledge.clone())),
+            Arc::new(remote.clone()),
             Arc::new(ActorsHealth(children.clone())),
         ];
         providers.extend(options.providers.into_iter().map(|make| make(&registry)));
@@ -173,6 +180,7 @@ impl App {
             mcp,
             search: search.handle().clone(),
             knowledge,
+            remote,
             providers: Arc::new(providers),
             health: HealthBoard::default(),
             stop: CancellationToken::new(),
@@ -242,6 +250,11 @@ impl App {
     /// Returns the knowledge collections.
     pub fn knowledge(&self) -> &KnowledgeHandle {
         &self.knowledge
+    }
+
+    /// Returns the remote workers.
+    pub fn remote(&self) -> &RemoteWorkers {
+        &self.remote
     }
 
     /// Returns the meta-tools and routing profiles.

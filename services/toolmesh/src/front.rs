@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, rpc::CallResult};
 use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
 use toolmesh_config::{RoutingConfig, ServerConfig};
 use toolmesh_router::{Admission, Router};
 use tracing::{Instrument, info};
@@ -35,7 +36,7 @@ pub enum RouterMsg {
         /// What it serves.
         app: Box<App>,
         /// Limits and timeouts.
-        config: ServerConfig,
+        config: Box<ServerConfig>,
         /// Resolves with the server's end.
         reply: RpcReplyPort<Result<oneshot::Receiver<anyhow::Result<()>>, FrontDoorError>>,
     },
@@ -62,6 +63,8 @@ pub struct RouterActor;
 /// The gRPC server while it runs.
 struct Serving {
     stop: oneshot::Sender<()>,
+    /// Ends the sessions of remote workers, once no call needs them.
+    sessions: CancellationToken,
     server: JoinHandle<()>,
     health: tonic_health::server::HealthReporter,
     health_task: JoinHandle<()>,
@@ -138,10 +141,12 @@ async fn serve(
     }
     let (health, health_service, health_task) = server::health_service(app).await;
     let (stop, stopped) = oneshot::channel::<()>();
-    let server = server::grpc_server(listener, app, config, health_service, async move {
-        let _ = stopped.await;
-    })
-    .map_err(FrontDoorError::Start)?;
+    let sessions = CancellationToken::new();
+    let server =
+        server::grpc_server(listener, app, config, health_service, sessions.clone(), async move {
+            let _ = stopped.await;
+        })
+        .map_err(FrontDoorError::Start)?;
     let (ended_tx, ended) = oneshot::channel();
     let server = tokio::spawn(
         async move {
@@ -149,7 +154,7 @@ async fn serve(
         }
         .instrument(tracing::info_span!("front door", task = "grpc server")),
     );
-    state.serving = Some(Serving { stop, server, health, health_task });
+    state.serving = Some(Serving { stop, sessions, server, health, health_task });
     Ok(ended)
 }
 
@@ -160,8 +165,12 @@ async fn drain(state: &mut RouterState, grace: Duration) -> bool {
     // Every call answered, and the server closed its connections.
     let router = state.router.clone();
     let server = &mut serving.server;
+    let sessions = serving.sessions.clone();
     let finished = tokio::time::timeout(grace, async move {
         router.drained().await;
+        // Remote workers stay connected while calls run on them; then their sessions end
+        // too (they connect to another router), or the server would wait for them.
+        sessions.cancel();
         let _ = server.await;
     })
     .await
@@ -210,7 +219,8 @@ impl FrontDoor {
         config: ServerConfig,
     ) -> Result<oneshot::Receiver<anyhow::Result<()>>, FrontDoorError> {
         let app = Box::new(app);
-        self.ask(|reply| RouterMsg::Serve { listener, app, config, reply }, None).await?
+        self.ask(|reply| RouterMsg::Serve { listener, app, config: Box::new(config), reply }, None)
+            .await?
     }
 
     /// Puts `routing`'s profiles in force.

@@ -4,7 +4,8 @@
 //!   MCP servers, the search index, and any an embedding program adds), the meta-tools and
 //!   the front door; it reloads and stops them alike, and publishes every provider's
 //!   health (gRPC health `toolmesh.<kind>.<name>`, `ListTools`, `toolmesh.source.up`).
-//! - [`serve`] runs the gRPC API (`toolmesh.v1.ToolService`, `grpc.health.v1.Health`,
+//! - [`serve`] runs the gRPC API (`toolmesh.v1.ToolService`, `KnowledgeService`,
+//!   `WorkerService` where remote workers connect, `grpc.health.v1.Health`,
 //!   server reflection v1 and v1alpha) through the [`RouterActor`] until a shutdown signal,
 //!   then shuts down in order: stop accepting, drain the calls in flight within the grace
 //!   period, stop the providers; the caller's telemetry guard flushes last. The front door
@@ -30,7 +31,7 @@
 //! ```
 //!
 //! - [`client`] backs the `toolmesh tools list` and `toolmesh call` commands, [`ingest`]
-//!   the `toolmesh ingest` command.
+//!   the `toolmesh ingest` command, [`worker`] the `toolmesh worker` process.
 //!
 //! Reading order for a newcomer: `proto/toolmesh/v1/tools.proto`, then
 //! `crates/router` (the call path), then `crates/workers` (one backend).
@@ -44,6 +45,7 @@ mod listener;
 mod server;
 mod supervisor;
 mod transport;
+pub mod worker;
 
 pub use app::{App, AppOptions, ProviderFactory, SECTIONS, check_sections};
 pub use front::{FrontDoor, FrontDoorError, RouterActor, RouterMsg, RouterState};

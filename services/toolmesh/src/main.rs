@@ -44,6 +44,12 @@ enum Command {
     /// directory given (ingesting a tree again replaces its documents). Progress goes to
     /// stderr; exits 1 when a document failed.
     Ingest(IngestArgs),
+    /// Serves the local tools of its config file ([[tools.http]], [[tools.command]], and
+    /// the built-in ones with `[worker] builtins = true`) for a router: it connects to
+    /// every address the router's name resolves to, resolving it again periodically, and
+    /// reconnects with backoff. SIGTERM drains: no new calls, the calls in flight finish
+    /// within server.shutdown_grace_ms. Exits 1 when calls were still running then.
+    Worker(WorkerArgs),
     /// Shows or checks configuration.
     Config {
         #[command(subcommand)]
@@ -82,6 +88,26 @@ struct IngestArgs {
     /// knowledge.max_document_bytes).
     #[arg(long, default_value_t = 2 << 20)]
     max_bytes: u64,
+}
+
+#[derive(Args)]
+struct WorkerArgs {
+    /// The router's address, `host:port`; a name that resolves to several addresses (a
+    /// Kubernetes headless Service) connects the worker to each.
+    #[arg(long, env = "TOOLMESH_ROUTER")]
+    router: String,
+    /// The worker's TOML config file: its tools, and `[worker]` (pool, capacity).
+    #[arg(long, short, env = "TOOLMESH_CONFIG")]
+    config: Option<PathBuf>,
+    /// The pool the tools belong to (overrides worker.pool; default "default").
+    #[arg(long)]
+    pool: Option<String>,
+    /// Calls run at once (overrides worker.capacity; default workers.size).
+    #[arg(long)]
+    capacity: Option<usize>,
+    /// Serve the gRPC health service here: SERVING while connected to a router.
+    #[arg(long)]
+    health_listen: Option<SocketAddr>,
 }
 
 #[derive(Subcommand)]
@@ -159,6 +185,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Call(args) => call(args).await,
         Command::Ingest(args) => ingest(args).await,
+        Command::Worker(args) => worker(args).await,
         Command::Config { command: ConfigCommand::Defaults } => {
             print!("{}", toolmesh_config::DEFAULT_CONFIG);
             Ok(ExitCode::SUCCESS)
@@ -169,6 +196,33 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
+    let env: HashMap<String, String> = std::env::vars().collect();
+    let config = toolmesh_config::load(args.config.as_deref(), &env)
+        .map_err(|error| anyhow::anyhow!("{error}"))?;
+    let _telemetry = toolmesh_telemetry::init(&toolmesh_telemetry::TelemetryOptions {
+        log_filter: config.telemetry.log.clone(),
+        otlp_endpoint: config.telemetry.otlp_endpoint.clone(),
+        service_name: config.telemetry.service_name.clone(),
+    })?;
+    let options = toolmesh::worker::WorkerOptions {
+        router: args.router,
+        pool: args.pool,
+        capacity: args.capacity,
+        health_listen: args.health_listen,
+    };
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let shutdown = async move {
+        tokio::select! {
+            _ = terminate.recv() => info!("SIGTERM received"),
+            _ = interrupt.recv() => info!("interrupt received"),
+        }
+    };
+    let finished = toolmesh::worker::run(config, options, shutdown).await?;
+    Ok(if finished { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
 async fn ingest(args: IngestArgs) -> anyhow::Result<ExitCode> {

@@ -4,6 +4,7 @@ use tokio::net::TcpListener;
 use toolmesh_config::ServerConfig;
 use toolmesh_proto::v1::{
     knowledge_service_server::KnowledgeServiceServer, tool_service_server::ToolServiceServer,
+    worker_service_server::WorkerServiceServer,
 };
 
 use crate::knowledge::KnowledgeServiceImpl;
@@ -83,6 +84,7 @@ pub(crate) fn grpc_server<H, S>(
     app: &App,
     config: &ServerConfig,
     health_service: tonic_health::pb::health_server::HealthServer<H>,
+    sessions: tokio_util::sync::CancellationToken,
     stop: S,
 ) -> anyhow::Result<impl Future<Output = Result<(), tonic::transport::Error>> + Send + use<H, S>>
 where
@@ -118,6 +120,10 @@ where
                 .max_decoding_message_size(max_message),
         )
         .add_service(
+            WorkerServiceServer::new(app.remote().service(sessions))
+                .max_decoding_message_size(max_message),
+        )
+        .add_service(
             ToolServiceServer::new(ToolServiceImpl::new(
                 app.router().clone(),
                 std::sync::Arc::new(app.meta().clone()),
@@ -140,6 +146,7 @@ pub(crate) async fn health_service(
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<ToolServiceServer<ToolServiceImpl>>().await;
     health.set_serving::<KnowledgeServiceServer<KnowledgeServiceImpl>>().await;
+    health.set_serving::<WorkerServiceServer<toolmesh_remote::WorkerServiceImpl>>().await;
     // Before the first connection is accepted, every provider's entry is there; the task
     // follows the changes from then on.
     let mut changes = app.health().subscribe();
@@ -163,6 +170,7 @@ pub(crate) async fn health_service(
 pub(crate) async fn not_serving(health: &tonic_health::server::HealthReporter) {
     health.set_not_serving::<ToolServiceServer<ToolServiceImpl>>().await;
     health.set_not_serving::<KnowledgeServiceServer<KnowledgeServiceImpl>>().await;
+    health.set_not_serving::<WorkerServiceServer<toolmesh_remote::WorkerServiceImpl>>().await;
 }
 
 /// Logs that calls outlived the grace period.

@@ -1,0 +1,190 @@
+//! One call on a remote worker: wait for a free slot, send, follow, answer.
+
+use std::{
+    sync::{Arc, Weak},
+    time::Duration,
+};
+
+use serde_json::Value;
+use tokio::time::Instant;
+use toolmesh_core::{Backend, BackendError, CallContext, CallEvent, ToolOutput};
+use toolmesh_proto::v1;
+
+use crate::members::{Link, Members, Pending, Pick};
+
+/// The backend of a tool that remote workers serve.
+#[derive(Debug)]
+pub struct RemoteBackend {
+    members: Weak<Members>,
+    tool: String,
+}
+
+impl RemoteBackend {
+    pub(crate) fn new(members: Weak<Members>, tool: String) -> Self {
+        RemoteBackend { members, tool }
+    }
+
+    /// A backend that reaches no worker: for checking a definition.
+    pub(crate) fn nowhere() -> Self {
+        RemoteBackend { members: Weak::new(), tool: String::new() }
+    }
+
+    /// Waits for a slot on a worker serving the tool, until `by` (the sooner of the
+    /// schedule-to-start timeout and the call's deadline).
+    async fn schedule(
+        &self,
+        members: &Members,
+        ctx: &CallContext,
+        by: Instant,
+        patience: Duration,
+    ) -> Result<Arc<Link>, BackendError> {
+        loop {
+            let freed = members.freed.notified();
+            tokio::pin!(freed);
+            // Registered before looking, so that a slot freed meanwhile is not missed.
+            freed.as_mut().enable();
+            let why = match members.pick(&self.tool) {
+                Pick::Got(link) => return Ok(link),
+                Pick::Busy { workers, capacity } => (workers, capacity),
+                Pick::Nobody => (0, 0),
+            };
+            tokio::select! {
+                () = &mut freed => {}
+                () = tokio::time::sleep_until(by) => {
+                    if by >= ctx.deadline {
+                        return Err(BackendError::DeadlineExceeded(patience));
+                    }
+                    let waited = patience.as_millis();
+                    return Err(match why {
+                        (0, _) => BackendError::Unavailable {
+                            backend: "remote workers".into(),
+                            reason: format!(
+                                "no worker serving tool {} connected within {waited} ms",
+                                self.tool
+                            ),
+                        },
+                        (workers, capacity) => BackendError::Overloaded {
+                            tool: self.tool.clone(),
+                            reason: format!(
+                                "no free slot on its {workers} worker(s) ({capacity} calls at \
+                                 once) within {waited} ms (schedule-to-start)"
+                            ),
+                        },
+                    });
+                }
+                () = ctx.cancel.cancelled() => return Err(BackendError::Cancelled),
+            }
+        }
+    }
+}
+
+/// Gives the slot back when the call ends, however it ends.
+struct Slot<'a> {
+    members: &'a Members,
+    key: u64,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.members.release(self.key);
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for RemoteBackend {
+    async fn call(&self, ctx: CallContext, arguments: Value) -> Result<ToolOutput, BackendError> {
+        let Some(members) = self.members.upgrade() else {
+            return Err(BackendError::Unavailable {
+                backend: "remote workers".into(),
+                reason: "the router is shutting down".into(),
+            });
+        };
+        let (patience, attempt_limit) = members.config().timeouts(&self.tool);
+        let by = (Instant::now() + patience).min(ctx.deadline);
+        let arguments_json = arguments.to_string();
+        let trace_context = toolmesh_telemetry::context_headers(&tracing::Span::current());
+        loop {
+            let link = self.schedule(&members, &ctx, by, patience).await?;
+            let _slot = Slot { members: &members, key: link.key };
+            let left = ctx.deadline.saturating_duration_since(Instant::now());
+            let limit = attempt_limit.map_or(left, |limit| limit.min(left));
+            let call = v1::WorkerCall {
+                call_id: ctx.call_id.clone(),
+                tool: self.tool.clone(),
+                arguments_json: arguments_json.clone(),
+                timeout_ms: limit.as_millis() as u64,
+                trace_context: trace_context.clone(),
+                session_id: ctx.session_id.clone().unwrap_or_default(),
+                attempt: ctx.attempt,
+            };
+            // A session that ended before the call was sent never ran it: another worker may.
+            let Some(pending) = link.start(call) else { continue };
+            return follow(&link, &ctx, pending, limit).await;
+        }
+    }
+}
+
+/// Forwards the events of a call sent to `link` and returns its answer; cancels it on the
+/// worker when the caller cancels or the attempt's time (`limit`) runs out.
+async fn follow(
+    link: &Link,
+    ctx: &CallContext,
+    mut pending: Pending,
+    limit: Duration,
+) -> Result<ToolOutput, BackendError> {
+    let ends = tokio::time::sleep(limit);
+    tokio::pin!(ends);
+    // A call dropped unanswered (the router's deadline came first, the caller went away)
+    // is stopped on the worker too.
+    let mut guard = CancelOnDrop { link, id: &ctx.call_id, armed: true };
+    loop {
+        tokio::select! {
+            biased;
+            answer = &mut pending.reply => {
+                guard.armed = false;
+                // Events sent before the answer reach the caller before it.
+                while let Ok(event) = pending.events.try_recv() {
+                    forward(ctx, event).await;
+                }
+                return answer.unwrap_or_else(|_| Err(BackendError::Lost {
+                    backend: link.describe(),
+                    reason: "the session ended".into(),
+                }));
+            }
+            Some(event) = pending.events.recv() => forward(ctx, event).await,
+            () = &mut ends => {
+                guard.armed = false;
+                link.cancel(&ctx.call_id, "start-to-close timeout");
+                return Err(BackendError::DeadlineExceeded(limit));
+            }
+            () = ctx.cancel.cancelled() => {
+                guard.armed = false;
+                link.cancel(&ctx.call_id, "cancelled by the caller");
+                return Err(BackendError::Cancelled);
+            }
+        }
+    }
+}
+
+struct CancelOnDrop<'a> {
+    link: &'a Link,
+    id: &'a str,
+    armed: bool,
+}
+
+impl Drop for CancelOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.link.cancel(self.id, "the call ended before its answer");
+        }
+    }
+}
+
+async fn forward(ctx: &CallContext, event: CallEvent) {
+    match event {
+        CallEvent::Progress { progress, total, message } => {
+            ctx.events.progress(progress, total, message)
+        }
+        CallEvent::Partial(part) => ctx.events.partial(part).await,
+    }
+}

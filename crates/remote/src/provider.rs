@@ -1,0 +1,91 @@
+//! The remote workers as a provider of tools.
+
+use std::{sync::Arc, time::Duration};
+
+use tokio_util::sync::CancellationToken;
+use toolmesh_config::Config;
+use toolmesh_core::{Health, Provider, ProviderError};
+use toolmesh_registry::RegistryHandle;
+
+use crate::{RemoteConfig, SECTION, WorkerServiceImpl, members::Members};
+
+/// The remote workers of one router: the provider of their tools, and the maker of the
+/// service they connect to. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct RemoteWorkers {
+    members: Arc<Members>,
+    closing: CancellationToken,
+}
+
+impl RemoteWorkers {
+    /// Remote workers whose tools go into `registry`.
+    pub fn new(registry: RegistryHandle) -> Self {
+        RemoteWorkers {
+            members: Arc::new(Members::new(registry)),
+            closing: CancellationToken::new(),
+        }
+    }
+
+    /// Parses and checks `[remote]`.
+    pub fn section(config: &Config) -> Result<RemoteConfig, toolmesh_config::ConfigError> {
+        let section: RemoteConfig = config.section(SECTION)?.unwrap_or_default();
+        section.check().map_err(|(key, reason)| config.key_error(&key, reason))?;
+        Ok(section)
+    }
+
+    /// The gRPC service workers connect to. Its sessions end when `closing` is cancelled
+    /// (a draining router, once its calls are answered) or when the provider stops.
+    pub fn service(&self, closing: CancellationToken) -> WorkerServiceImpl {
+        let closing = {
+            let both = self.closing.child_token();
+            let own = both.clone();
+            tokio::spawn(async move {
+                closing.cancelled().await;
+                own.cancel();
+            });
+            both
+        };
+        WorkerServiceImpl { members: self.members.clone(), closing }
+    }
+
+    fn apply(&self, config: &Config) -> Result<(), ProviderError> {
+        let section = Self::section(config).map_err(|e| ProviderError::new("remote", e))?;
+        *self.members.config.write().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Arc::new(section);
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Provider<Config> for RemoteWorkers {
+    fn kind(&self) -> &'static str {
+        "remote"
+    }
+
+    fn section(&self) -> Option<&'static str> {
+        Some(SECTION)
+    }
+
+    async fn start(&self, config: &Config) -> Result<(), ProviderError> {
+        self.apply(config)
+    }
+
+    /// New timeouts apply to calls that start from then on, new heartbeat settings to
+    /// sessions that start from then on.
+    async fn reload(&self, config: &Config) -> Result<(), ProviderError> {
+        self.apply(config)
+    }
+
+    fn health(&self) -> Vec<(String, Health)> {
+        self.members.health()
+    }
+
+    async fn health_changed(&self) {
+        self.members.changed.notified().await;
+    }
+
+    async fn stop(&self, _grace: Duration) {
+        self.closing.cancel();
+        self.members.close_all(tonic::Status::unavailable("the router is shutting down")).await;
+    }
+}

@@ -1,0 +1,518 @@
+//! `toolmesh worker`: a process that serves local tools (built-in, HTTP and command tools
+//! of its own config file) for routers it connects to.
+//!
+//! The worker resolves the router's address and holds one session with every address it
+//! resolves to (router replicas behind a Kubernetes headless Service all see it), resolving
+//! again periodically; each session announces the worker's tools and capacity, takes
+//! calls, and reconnects with backoff when it breaks. Its calls run on the same supervised
+//! worker pool as a router's local tools, at most `capacity` at once in the whole process.
+//! On SIGTERM it drains: it tells every router, which sends it nothing new, finishes the
+//! calls it has within the grace period, then leaves.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    net::SocketAddr,
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
+
+use anyhow::Context as _;
+use serde::Deserialize;
+use tokio::{
+    sync::{Semaphore, mpsc, watch},
+    task::JoinSet,
+    time::Instant,
+};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_util::sync::CancellationToken;
+use toolmesh_config::Config;
+use toolmesh_core::{BackendError, CallContext, CallEvent, EventSink, Provider as _, SourceKind};
+use toolmesh_proto::{
+    convert,
+    v1::{
+        self, WorkerMessage, router_message, worker_call_event, worker_call_result,
+        worker_message::Message, worker_service_client::WorkerServiceClient,
+    },
+};
+use toolmesh_registry::RegistryHandle;
+use toolmesh_telemetry::names;
+use toolmesh_tools::{BUILTIN_SOURCE, LocalProvider, LocalTools};
+use tracing::{Instrument, debug, info, info_span, warn};
+
+/// The section of a worker's config file that only workers read.
+pub const WORKER_SECTION: &str = "worker";
+
+/// `[worker]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkerConfig {
+    /// The pool the worker's tools belong to (`remote:<pool>` in the catalog).
+    pub pool: String,
+    /// Calls the worker runs at once, in all its sessions; 0: `[workers] size`.
+    pub capacity: usize,
+    /// Serve the built-in tools too (`[builtin]`); off by default, since every router has
+    /// its own.
+    pub builtins: bool,
+    /// How often the router's name is resolved again, in milliseconds.
+    pub resolve_interval_ms: u64,
+    /// The id the worker announces; empty: `<hostname>-<pid>`.
+    pub id: String,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            pool: toolmesh_remote::DEFAULT_POOL.into(),
+            capacity: 0,
+            builtins: false,
+            resolve_interval_ms: 30_000,
+            id: String::new(),
+        }
+    }
+}
+
+/// What `toolmesh worker` was asked.
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    /// The router: `host:port`, a DNS name that may resolve to several routers.
+    pub router: String,
+    /// Overrides `[worker] pool`.
+    pub pool: Option<String>,
+    /// Overrides `[worker] capacity`.
+    pub capacity: Option<usize>,
+    /// Where the worker's own gRPC health service listens, if anywhere: SERVING while it
+    /// has a session with at least one router.
+    pub health_listen: Option<SocketAddr>,
+}
+
+/// The state of the sessions, by router address, for health and logs.
+type Sessions = Arc<Mutex<BTreeMap<SocketAddr, bool>>>;
+
+/// What every session of the worker shares.
+struct Host {
+    registry: RegistryHandle,
+    hello: v1::WorkerHello,
+    /// The capacity, across sessions.
+    slots: Semaphore,
+    /// Cancelled on SIGTERM: drain.
+    draining: CancellationToken,
+    sessions: Sessions,
+    /// Told when the sessions change.
+    changed: watch::Sender<()>,
+}
+
+/// Runs a worker until `shutdown` resolves and its calls are finished (or `grace` passed).
+/// Returns whether every call finished within the grace period.
+pub async fn run(
+    mut config: Config,
+    options: WorkerOptions,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<bool> {
+    let section: WorkerConfig = config.section(WORKER_SECTION)?.unwrap_or_default();
+    config.check_sections(&[WORKER_SECTION])?;
+    if !section.builtins {
+        config.builtin.echo = false;
+        config.builtin.reasoning = false;
+    }
+    let capacity = options
+        .capacity
+        .or(Some(section.capacity).filter(|c| *c > 0))
+        .unwrap_or(config.workers.size.get());
+    anyhow::ensure!(capacity > 0, "worker capacity must be at least 1");
+    let pool = options.pool.clone().unwrap_or(section.pool.clone());
+
+    let registry = RegistryHandle::start().await.context("starting the registry")?;
+    let local = LocalProvider::new(&config.workers, registry.clone(), LocalTools::default())
+        .await
+        .context("starting the worker pool")?;
+    local.start(&config).await?;
+    let catalog = registry.snapshot();
+    let tools: Vec<v1::Tool> = catalog
+        .tools
+        .values()
+        .filter(|e| e.spec.source.kind == SourceKind::Local)
+        .filter(|e| section.builtins || e.spec.source.name != BUILTIN_SOURCE)
+        .map(|e| convert::tool(&e.spec, toolmesh_core::Health::up()))
+        .collect();
+    anyhow::ensure!(!tools.is_empty(), "the worker has no tools to serve (see [[tools.*]])");
+    let id = if section.id.is_empty() { default_id() } else { section.id.clone() };
+    info!(worker = %id, pool, capacity, tools = tools.len(), router = %options.router, "worker starting");
+    let host = Arc::new(Host {
+        registry,
+        hello: v1::WorkerHello {
+            worker_id: id,
+            pool,
+            capacity: u32::try_from(capacity).unwrap_or(u32::MAX),
+            tools,
+        },
+        slots: Semaphore::new(capacity),
+        draining: CancellationToken::new(),
+        sessions: Sessions::default(),
+        changed: watch::Sender::new(()),
+    });
+    if let Some(addr) = options.health_listen {
+        serve_health(addr, host.clone()).await?;
+    }
+
+    let resolve_every = Duration::from_millis(section.resolve_interval_ms.max(1_000));
+    let follow = tokio::spawn(follow_router(host.clone(), options.router.clone(), resolve_every));
+    shutdown.await;
+    info!("draining: no new calls; finishing the calls in flight");
+    host.draining.cancel();
+    let grace = config.server.shutdown_grace;
+    let finished = tokio::time::timeout(grace, follow).await.is_ok();
+    if !finished {
+        warn!(grace_ms = grace.as_millis() as u64, "calls still running after the grace period");
+    }
+    local.stop(Duration::from_millis(100)).await;
+    Ok(finished)
+}
+
+fn default_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "worker".into());
+    format!("{host}-{}", std::process::id())
+}
+
+/// Keeps one session with every address `router` resolves to, resolving it again every
+/// `every`; ends once the worker drains and every session has ended.
+async fn follow_router(host: Arc<Host>, router: String, every: Duration) {
+    let mut links: HashMap<SocketAddr, CancellationToken> = HashMap::new();
+    let mut tasks = JoinSet::new();
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = host.draining.cancelled() => break,
+        }
+        let resolved = match tokio::net::lookup_host(router.as_str()).await {
+            Ok(addrs) => addrs.collect::<std::collections::BTreeSet<_>>(),
+            Err(error) => {
+                warn!(router, %error, "cannot resolve the router");
+                continue;
+            }
+        };
+        links.retain(|addr, stop| {
+            let keep = resolved.contains(addr);
+            if !keep {
+                info!(%addr, "the router's name no longer resolves to this address");
+                stop.cancel();
+            }
+            keep
+        });
+        for addr in resolved {
+            links.entry(addr).or_insert_with(|| {
+                let stop = CancellationToken::new();
+                let span = info_span!("router session", %addr);
+                tasks.spawn(keep_session(host.clone(), addr, stop.clone()).instrument(span));
+                stop
+            });
+        }
+        // Sessions of addresses that went have ended by now or will soon.
+        while tasks.try_join_next().is_some() {}
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+/// Holds a session with the router at `addr` until the worker drains or `stop`,
+/// reconnecting with backoff when it breaks.
+async fn keep_session(host: Arc<Host>, addr: SocketAddr, stop: CancellationToken) {
+    const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+    const MAX_BACKOFF: Duration = Duration::from_secs(10);
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        let started = Instant::now();
+        let ended = session(&host, addr, &stop).await;
+        set_session(&host, addr, None);
+        match ended {
+            Ok(()) => return,
+            Err(error) if host.draining.is_cancelled() || stop.is_cancelled() => {
+                debug!(%error, "session ended while draining");
+                return;
+            }
+            Err(error) => {
+                warn!(error = %format!("{error:#}"), "router session ended; reconnecting")
+            }
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            backoff = FIRST_BACKOFF;
+        }
+        let wait = toolmesh_core::RetryPolicy {
+            attempts: std::num::NonZeroU32::MIN,
+            backoff,
+            max_backoff: MAX_BACKOFF,
+        }
+        .wait(2);
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = host.draining.cancelled() => return,
+            () = stop.cancelled() => return,
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+fn set_session(host: &Host, addr: SocketAddr, up: Option<bool>) {
+    let mut sessions = host.sessions.lock().unwrap_or_else(PoisonError::into_inner);
+    match up {
+        Some(up) => sessions.insert(addr, up),
+        None => sessions.remove(&addr),
+    };
+    drop(sessions);
+    host.changed.send_replace(());
+}
+
+/// One session: hello, welcome, then calls until the router ends it, it breaks, or the
+/// worker drains (then it ends once its calls are answered: `Ok`).
+async fn session(
+    host: &Arc<Host>,
+    addr: SocketAddr,
+    stop: &CancellationToken,
+) -> anyhow::Result<()> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .with_context(|| format!("cannot connect to {addr}"))?;
+    let mut client = WorkerServiceClient::new(channel).max_decoding_message_size(64 << 20);
+    let (outbound, receiver) = mpsc::unbounded_channel();
+    let _ = outbound.send(WorkerMessage { message: Some(Message::Hello(host.hello.clone())) });
+    let mut inbound = client
+        .connect(UnboundedReceiverStream::new(receiver))
+        .await
+        .map_err(|s| anyhow::anyhow!("the router refused the worker: {}", s.message()))?
+        .into_inner();
+    let welcome = match tokio::time::timeout(Duration::from_secs(30), inbound.message()).await {
+        Ok(Ok(Some(v1::RouterMessage {
+            message: Some(router_message::Message::Welcome(welcome)),
+        }))) => welcome,
+        Ok(Err(status)) => anyhow::bail!("the router refused the worker: {}", status.message()),
+        Ok(Ok(_)) => anyhow::bail!("the router did not welcome the worker"),
+        Err(_) => anyhow::bail!("no welcome from the router within 30 s"),
+    };
+    info!(router = %welcome.router_id, "connected");
+    set_session(host, addr, Some(true));
+    let interval = Duration::from_millis(u64::from(welcome.heartbeat_interval_ms.max(100)));
+    let silence = Duration::from_millis(u64::from(welcome.heartbeat_timeout_ms.max(200)));
+    let mut beat = tokio::time::interval_at(Instant::now() + interval, interval);
+    let mut heard = Instant::now();
+    let calls: Arc<Mutex<HashMap<String, CancellationToken>>> = Arc::default();
+    let mut running = JoinSet::new();
+    let mut draining = false;
+    // The router's word that no call follows the drain.
+    let mut acknowledged = false;
+    let result = loop {
+        if acknowledged && running.is_empty() {
+            break Ok(());
+        }
+        tokio::select! {
+            message = inbound.message() => match message {
+                Ok(Some(message)) => {
+                    heard = Instant::now();
+                    match message.message {
+                        Some(router_message::Message::Call(call)) => {
+                            let cancel = CancellationToken::new();
+                            calls.lock().unwrap_or_else(PoisonError::into_inner)
+                                .insert(call.call_id.clone(), cancel.clone());
+                            let (host, outbound, calls) = (host.clone(), outbound.clone(), calls.clone());
+                            running.spawn(async move {
+                                let id = call.call_id.clone();
+                                execute(&host, call, &outbound, cancel).await;
+                                calls.lock().unwrap_or_else(PoisonError::into_inner).remove(&id);
+                            });
+                        }
+                        Some(router_message::Message::Cancel(cancel)) => {
+                            let token = calls.lock().unwrap_or_else(PoisonError::into_inner)
+                                .remove(&cancel.call_id);
+                            if let Some(token) = token {
+                                debug!(call_id = %cancel.call_id, reason = %cancel.reason, "call cancelled");
+                                token.cancel();
+                            }
+                        }
+                        Some(router_message::Message::DrainAck(_)) => acknowledged = true,
+                        Some(router_message::Message::Heartbeat(_) | router_message::Message::Welcome(_)) | None => {}
+                    }
+                }
+                Ok(None) => break Err(anyhow::anyhow!("the router closed the session")),
+                Err(status) => break Err(anyhow::anyhow!("the session broke: {}", status.message())),
+            },
+            _ = beat.tick() => {
+                if heard.elapsed() > silence {
+                    break Err(anyhow::anyhow!("no heartbeat from the router for {} ms", heard.elapsed().as_millis()));
+                }
+                let _ = outbound.send(WorkerMessage { message: Some(Message::Heartbeat(v1::Heartbeat {})) });
+            }
+            Some(_) = running.join_next(), if !running.is_empty() => {}
+            () = host.draining.cancelled(), if !draining => {
+                draining = true;
+                let reason = "the worker was told to stop".to_owned();
+                let _ = outbound.send(WorkerMessage { message: Some(Message::Drain(v1::WorkerDrain { reason })) });
+            }
+            () = stop.cancelled(), if !draining => {
+                draining = true;
+                let reason = "the router's name no longer resolves here".to_owned();
+                let _ = outbound.send(WorkerMessage { message: Some(Message::Drain(v1::WorkerDrain { reason })) });
+            }
+        }
+    };
+    // The router answered the calls of a broken session itself: stop them here.
+    for (_, token) in calls.lock().unwrap_or_else(PoisonError::into_inner).drain() {
+        token.cancel();
+    }
+    running.shutdown().await;
+    if result.is_ok() {
+        // A drained session ends gracefully: the last answers are sent, then the router
+        // ends its side (dropping the stream at once could cut them off).
+        drop(outbound);
+        let _ = tokio::time::timeout(Duration::from_secs(5), async {
+            while let Ok(Some(_)) = inbound.message().await {}
+        })
+        .await;
+    }
+    result
+}
+
+/// Runs one call and sends its events and answer.
+async fn execute(
+    host: &Host,
+    call: v1::WorkerCall,
+    outbound: &mpsc::UnboundedSender<WorkerMessage>,
+    cancel: CancellationToken,
+) {
+    let span = info_span!(
+        names::SPAN_WORKER_EXECUTE,
+        otel.name = %format!("{} {}", names::OP_EXECUTE_TOOL, call.tool),
+        { names::GEN_AI_TOOL_NAME } = %call.tool,
+        { names::GEN_AI_TOOL_CALL_ID } = %call.call_id,
+        { names::TOOLMESH_CALL_ATTEMPT } = call.attempt,
+    );
+    toolmesh_telemetry::set_parent_from_headers(&span, &call.trace_context);
+    let id = call.call_id.clone();
+    let outcome = run_call(host, call, outbound, cancel).instrument(span).await;
+    let outcome = match outcome {
+        Ok(output) => worker_call_result::Outcome::Response(convert::response(id.clone(), output)),
+        Err(error) => worker_call_result::Outcome::Error(v1::WorkerCallError {
+            code: toolmesh_proto::status_code(error.code()) as u32,
+            message: error.to_string(),
+        }),
+    };
+    let result = v1::WorkerCallResult { call_id: id, outcome: Some(outcome) };
+    let _ = outbound.send(WorkerMessage { message: Some(Message::Result(result)) });
+}
+
+async fn run_call(
+    host: &Host,
+    call: v1::WorkerCall,
+    outbound: &mpsc::UnboundedSender<WorkerMessage>,
+    cancel: CancellationToken,
+) -> Result<toolmesh_core::ToolOutput, BackendError> {
+    let deadline = Instant::now() + Duration::from_millis(call.timeout_ms.max(1));
+    let _slot = tokio::select! {
+        slot = host.slots.acquire() => slot.map_err(|_| BackendError::Internal("the worker is stopping".into()))?,
+        () = cancel.cancelled() => return Err(BackendError::Cancelled),
+        () = tokio::time::sleep_until(deadline) => return Err(BackendError::DeadlineExceeded(Duration::from_millis(call.timeout_ms))),
+    };
+    let Some(entry) = host.registry.resolve(&call.tool) else {
+        return Err(BackendError::Remote {
+            code: toolmesh_core::ErrorCode::NotFound,
+            message: format!("the worker does not serve tool {}", call.tool),
+        });
+    };
+    let arguments: serde_json::Value = if call.arguments_json.trim().is_empty() {
+        serde_json::json!({})
+    } else {
+        serde_json::from_str(&call.arguments_json).map_err(|e| {
+            BackendError::InvalidArguments(format!("arguments_json is not JSON: {e}"))
+        })?
+    };
+    if let Some(violation) = entry.check_arguments(&arguments).first() {
+        return Err(BackendError::InvalidArguments(violation.to_string()));
+    }
+    let (events, mut receiver) = EventSink::channel();
+    let ctx = CallContext {
+        call_id: call.call_id.clone(),
+        session_id: Some(call.session_id.clone()).filter(|s| !s.is_empty()),
+        profile: None,
+        tool: call.tool.clone(),
+        cancel: cancel.clone(),
+        deadline,
+        events,
+        attempt: call.attempt,
+    };
+    let _cancel_on_drop = cancel.clone().drop_guard();
+    let running = tokio::time::timeout_at(deadline, entry.backend.call(ctx, arguments));
+    tokio::pin!(running);
+    let send = |event: CallEvent| {
+        let event = match event {
+            CallEvent::Progress { progress, total, message } => {
+                worker_call_event::Event::Progress(v1::Progress { progress, total, message })
+            }
+            CallEvent::Partial(part) => {
+                worker_call_event::Event::Partial(convert::content_part(part))
+            }
+        };
+        let event = v1::WorkerCallEvent { call_id: call.call_id.clone(), event: Some(event) };
+        let _ = outbound.send(WorkerMessage { message: Some(Message::Event(event)) });
+    };
+    let outcome = loop {
+        tokio::select! {
+            outcome = &mut running => break outcome,
+            event = receiver.recv() => send(event),
+        }
+    };
+    while let Some(event) = receiver.try_recv() {
+        send(event);
+    }
+    match outcome {
+        Ok(outcome) => outcome,
+        Err(_) => Err(BackendError::DeadlineExceeded(Duration::from_millis(call.timeout_ms))),
+    }
+}
+
+/// Serves the gRPC health service on `addr`: the overall status ("") is SERVING while the
+/// worker has a session with a router, NOT_SERVING otherwise and while it drains.
+async fn serve_health(addr: SocketAddr, host: Arc<Host>) -> anyhow::Result<()> {
+    let (reporter, service) = tonic_health::server::health_reporter();
+    reporter.set_service_status("", tonic_health::ServingStatus::NotServing).await;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} for health checks"))?;
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    tokio::spawn(async move {
+        let served = tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(incoming)
+            .await;
+        if let Err(error) = served {
+            warn!(%error, "the health service stopped");
+        }
+    });
+    let mut changed = host.changed.subscribe();
+    tokio::spawn(async move {
+        loop {
+            let up = !host.draining.is_cancelled()
+                && host
+                    .sessions
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .values()
+                    .any(|up| *up);
+            let status = if up {
+                tonic_health::ServingStatus::Serving
+            } else {
+                tonic_health::ServingStatus::NotServing
+            };
+            reporter.set_service_status("", status).await;
+            tokio::select! {
+                changed = changed.changed() => if changed.is_err() { return },
+                () = host.draining.cancelled(), if !host.draining.is_cancelled() => {}
+            }
+        }
+    });
+    Ok(())
+}

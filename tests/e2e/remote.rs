@@ -1,0 +1,377 @@
+//! Remote workers end to end: real `toolmesh serve` and `toolmesh worker` processes on
+//! loopback, with command tools that record each execution.
+
+use std::{collections::BTreeMap, path::Path, time::Duration};
+
+use nix::sys::signal::Signal;
+use tonic::Code;
+use tonic_health::pb::health_check_response::ServingStatus;
+use toolmesh_e2e::{BinaryServer, BinaryWorker, eventually, write_script};
+use toolmesh_proto::v1::CallToolRequest;
+
+/// The router's environment: lexical search (no model to load).
+const ROUTER_ENV: &[(&str, &str)] = &[("TOOLMESH__SEARCH__EMBEDDINGS", "false")];
+
+/// A worker configuration named `name` with two tools that append `<tool> <name> <n>` to
+/// `ledger` when they start, sleep `sleep` seconds, append `... done`, then print
+/// `<name> <n>`: `record`,
+/// annotated idempotent, and `charge`, which has a side effect (no annotations).
+fn worker_toml(dir: &Path, name: &str, ledger: &Path, sleep: f64, extra: &str) -> String {
+    let script = write_script(
+        dir,
+        &format!("{name}.sh"),
+        &format!(
+            "n=$(cat | sed 's/[^0-9]//g')\necho \"$1 {name} $n\" >> {ledger}\nsleep {sleep}\n\
+             echo \"$1 {name} $n done\" >> {ledger}\necho \"{name} $n\"",
+            ledger = ledger.display()
+        ),
+    );
+    let tool = |tool: &str, annotations: &str| {
+        format!(
+            "[[tools.command]]\nname = \"{tool}\"\ndescription = \"records call n\"\n\
+             command = \"{}\"\nargs = [\"{tool}\"]\n{annotations}\n\
+             [tools.command.parameters]\ntype = \"object\"\nproperties.n = {{ type = \"integer\" }}\n",
+            script.display()
+        )
+    };
+    format!(
+        "[worker]\ncapacity = 2\nid = \"{name}\"\n{extra}\n{}{}",
+        tool("record", "annotations = { idempotent = true }"),
+        tool("charge", "")
+    )
+}
+
+/// Executions in `ledger`: (tool, n) → the workers that ran it.
+fn executions(ledger: &Path) -> BTreeMap<(String, u64), Vec<String>> {
+    let mut runs: BTreeMap<(String, u64), Vec<String>> = BTreeMap::new();
+    for line in std::fs::read_to_string(ledger).unwrap_or_default().lines() {
+        let parts: Vec<&str> = line.split_whitespace().collect();
+        // A process whose worker died before handing it the arguments has no n.
+        if let [tool, worker, n] = parts[..]
+            && let Ok(n) = n.parse()
+        {
+            runs.entry((tool.to_owned(), n)).or_default().push(worker.to_owned());
+        }
+    }
+    runs
+}
+
+async fn call(
+    addr: &str,
+    tool: &str,
+    n: u64,
+    timeout: Duration,
+) -> Result<toolmesh_proto::v1::CallToolResponse, tonic::Status> {
+    let mut client = toolmesh::client::connect(addr).await.unwrap();
+    let mut request = tonic::Request::new(CallToolRequest {
+        name: tool.into(),
+        arguments_json: format!("{{\"n\": {n}}}"),
+        ..Default::default()
+    });
+    request.set_timeout(timeout);
+    client.call_tool(request).await.map(tonic::Response::into_inner)
+}
+
+/// The gRPC health of `service` at `addr`.
+async fn health(addr: &str, service: &str) -> Option<ServingStatus> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .ok()?
+        .connect()
+        .await
+        .ok()?;
+    let mut client = tonic_health::pb::health_client::HealthClient::new(channel);
+    let request = tonic_health::pb::HealthCheckRequest { service: service.into() };
+    client.check(request).await.ok().map(|r| r.into_inner().status())
+}
+
+async fn wait_for_tool(addr: &str, tool: &str) {
+    eventually(Duration::from_secs(20), || async {
+        crate::tool_names(addr).await.iter().any(|t| t == tool).then_some(())
+    })
+    .await
+    .unwrap_or_else(|| panic!("tool {tool} never appeared"));
+}
+
+#[tokio::test]
+async fn calls_spread_over_workers_and_a_killed_worker_loses_no_call_and_repeats_no_side_effect() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger");
+    let router = BinaryServer::start(&[], ROUTER_ENV).await.unwrap();
+    let addr = router.addr.to_string();
+    let workers: Vec<BinaryWorker> = ["w1", "w2", "w3"]
+        .iter()
+        .map(|name| {
+            BinaryWorker::start(&addr, &worker_toml(dir.path(), name, &ledger, 0.6, ""), &[])
+                .unwrap()
+        })
+        .collect();
+    for worker in &workers {
+        worker.joined(1).await.unwrap();
+    }
+    wait_for_tool(&addr, "record").await;
+
+    // Twelve calls, as many as the workers' six slots twice over, half of them idempotent.
+    let deadline = Duration::from_secs(20);
+    let calls: Vec<_> = (0..12u64)
+        .map(|n| {
+            let addr = addr.clone();
+            let tool = if n % 2 == 0 { "record" } else { "charge" };
+            tokio::spawn(async move {
+                let started = std::time::Instant::now();
+                let outcome = call(&addr, tool, n, deadline).await;
+                (tool, n, outcome, started.elapsed())
+            })
+        })
+        .collect();
+    // Once every worker runs calls, w1 among them a side-effecting one, w1 dies.
+    eventually(Duration::from_secs(10), || async {
+        let runs = executions(&ledger);
+        let running: std::collections::BTreeSet<&String> = runs.values().flatten().collect();
+        let text = std::fs::read_to_string(&ledger).unwrap_or_default();
+        let charging = runs.iter().any(|((tool, n), on)| {
+            tool == "charge" && on[0] == "w1" && !text.contains(&format!("charge w1 {n} done"))
+        });
+        (running.len() == 3 && charging).then_some(())
+    })
+    .await
+    .expect("calls spread over all three workers");
+    workers[0].signal(Signal::SIGKILL);
+
+    let mut unknown = std::collections::BTreeSet::new();
+    for task in calls {
+        let (tool, n, outcome, took) = task.await.unwrap();
+        assert!(took < deadline, "call {n} took {took:?}, past its deadline");
+        match (tool, outcome) {
+            (_, Ok(response)) => assert!(!response.is_error, "call {n}: {response:?}"),
+            ("charge", Err(status)) => {
+                assert_eq!(status.code(), Code::Unavailable, "call {n}: {status:?}");
+                assert!(status.message().contains("outcome of call"), "{}", status.message());
+                assert!(status.message().contains("w1"), "names the worker: {}", status.message());
+                unknown.insert(n);
+            }
+            (_, Err(status)) => panic!("idempotent call {n} failed: {status:?}"),
+        }
+    }
+    let runs = executions(&ledger);
+    let ledger_text = std::fs::read_to_string(&ledger).unwrap();
+    let only_on = |on: &[String], worker: &str| on.len() == 1 && on[0] == worker;
+    for ((tool, n), on) in &runs {
+        match tool.as_str() {
+            // A side effect runs at most once; one cut off on w1 has an unknown outcome.
+            "charge" => {
+                assert_eq!(on.len(), 1, "side-effecting call {n} ran {} times: {on:?}", on.len());
+                assert_eq!(only_on(on, "w1"), unknown.contains(n), "call {n}: {runs:?}");
+            }
+            // An idempotent call cut off on w1 ran again elsewhere, and succeeded.
+            _ if on[0] == "w1" && !ledger_text.contains(&format!("record w1 {n} done")) => {
+                assert!(on.len() == 2 && on[1] != "w1", "call {n} was not repeated: {on:?}")
+            }
+            // One that finished on w1 may have been repeated if w1 died before answering.
+            _ if on[0] == "w1" => assert!(on.len() <= 2, "call {n}: {on:?}"),
+            _ => assert_eq!(on.len(), 1, "call {n}: {on:?}"),
+        }
+    }
+    assert!(!unknown.is_empty(), "w1 was running a side-effecting call: {runs:?}");
+    // The router saw the worker go.
+    let logs = router.logs();
+    assert!(logs.contains("worker left") && logs.contains("w1"), "{logs}");
+}
+
+#[tokio::test]
+async fn a_worker_joining_under_load_takes_calls_and_a_draining_worker_finishes_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger");
+    let router = BinaryServer::start(&[], ROUTER_ENV).await.unwrap();
+    let addr = router.addr.to_string();
+    let mut first =
+        BinaryWorker::start(&addr, &worker_toml(dir.path(), "w1", &ledger, 0.5, ""), &[]).unwrap();
+    first.joined(1).await.unwrap();
+    wait_for_tool(&addr, "charge").await;
+
+    // Eight calls of half a second on two slots: they queue for the first worker.
+    let calls: Vec<_> = (0..8u64)
+        .map(|n| {
+            let addr = addr.clone();
+            tokio::spawn(async move { call(&addr, "charge", n, Duration::from_secs(20)).await })
+        })
+        .collect();
+    eventually(Duration::from_secs(5), || async {
+        (!executions(&ledger).is_empty()).then_some(())
+    })
+    .await
+    .unwrap_or_else(|| panic!("the first calls did not start:\n{}", first.logs()));
+    let second =
+        BinaryWorker::start(&addr, &worker_toml(dir.path(), "w2", &ledger, 0.5, ""), &[]).unwrap();
+    second.joined(1).await.unwrap();
+    // The first worker is told to stop while it runs calls: it finishes them.
+    eventually(Duration::from_secs(5), || async {
+        executions(&ledger).values().any(|on| on[0] == "w2").then_some(())
+    })
+    .await
+    .expect("the worker that joined took calls");
+    first.signal(Signal::SIGTERM);
+    for call in calls {
+        let response = call.await.unwrap().expect("every call succeeds");
+        assert!(!response.is_error);
+    }
+    let status =
+        tokio::time::timeout(Duration::from_secs(15), first.child.wait()).await.unwrap().unwrap();
+    assert!(status.success(), "the drained worker exits 0; logs:\n{}", first.logs());
+    let runs = executions(&ledger);
+    assert!(runs.values().all(|on| on.len() == 1), "each call ran once: {runs:?}");
+    let by_second = runs.values().filter(|on| on[0] == "w2").count();
+    assert!(by_second >= 2, "the joining worker took calls: {runs:?}");
+    assert!(router.logs().contains("worker draining"), "{}", router.logs());
+    // The tool stays: the second worker serves it.
+    let response = call(&addr, "charge", 100, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(toolmesh_e2e::text(&response).trim(), "w2 100");
+}
+
+#[tokio::test]
+async fn workers_of_one_tool_must_agree_and_a_tool_goes_with_its_last_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger");
+    let router = BinaryServer::start(&[], ROUTER_ENV).await.unwrap();
+    let addr = router.addr.to_string();
+    let first =
+        BinaryWorker::start(&addr, &worker_toml(dir.path(), "w1", &ledger, 0.0, ""), &[]).unwrap();
+    first.joined(1).await.unwrap();
+    assert_eq!(health(&addr, "toolmesh.remote.default").await, Some(ServingStatus::Serving));
+    // Same tool names, another description of `record`.
+    let other = worker_toml(dir.path(), "w2", &ledger, 0.0, "").replacen(
+        "records call n",
+        "records call n differently",
+        1,
+    );
+    let second = BinaryWorker::start(&addr, &other, &[]).unwrap();
+    let refused = eventually(Duration::from_secs(10), || async {
+        second.logs().lines().find(|l| l.contains("refused")).map(str::to_owned)
+    })
+    .await
+    .unwrap_or_else(|| panic!("the second worker is not refused:\n{}", second.logs()));
+    assert!(
+        refused.contains("tool record") && refused.contains("w1") && refused.contains("w2"),
+        "{refused}"
+    );
+    // A name a router's own tool holds is refused the same way.
+    let echo = worker_toml(dir.path(), "w3", &ledger, 0.0, "")
+        .replace("name = \"record\"", "name = \"echo\"");
+    let third = BinaryWorker::start(&addr, &echo, &[]).unwrap();
+    let refused = eventually(Duration::from_secs(10), || async {
+        third.logs().lines().find(|l| l.contains("refused")).map(str::to_owned)
+    })
+    .await
+    .unwrap_or_else(|| panic!("the third worker is not refused:\n{}", third.logs()));
+    assert!(refused.contains("tool echo") && refused.contains("local:builtin"), "{refused}");
+
+    // The refused worker keeps trying: once the first is gone, its definition is the one.
+    drop(first);
+    let description = || async {
+        let mut client = toolmesh::client::connect(&addr).await.unwrap();
+        let (tools, _) = toolmesh::client::list_all(&mut client).await.unwrap();
+        tools.into_iter().find(|t| t.name == "record").map(|t| t.description)
+    };
+    eventually(Duration::from_secs(30), || async {
+        (description().await.as_deref() == Some("records call n differently")).then_some(())
+    })
+    .await
+    .unwrap_or_else(|| panic!("the second worker did not take over:\n{}", second.logs()));
+    drop(second);
+    eventually(Duration::from_secs(15), || async { description().await.is_none().then_some(()) })
+        .await
+        .expect("the tool went with its last worker");
+    // The pool is down while no worker of it is connected.
+    eventually(Duration::from_secs(5), || async {
+        let status = health(&addr, "toolmesh.remote.default").await;
+        (status == Some(ServingStatus::NotServing)).then_some(())
+    })
+    .await
+    .expect("the pool's health says it has no worker");
+    drop(third);
+}
+
+#[tokio::test]
+async fn a_call_waits_for_a_free_slot_until_its_deadline_and_cancellation_reaches_the_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger");
+    // Shipped defaults: schedule-to-start of ten seconds, longer than these deadlines.
+    let router = BinaryServer::start(&[], ROUTER_ENV).await.unwrap();
+    let addr = router.addr.to_string();
+    let worker = BinaryWorker::start(
+        &addr,
+        &worker_toml(dir.path(), "w1", &ledger, 3.0, "").replace("capacity = 2", "capacity = 1"),
+        &[],
+    )
+    .unwrap();
+    worker.joined(1).await.unwrap();
+    wait_for_tool(&addr, "charge").await;
+    let busy = tokio::spawn({
+        let addr = addr.clone();
+        async move { call(&addr, "charge", 1, Duration::from_millis(1500)).await }
+    });
+    eventually(Duration::from_secs(5), || async {
+        (!executions(&ledger).is_empty()).then_some(())
+    })
+    .await
+    .unwrap();
+    // No free slot, and the caller's deadline comes before schedule-to-start.
+    let waiting = call(&addr, "charge", 2, Duration::from_millis(500)).await.unwrap_err();
+    assert_eq!(waiting.code(), Code::DeadlineExceeded, "{waiting:?}");
+    assert!(!executions(&ledger).contains_key(&("charge".into(), 2)), "never started");
+    // The running call's deadline passes: the worker stops its process, and its slot frees.
+    let status = busy.await.unwrap().unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    let freed = call(&addr, "record", 3, Duration::from_millis(800)).await.unwrap_err();
+    assert_eq!(freed.code(), Code::DeadlineExceeded, "{freed:?}");
+    let runs = executions(&ledger);
+    assert!(runs.contains_key(&("record".into(), 3)), "the slot was given back at once: {runs:?}");
+    // The first call's process was stopped: it never got to finish its sleep.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let ledger = std::fs::read_to_string(&ledger).unwrap();
+    assert!(!ledger.contains("charge w1 1 done"), "the cancelled call ran on:\n{ledger}");
+}
+
+#[tokio::test]
+async fn schedule_to_start_gives_resource_exhausted_and_a_silent_worker_is_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger");
+    let config = dir.path().join("router.toml");
+    std::fs::write(
+        &config,
+        "[remote]\nschedule_to_start_ms = 300\nheartbeat_interval_ms = 200\nheartbeat_timeout_ms = 800\n",
+    )
+    .unwrap();
+    let router =
+        BinaryServer::start(&["--config", config.to_str().unwrap()], ROUTER_ENV).await.unwrap();
+    let addr = router.addr.to_string();
+    let worker = BinaryWorker::start(
+        &addr,
+        &worker_toml(dir.path(), "w1", &ledger, 2.0, "").replace("capacity = 2", "capacity = 1"),
+        &[],
+    )
+    .unwrap();
+    worker.joined(1).await.unwrap();
+    wait_for_tool(&addr, "charge").await;
+    let busy = tokio::spawn({
+        let addr = addr.clone();
+        async move { call(&addr, "record", 1, Duration::from_secs(10)).await }
+    });
+    eventually(Duration::from_secs(5), || async {
+        (!executions(&ledger).is_empty()).then_some(())
+    })
+    .await
+    .unwrap();
+    let status = call(&addr, "charge", 2, Duration::from_secs(10)).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("schedule-to-start"), "{}", status.message());
+
+    // A frozen worker keeps its connection but sends no heartbeat: it is gone after the
+    // heartbeat timeout, and its idempotent call fails over to nobody (no other worker).
+    worker.signal(Signal::SIGSTOP);
+    let started = std::time::Instant::now();
+    let status = busy.await.unwrap().unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(5), "dropped after {:?}", started.elapsed());
+    assert!(matches!(status.code(), Code::Unavailable | Code::ResourceExhausted), "{status:?}");
+    assert!(router.logs().contains("no heartbeat"), "{}", router.logs());
+    worker.signal(Signal::SIGCONT);
+}
