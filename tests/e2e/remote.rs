@@ -375,3 +375,102 @@ async fn schedule_to_start_gives_resource_exhausted_and_a_silent_worker_is_dropp
     assert!(router.logs().contains("no heartbeat"), "{}", router.logs());
     worker.signal(Signal::SIGCONT);
 }
+
+#[tokio::test]
+async fn the_python_example_worker_serves_its_tools_through_the_router() {
+    use tokio::io::AsyncBufReadExt as _;
+    let router = BinaryServer::start(&[], ROUTER_ENV).await.unwrap();
+    let addr = router.addr.to_string();
+    let example =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../services/python-worker/example.py");
+    let mut worker = tokio::process::Command::new(toolmesh_e2e::python())
+        .arg(&example)
+        .arg(&addr)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(worker.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await;
+    assert!(
+        matches!(&line, Ok(Ok(Some(l))) if l.contains("connected")),
+        "the Python worker did not connect (tests/setup installs grpcio-tools): {line:?}"
+    );
+    let mut client = toolmesh::client::connect(&addr).await.unwrap();
+    let response = client
+        .call_tool(CallToolRequest {
+            name: "word_count".into(),
+            arguments_json: r#"{"text": "one two three"}"#.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!response.is_error, "{response:?}");
+    let structured: serde_json::Value =
+        serde_json::from_str(response.structured_json.as_deref().unwrap()).unwrap();
+    assert_eq!(structured, serde_json::json!({"words": 3}));
+    // Listed as a remote tool of its pool, with the annotations it declared.
+    let (tools, _) = toolmesh::client::list_all(&mut client).await.unwrap();
+    let tool = tools.iter().find(|t| t.name == "word_count").unwrap();
+    let source = tool.source.as_ref().unwrap();
+    assert_eq!(source.kind(), toolmesh_proto::v1::SourceKind::Remote);
+    assert_eq!(source.name, "python");
+    assert!(source.available, "{source:?}");
+    assert_eq!(tool.annotations.as_ref().unwrap().read_only, Some(true));
+    // The router validates arguments before the worker sees them.
+    let status = client
+        .call_tool(CallToolRequest {
+            name: "word_count".into(),
+            arguments_json: r#"{"text": 3}"#.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    // A failure of the tool itself is a result the model reads.
+    let response = client
+        .call_tool(CallToolRequest {
+            name: "shout".into(),
+            arguments_json: serde_json::json!({"text": "x".repeat(1001)}).to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(response.is_error && toolmesh_e2e::text(&response).contains("not shouted"));
+    // SIGTERM drains it; it leaves, and its tools with it.
+    let pid = nix::unistd::Pid::from_raw(worker.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, Signal::SIGTERM).unwrap();
+    let status =
+        tokio::time::timeout(Duration::from_secs(10), worker.wait()).await.unwrap().unwrap();
+    assert!(status.success(), "{status:?}");
+    eventually(Duration::from_secs(10), || async {
+        (!crate::tool_names(&addr).await.iter().any(|t| t == "word_count")).then_some(())
+    })
+    .await
+    .expect("the tools went with the worker");
+}
+
+#[tokio::test]
+async fn the_remote_bench_runs_worker_pools_and_reports_scaling() {
+    // This checks that the benchmark works and reports; it asserts no speed.
+    let output = tokio::process::Command::new(toolmesh_e2e::toolmesh_bench_bin())
+        .args(["--remote", "--json", "--duration", "0.6", "--warmup", "0.1", "--rounds", "1"])
+        .env_remove("RUST_LOG")
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let pools = report["pools"].as_array().unwrap();
+    assert_eq!(pools.len(), 3, "{report}");
+    for pool in pools {
+        assert_eq!(pool[1]["errors"], 0, "{report}");
+        assert!(pool[1]["throughput"].as_f64().unwrap() > 0.0, "{report}");
+    }
+    assert!(report["scaling_4"].as_f64().unwrap() > 0.0, "{report}");
+    assert!(report["remote"]["p50_ms"].as_f64().unwrap() > 0.0, "{report}");
+}

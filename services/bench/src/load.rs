@@ -194,7 +194,7 @@ pub(crate) async fn start_child(exe: &Path, args: &[&str]) -> anyhow::Result<Chi
     Ok(ChildServer { child, addr, _data: data.map(RemoveOnDrop) })
 }
 
-async fn clients(
+pub(crate) async fn clients(
     addr: &str,
     connections: usize,
 ) -> anyhow::Result<Vec<ToolServiceClient<Channel>>> {
@@ -219,7 +219,7 @@ fn outcome(result: Result<tonic::Response<CallToolResponse>, Status>) -> Result<
 }
 
 /// Closed loop: `concurrency` callers for `duration`.
-async fn closed_loop(
+pub(crate) async fn closed_loop(
     clients: &[ToolServiceClient<Channel>],
     concurrency: usize,
     duration: Duration,
@@ -321,7 +321,7 @@ async fn open_loop(
 
 /// Returns the sample whose p99 is the median of `samples` (throughput likewise: the
 /// median of the rounds).
-fn median(mut samples: Vec<Sample>) -> Sample {
+pub(crate) fn median(mut samples: Vec<Sample>) -> Sample {
     let mid = samples.len() / 2;
     let mut throughputs: Vec<f64> = samples.iter().map(|s| s.throughput).collect();
     throughputs.sort_by(f64::total_cmp);

@@ -13,6 +13,7 @@ mod embed;
 mod knowledge;
 mod load;
 mod mcp_echo;
+mod remote;
 
 use std::{io::Write as _, path::PathBuf, process::ExitCode, time::Duration};
 
@@ -58,6 +59,11 @@ struct Cli {
     /// client calling that server directly.
     #[arg(long)]
     mcp: bool,
+    /// Measure remote worker pools: a 20 ms tool on 1, 2 and 4 `toolmesh worker` processes
+    /// of capacity 4 (throughput and how linear it scales), and the latency the remote hop
+    /// adds to a call against the same tool local to the router.
+    #[arg(long, conflicts_with = "mcp")]
+    remote: bool,
     /// Serve the bare echo baseline instead (used by the bench itself).
     #[arg(long, hide = true)]
     echo_server: bool,
@@ -183,6 +189,10 @@ async fn run(args: Cli) -> anyhow::Result<ExitCode> {
             load::run_search(dir, &programs, args.fresh, args.data_dir.as_deref(), args.scale)
                 .await?;
         (load::render_search(&report), serde_json::to_value(&report)?)
+    } else if args.remote {
+        let report =
+            remote::run(&programs, options.duration, options.warmup, options.rounds).await?;
+        (remote::render(&report), serde_json::to_value(&report)?)
     } else if args.mcp {
         let report = load::run_mcp(&options, &programs).await?;
         (load::render_mcp(&options, &report), serde_json::to_value(&report)?)
