@@ -474,3 +474,65 @@ async fn the_remote_bench_runs_worker_pools_and_reports_scaling() {
     assert!(report["scaling_4"].as_f64().unwrap() > 0.0, "{report}");
     assert!(report["remote"]["p50_ms"].as_f64().unwrap() > 0.0, "{report}");
 }
+
+#[tokio::test]
+async fn the_workers_execution_span_is_a_child_of_the_routers_dispatch_span() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger");
+    let (receiver, otlp) = crate::Receiver::start().await;
+    let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()), ROUTER_ENV[0]];
+    let mut router = BinaryServer::start(&[], &env).await.unwrap();
+    let addr = router.addr.to_string();
+    let mut worker = BinaryWorker::start_with_env(
+        &addr,
+        &worker_toml(dir.path(), "w1", &ledger, 0.0, ""),
+        &[],
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()), ("OTEL_SERVICE_NAME", "worker-e2e")],
+    )
+    .unwrap();
+    worker.joined(1).await.unwrap();
+    wait_for_tool(&addr, "record").await;
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let mut client = toolmesh::client::connect(&addr).await.unwrap();
+    let mut request = tonic::Request::new(CallToolRequest {
+        name: "record".into(),
+        arguments_json: r#"{"n": 7}"#.into(),
+        call_id: "traced-remote".into(),
+        ..Default::default()
+    });
+    request
+        .metadata_mut()
+        .insert("traceparent", format!("00-{trace_id}-00f067aa0ba902b7-01").parse().unwrap());
+    client.call_tool(request).await.unwrap();
+    // Stopping flushes each process's exporter: the worker first, then the router.
+    worker.signal(Signal::SIGTERM);
+    tokio::time::timeout(Duration::from_secs(15), worker.child.wait()).await.unwrap().unwrap();
+    let spans = receiver.spans_after_stop(&mut router, "toolmesh.dispatch").await;
+    let find = |name: &str, service: &str| {
+        spans
+            .iter()
+            .find(|(s, span)| {
+                span.name == name
+                    && s.contains(service)
+                    && hex_of(&span.trace_id) == trace_id
+                    && (name == "toolmesh.dispatch"
+                        || crate::attr(span, "gen_ai.tool.call.id").as_deref()
+                            == Some("traced-remote"))
+            })
+            .map(|(_, span)| span.clone())
+            .unwrap_or_else(|| {
+                let names: Vec<_> = spans.iter().map(|(s, span)| (s, &span.name)).collect();
+                panic!("no {name} span of {service} in the trace: {names:?}")
+            })
+    };
+    let dispatch = find("toolmesh.dispatch", "toolmesh");
+    let execute = find("toolmesh.remote.execute", "worker-e2e");
+    assert_eq!(execute.parent_span_id, dispatch.span_id, "the worker's span is under dispatch");
+    let local = find("toolmesh.worker.execute", "worker-e2e");
+    assert_eq!(local.parent_span_id, execute.span_id, "the worker's pool runs it under that");
+    assert_eq!(crate::attr(&dispatch, "toolmesh.call.attempt").as_deref(), Some("1"));
+}
+
+fn hex_of(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -166,6 +166,16 @@ impl BinaryWorker {
     /// Starts `toolmesh worker --router ROUTER --config FILE ARGS…`; does not wait for it
     /// to join (see [`BinaryWorker::joined`]).
     pub fn start(router: &str, toml: &str, args: &[&str]) -> anyhow::Result<Self> {
+        Self::start_with_env(router, toml, args, &[])
+    }
+
+    /// Like [`BinaryWorker::start`], with extra environment `env`.
+    pub fn start_with_env(
+        router: &str,
+        toml: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         let config = dir.path().join("worker.toml");
         std::fs::write(&config, toml)?;
@@ -179,6 +189,7 @@ impl BinaryWorker {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
+            .envs(env.iter().copied())
             .kill_on_drop(true)
             .spawn()
             .context("starting toolmesh worker")?;

@@ -34,6 +34,9 @@ pub const SPAN_VALIDATE: &str = "toolmesh.validate";
 pub const SPAN_DISPATCH: &str = "toolmesh.dispatch";
 /// Span of a local worker running a tool.
 pub const SPAN_WORKER_EXECUTE: &str = "toolmesh.worker.execute";
+/// Span of a remote worker process running a call it was sent: a child of the router's
+/// `toolmesh.dispatch` span, in the router's trace.
+pub const SPAN_REMOTE_EXECUTE: &str = "toolmesh.remote.execute";
 
 /// Gauge: 1 while a part of a provider can take calls (an MCP server connected, or idle
 /// and lazy; the worker pool; the search index), 0 otherwise, and 0 once it is gone;

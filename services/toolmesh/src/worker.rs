@@ -385,8 +385,7 @@ async fn execute(
     cancel: CancellationToken,
 ) {
     let span = info_span!(
-        names::SPAN_WORKER_EXECUTE,
-        otel.name = %format!("{} {}", names::OP_EXECUTE_TOOL, call.tool),
+        names::SPAN_REMOTE_EXECUTE,
         { names::GEN_AI_TOOL_NAME } = %call.tool,
         { names::GEN_AI_TOOL_CALL_ID } = %call.call_id,
         { names::TOOLMESH_CALL_ATTEMPT } = call.attempt,
