@@ -92,6 +92,33 @@ async fn wait_for_tool(addr: &str, tool: &str) {
     .unwrap_or_else(|| panic!("tool {tool} never appeared"));
 }
 
+/// A worker of one slot whose tools take `sleep` seconds, and a call of `tool` (n = 1,
+/// deadline `deadline_ms`) running in that slot.
+async fn one_busy_slot(
+    addr: &str,
+    dir: &Path,
+    ledger: &Path,
+    sleep: f64,
+    tool: &'static str,
+    deadline_ms: u64,
+) -> (
+    BinaryWorker,
+    tokio::task::JoinHandle<Result<toolmesh_proto::v1::CallToolResponse, tonic::Status>>,
+) {
+    let toml = worker_toml(dir, "w1", ledger, sleep, "").replace("capacity = 2", "capacity = 1");
+    let worker = BinaryWorker::start(addr, &toml, &[]).unwrap();
+    worker.joined(1).await.unwrap();
+    wait_for_tool(addr, "charge").await;
+    let busy = tokio::spawn({
+        let addr = addr.to_owned();
+        async move { call(&addr, tool, 1, Duration::from_millis(deadline_ms)).await }
+    });
+    eventually(Duration::from_secs(5), || async { (!executions(ledger).is_empty()).then_some(()) })
+        .await
+        .expect("the first call started");
+    (worker, busy)
+}
+
 #[tokio::test]
 async fn calls_spread_over_workers_and_a_killed_worker_loses_no_call_and_repeats_no_side_effect() {
     let dir = tempfile::tempdir().unwrap();
@@ -297,23 +324,7 @@ async fn a_call_waits_for_a_free_slot_until_its_deadline_and_cancellation_reache
     // Shipped defaults: schedule-to-start of ten seconds, longer than these deadlines.
     let router = BinaryServer::start(&[], ROUTER_ENV).await.unwrap();
     let addr = router.addr.to_string();
-    let worker = BinaryWorker::start(
-        &addr,
-        &worker_toml(dir.path(), "w1", &ledger, 3.0, "").replace("capacity = 2", "capacity = 1"),
-        &[],
-    )
-    .unwrap();
-    worker.joined(1).await.unwrap();
-    wait_for_tool(&addr, "charge").await;
-    let busy = tokio::spawn({
-        let addr = addr.clone();
-        async move { call(&addr, "charge", 1, Duration::from_millis(1500)).await }
-    });
-    eventually(Duration::from_secs(5), || async {
-        (!executions(&ledger).is_empty()).then_some(())
-    })
-    .await
-    .unwrap();
+    let (_worker, busy) = one_busy_slot(&addr, dir.path(), &ledger, 3.0, "charge", 1500).await;
     // No free slot, and the caller's deadline comes before schedule-to-start.
     let waiting = call(&addr, "charge", 2, Duration::from_millis(500)).await.unwrap_err();
     assert_eq!(waiting.code(), Code::DeadlineExceeded, "{waiting:?}");
@@ -344,23 +355,7 @@ async fn schedule_to_start_gives_resource_exhausted_and_a_silent_worker_is_dropp
     let router =
         BinaryServer::start(&["--config", config.to_str().unwrap()], ROUTER_ENV).await.unwrap();
     let addr = router.addr.to_string();
-    let worker = BinaryWorker::start(
-        &addr,
-        &worker_toml(dir.path(), "w1", &ledger, 2.0, "").replace("capacity = 2", "capacity = 1"),
-        &[],
-    )
-    .unwrap();
-    worker.joined(1).await.unwrap();
-    wait_for_tool(&addr, "charge").await;
-    let busy = tokio::spawn({
-        let addr = addr.clone();
-        async move { call(&addr, "record", 1, Duration::from_secs(10)).await }
-    });
-    eventually(Duration::from_secs(5), || async {
-        (!executions(&ledger).is_empty()).then_some(())
-    })
-    .await
-    .unwrap();
+    let (worker, busy) = one_busy_slot(&addr, dir.path(), &ledger, 2.0, "record", 10_000).await;
     let status = call(&addr, "charge", 2, Duration::from_secs(10)).await.unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
     assert!(status.message().contains("schedule-to-start"), "{}", status.message());

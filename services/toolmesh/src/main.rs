@@ -213,14 +213,7 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         capacity: args.capacity,
         health_listen: args.health_listen,
     };
-    let mut terminate = signal(SignalKind::terminate())?;
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let shutdown = async move {
-        tokio::select! {
-            _ = terminate.recv() => info!("SIGTERM received"),
-            _ = interrupt.recv() => info!("interrupt received"),
-        }
-    };
+    let shutdown = shutdown_signal()?;
     let finished = toolmesh::worker::run(config, options, shutdown).await?;
     Ok(if finished { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
@@ -277,14 +270,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     std::io::stdout().flush()?;
     info!(%addr, tools = app.registry().snapshot().tools.len(), "serving");
 
-    let mut terminate = signal(SignalKind::terminate())?;
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let shutdown = async move {
-        tokio::select! {
-            _ = terminate.recv() => info!("SIGTERM received"),
-            _ = interrupt.recv() => info!("interrupt received"),
-        }
-    };
+    let shutdown = shutdown_signal()?;
     tokio::spawn(
         watch_config(app.clone(), args.config.clone(), config.clone(), args.listen, args.data_dir)
             .instrument(tracing::info_span!("config", task = "reload")),
@@ -292,6 +278,18 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
 
     let drained = toolmesh::serve(listener, app, config.server.clone(), shutdown).await?;
     Ok(if drained { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// Resolves on SIGTERM or SIGINT, saying which.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = terminate.recv() => info!("SIGTERM received"),
+            _ = interrupt.recv() => info!("interrupt received"),
+        }
+    })
 }
 
 /// Raises the soft limit of open descriptors to the hard limit, as servers that hold many
