@@ -27,6 +27,8 @@ use toolmesh_e2e::{
 };
 use toolmesh_proto::v1::{CallToolRequest, ListToolsRequest};
 
+#[path = "deploy.rs"]
+mod deploy;
 #[path = "remote.rs"]
 mod remote;
 

