@@ -238,7 +238,14 @@ async fn a_worker_joining_under_load_takes_calls_and_a_draining_worker_finishes_
     .expect("the worker that joined took calls");
     first.signal(Signal::SIGTERM);
     for call in calls {
-        let response = call.await.unwrap().expect("every call succeeds");
+        let response = call.await.unwrap().unwrap_or_else(|status| {
+            panic!(
+                "every call succeeds: {status:?}\nrouter:\n{}\nw1:\n{}\nw2:\n{}",
+                router.logs(),
+                first.logs(),
+                second.logs()
+            )
+        });
         assert!(!response.is_error);
     }
     let status =
@@ -530,4 +537,67 @@ async fn the_workers_execution_span_is_a_child_of_the_routers_dispatch_span() {
 
 fn hex_of(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[tokio::test]
+async fn two_routers_share_the_workers_and_accept_each_others_searches() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger");
+    let env = [ROUTER_ENV[0], ("TOOLMESH__ROUTING__TOKEN_KEY", "a key both routers share")];
+    let first = BinaryServer::start(&[], &env).await.unwrap();
+    let second = BinaryServer::start(&[], &env).await.unwrap();
+    let (a, b) = (first.addr.to_string(), second.addr.to_string());
+    let workers: Vec<BinaryWorker> = ["w1", "w2"]
+        .iter()
+        .map(|name| {
+            let toml = worker_toml(dir.path(), name, &ledger, 0.0, "");
+            BinaryWorker::start(&a, &toml, &["--router", &b]).unwrap()
+        })
+        .collect();
+    for worker in &workers {
+        worker.joined(2).await.unwrap();
+    }
+    wait_for_tool(&a, "record").await;
+    wait_for_tool(&b, "record").await;
+
+    // searchTools on the first router; callTool with its token on the second.
+    let meta = |addr: String, tool: &'static str, arguments: serde_json::Value| async move {
+        let mut client = toolmesh::client::connect(&addr).await.unwrap();
+        client
+            .call_tool(CallToolRequest {
+                name: tool.into(),
+                arguments_json: arguments.to_string(),
+                session_id: "s1".into(),
+                ..Default::default()
+            })
+            .await
+            .map(tonic::Response::into_inner)
+    };
+    let token = eventually(Duration::from_secs(10), || async {
+        let found = meta(a.clone(), "searchTools", serde_json::json!({"query": "records call n"}))
+            .await
+            .unwrap();
+        let result: serde_json::Value =
+            serde_json::from_str(found.structured_json.as_deref()?).unwrap();
+        let names: Vec<&str> =
+            result["tools"].as_array()?.iter().filter_map(|t| t["name"].as_str()).collect();
+        names.contains(&"record").then(|| result["searchToken"].as_str().unwrap().to_owned())
+    })
+    .await
+    .expect("the first router's search finds the workers' tool");
+    for n in 0..6u64 {
+        let arguments =
+            serde_json::json!({"name": "record", "arguments": {"n": n}, "searchToken": token});
+        let response = meta(b.clone(), "callTool", arguments).await.unwrap();
+        assert!(!response.is_error, "{response:?}");
+    }
+    // Calls from both routers reach both workers.
+    for n in 10..16u64 {
+        let addr = if n % 2 == 0 { &a } else { &b };
+        call(addr, "record", n, Duration::from_secs(10)).await.unwrap();
+    }
+    let runs = executions(&ledger);
+    let workers_used: std::collections::BTreeSet<&String> = runs.values().flatten().collect();
+    assert_eq!(workers_used.len(), 2, "both workers served calls: {runs:?}");
+    assert_eq!(runs.len(), 12, "every call ran once: {runs:?}");
 }

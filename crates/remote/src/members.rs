@@ -162,6 +162,8 @@ struct Served {
     spec: ToolSpec,
     /// Keys of the workers, in the order they joined.
     workers: Vec<u64>,
+    /// Where the next pick starts looking, so that equally loaded workers take turns.
+    next: usize,
 }
 
 /// The outcome of looking for a worker for a call.
@@ -231,10 +233,12 @@ impl Members {
 
     /// Adds the worker of `hello` whose messages go to `outbound`, and publishes its tools;
     /// refused when a tool is invalid or is served differently by another worker or source.
+    /// `welcome` is the worker's first message, sent before any call can be.
     pub(crate) async fn join(
         self: &Arc<Self>,
         hello: v1::WorkerHello,
         outbound: Outbound,
+        welcome: v1::WorkerWelcome,
     ) -> Result<Arc<Link>, Status> {
         let pool = if hello.pool.is_empty() { DEFAULT_POOL.to_owned() } else { hello.pool };
         let worker =
@@ -297,11 +301,14 @@ impl Members {
                     )));
                 }
             }
+            // Before the worker can be picked: no call precedes its welcome.
+            link.send(Message::Welcome(welcome));
             for spec in specs {
-                let served = state
-                    .tools
-                    .entry(spec.name.clone())
-                    .or_insert_with(|| Served { spec, workers: Vec::new() });
+                let served = state.tools.entry(spec.name.clone()).or_insert_with(|| Served {
+                    spec,
+                    workers: Vec::new(),
+                    next: 0,
+                });
                 served.workers.push(key);
             }
             let tools = hello.tools.iter().map(|t| t.name.clone()).collect();
@@ -366,14 +373,18 @@ impl Members {
         self.changed.notify_one();
     }
 
-    /// Takes a slot of the live worker serving `tool` with the fewest calls outstanding.
+    /// Takes a slot of the live worker serving `tool` with the fewest calls outstanding;
+    /// among equals, the workers take turns.
     pub(crate) fn pick(&self, tool: &str) -> Pick {
         let mut state = self.lock();
         let State { members, tools, .. } = &mut *state;
-        let Some(served) = tools.get(tool) else { return Pick::Nobody };
+        let Some(served) = tools.get_mut(tool) else { return Pick::Nobody };
         let mut best: Option<(u64, usize)> = None;
         let mut capacity = 0;
-        for key in &served.workers {
+        let start = served.next % served.workers.len().max(1);
+        served.next = served.next.wrapping_add(1);
+        let (after, before) = served.workers.split_at(start);
+        for key in before.iter().chain(after) {
             let Some(member) = members.get(key) else { continue };
             capacity += member.link.capacity;
             let free = !member.draining && member.outstanding < member.link.capacity;

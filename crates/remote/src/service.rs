@@ -58,12 +58,12 @@ impl WorkerService for WorkerServiceImpl {
             }
         };
         let (outbound, receiver) = tokio::sync::mpsc::unbounded_channel();
-        let link = self.members.join(hello, outbound).await?;
-        link.send(router_message::Message::Welcome(v1::WorkerWelcome {
+        let welcome = v1::WorkerWelcome {
             router_id: self.members.router_id.clone(),
             heartbeat_interval_ms: config.heartbeat_interval_ms.try_into().unwrap_or(u32::MAX),
             heartbeat_timeout_ms: config.heartbeat_timeout_ms.try_into().unwrap_or(u32::MAX),
-        }));
+        };
+        let link = self.members.join(hello, outbound, welcome).await?;
         let span = tracing::info_span!("worker session", worker = %link.worker, pool = %link.pool);
         tokio::spawn(
             session(self.members.clone(), link, inbound, self.closing.clone()).instrument(span),

@@ -101,10 +101,11 @@ struct IngestArgs {
 
 #[derive(Args)]
 struct WorkerArgs {
-    /// The router's address, `host:port`; a name that resolves to several addresses (a
-    /// Kubernetes headless Service) connects the worker to each.
-    #[arg(long, env = "TOOLMESH_ROUTER")]
-    router: String,
+    /// A router's address, `host:port`; a name that resolves to several addresses (a
+    /// Kubernetes headless Service) connects the worker to each. Repeat it (or separate
+    /// with commas) for several routers.
+    #[arg(long, env = "TOOLMESH_ROUTER", required = true, value_delimiter = ',')]
+    router: Vec<String>,
     /// The worker's TOML config file: its tools, and `[worker]` (pool, capacity).
     #[arg(long, short, env = "TOOLMESH_CONFIG")]
     config: Option<PathBuf>,
@@ -301,7 +302,7 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         service_name: config.telemetry.service_name.clone(),
     })?;
     let options = toolmesh::worker::WorkerOptions {
-        router: args.router,
+        routers: args.router,
         pool: args.pool,
         capacity: args.capacity,
         health_listen: args.health_listen,

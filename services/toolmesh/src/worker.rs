@@ -74,8 +74,8 @@ impl Default for WorkerConfig {
 /// What `toolmesh worker` was asked.
 #[derive(Debug, Clone)]
 pub struct WorkerOptions {
-    /// The router: `host:port`, a DNS name that may resolve to several routers.
-    pub router: String,
+    /// The routers: each `host:port`, a DNS name that may resolve to several routers.
+    pub routers: Vec<String>,
     /// Overrides `[worker] pool`.
     pub pool: Option<String>,
     /// Overrides `[worker] capacity`.
@@ -136,7 +136,7 @@ pub async fn run(
         .collect();
     anyhow::ensure!(!tools.is_empty(), "the worker has no tools to serve (see [[tools.*]])");
     let id = if section.id.is_empty() { default_id() } else { section.id.clone() };
-    info!(worker = %id, pool, capacity, tools = tools.len(), router = %options.router, "worker starting");
+    info!(worker = %id, pool, capacity, tools = tools.len(), routers = ?options.routers, "worker starting");
     let host = Arc::new(Host {
         registry,
         hello: v1::WorkerHello {
@@ -155,7 +155,8 @@ pub async fn run(
     }
 
     let resolve_every = Duration::from_millis(section.resolve_interval_ms.max(1_000));
-    let follow = tokio::spawn(follow_router(host.clone(), options.router.clone(), resolve_every));
+    anyhow::ensure!(!options.routers.is_empty(), "no router to connect to");
+    let follow = tokio::spawn(follow_routers(host.clone(), options.routers.clone(), resolve_every));
     shutdown.await;
     info!("draining: no new calls; finishing the calls in flight");
     host.draining.cancel();
@@ -177,9 +178,9 @@ fn default_id() -> String {
     format!("{host}-{}", std::process::id())
 }
 
-/// Keeps one session with every address `router` resolves to, resolving it again every
-/// `every`; ends once the worker drains and every session has ended.
-async fn follow_router(host: Arc<Host>, router: String, every: Duration) {
+/// Keeps one session with every address the `routers` resolve to, resolving them again
+/// every `every`; ends once the worker drains and every session has ended.
+async fn follow_routers(host: Arc<Host>, routers: Vec<String>, every: Duration) {
     let mut links: HashMap<SocketAddr, CancellationToken> = HashMap::new();
     let mut tasks = JoinSet::new();
     let mut tick = tokio::time::interval(every);
@@ -189,21 +190,28 @@ async fn follow_router(host: Arc<Host>, router: String, every: Duration) {
             _ = tick.tick() => {}
             () = host.draining.cancelled() => break,
         }
-        let resolved = match tokio::net::lookup_host(router.as_str()).await {
-            Ok(addrs) => addrs.collect::<std::collections::BTreeSet<_>>(),
-            Err(error) => {
-                warn!(router, %error, "cannot resolve the router");
-                continue;
+        let mut resolved = std::collections::BTreeSet::new();
+        let mut failed = false;
+        for router in &routers {
+            match tokio::net::lookup_host(router.as_str()).await {
+                Ok(addrs) => resolved.extend(addrs),
+                Err(error) => {
+                    warn!(router, %error, "cannot resolve the router");
+                    failed = true;
+                }
             }
-        };
-        links.retain(|addr, stop| {
-            let keep = resolved.contains(addr);
-            if !keep {
-                info!(%addr, "the router's name no longer resolves to this address");
-                stop.cancel();
-            }
-            keep
-        });
+        }
+        // A name that does not resolve for now takes none of the sessions away.
+        if !failed {
+            links.retain(|addr, stop| {
+                let keep = resolved.contains(addr);
+                if !keep {
+                    info!(%addr, "no router name resolves to this address any more");
+                    stop.cancel();
+                }
+                keep
+            });
+        }
         for addr in resolved {
             links.entry(addr).or_insert_with(|| {
                 let stop = CancellationToken::new();
