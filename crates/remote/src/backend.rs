@@ -135,13 +135,12 @@ async fn follow(
     let ends = tokio::time::sleep(limit);
     tokio::pin!(ends);
     // A call dropped unanswered (the router's deadline came first, the caller went away)
-    // is stopped on the worker too.
-    let mut guard = CancelOnDrop { link, id: &ctx.call_id, armed: true };
+    // is stopped on the worker too; for an answered call this does nothing.
+    let _guard = CancelOnDrop { link, id: &ctx.call_id };
     loop {
         tokio::select! {
             biased;
             answer = &mut pending.reply => {
-                guard.armed = false;
                 // Events sent before the answer reach the caller before it.
                 while let Ok(event) = pending.events.try_recv() {
                     forward(ctx, event).await;
@@ -153,12 +152,10 @@ async fn follow(
             }
             Some(event) = pending.events.recv() => forward(ctx, event).await,
             () = &mut ends => {
-                guard.armed = false;
                 link.cancel(&ctx.call_id, "start-to-close timeout");
                 return Err(BackendError::DeadlineExceeded(limit));
             }
             () = ctx.cancel.cancelled() => {
-                guard.armed = false;
                 link.cancel(&ctx.call_id, "cancelled by the caller");
                 return Err(BackendError::Cancelled);
             }
@@ -166,17 +163,16 @@ async fn follow(
     }
 }
 
+/// Cancels a call on its worker when dropped; [`Link::cancel`] does nothing for a call
+/// already answered or cancelled.
 struct CancelOnDrop<'a> {
     link: &'a Link,
     id: &'a str,
-    armed: bool,
 }
 
 impl Drop for CancelOnDrop<'_> {
     fn drop(&mut self) {
-        if self.armed {
-            self.link.cancel(self.id, "the call ended before its answer");
-        }
+        self.link.cancel(self.id, "the call ended before its answer");
     }
 }
 

@@ -7,7 +7,7 @@ use toolmesh_config::Config;
 use toolmesh_core::{Health, Provider, ProviderError};
 use toolmesh_registry::RegistryHandle;
 
-use crate::{RemoteConfig, SECTION, WorkerServiceImpl, members::Members};
+use crate::{RemoteConfig, SECTION, WorkerServiceImpl, members::Members, service::Closing};
 
 /// The remote workers of one router: the provider of their tools, and the maker of the
 /// service they connect to. Cheap to clone.
@@ -36,16 +36,10 @@ impl RemoteWorkers {
     /// The gRPC service workers connect to. Its sessions end when `closing` is cancelled
     /// (a draining router, once its calls are answered) or when the provider stops.
     pub fn service(&self, closing: CancellationToken) -> WorkerServiceImpl {
-        let closing = {
-            let both = self.closing.child_token();
-            let own = both.clone();
-            tokio::spawn(async move {
-                closing.cancelled().await;
-                own.cancel();
-            });
-            both
-        };
-        WorkerServiceImpl { members: self.members.clone(), closing }
+        WorkerServiceImpl {
+            members: self.members.clone(),
+            closing: Closing { router: closing, provider: self.closing.clone() },
+        }
     }
 
     fn apply(&self, config: &Config) -> Result<(), ProviderError> {

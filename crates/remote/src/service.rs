@@ -26,8 +26,28 @@ pub const WORKER_SERVICE_NAME: &str = "toolmesh.v1.WorkerService";
 #[derive(Debug, Clone)]
 pub struct WorkerServiceImpl {
     pub(crate) members: Arc<Members>,
-    /// Ends every session: the router is shutting down and has no calls left.
-    pub(crate) closing: CancellationToken,
+    pub(crate) closing: Closing,
+}
+
+/// What ends every session: the router is shutting down and has no calls left, or the
+/// provider stopped.
+#[derive(Debug, Clone)]
+pub(crate) struct Closing {
+    pub(crate) router: CancellationToken,
+    pub(crate) provider: CancellationToken,
+}
+
+impl Closing {
+    fn is_closed(&self) -> bool {
+        self.router.is_cancelled() || self.provider.is_cancelled()
+    }
+
+    async fn closed(&self) {
+        tokio::select! {
+            () = self.router.cancelled() => {}
+            () = self.provider.cancelled() => {}
+        }
+    }
 }
 
 #[tonic::async_trait]
@@ -38,7 +58,7 @@ impl WorkerService for WorkerServiceImpl {
         &self,
         request: Request<Streaming<WorkerMessage>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
-        if self.closing.is_cancelled() {
+        if self.closing.is_closed() {
             return Err(Status::unavailable("the router is shutting down"));
         }
         let config = self.members.config();
@@ -78,7 +98,7 @@ async fn session(
     members: Arc<Members>,
     link: Arc<Link>,
     mut inbound: Streaming<WorkerMessage>,
-    closing: CancellationToken,
+    closing: Closing,
 ) {
     let config = members.config();
     let (interval, silence) = (config.heartbeat_interval(), config.heartbeat_timeout());
@@ -103,7 +123,7 @@ async fn session(
                 }
                 link.send(router_message::Message::Heartbeat(v1::Heartbeat {}));
             }
-            () = closing.cancelled() => break Status::unavailable("the router is shutting down"),
+            () = closing.closed() => break Status::unavailable("the router is shutting down"),
         }
     };
     members.leave(&link, ended).await;
