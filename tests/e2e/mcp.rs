@@ -232,41 +232,55 @@ fn free_port() -> u16 {
 
 #[tokio::test]
 async fn everything_server_over_streamable_http_survives_a_restart() {
+    survives_a_restart("ping_interval_ms = 300\n").await;
+}
+
+#[tokio::test]
+async fn everything_server_over_streamable_http_survives_a_restart_on_the_default_liveness_probe() {
+    survives_a_restart("").await;
+}
+
+/// Kills the server in the middle of a call of a read-only, idempotent tool and starts it
+/// again: the call is repeated once the server is back, within its deadline.
+async fn survives_a_restart(liveness: &str) {
     let port = free_port();
     let mut upstream = HttpEverything::start(port).await;
     let config = format!(
-        "[[mcp.servers]]\nname = \"web\"\ntransport = \"streamable-http\"\nurl = \"http://127.0.0.1:{}/mcp\"\ntimeout_ms = 10000\nping_interval_ms = 300\n",
+        "[[mcp.servers]]\nname = \"web\"\ntransport = \"streamable-http\"\nurl = \"http://127.0.0.1:{}/mcp\"\ntimeout_ms = 20000\n{liveness}",
         upstream.port
     );
     let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
     exercise_everything(&server, "web").await;
+    let long = wait_for_tool(&server, "web_trigger-long-running-operation").await;
+    let hints = long.annotations.unwrap_or_default();
+    assert_eq!((hints.read_only, hints.idempotent), (Some(true), Some(true)), "{hints:?}");
 
-    // Killed mid-call: the call fails fast with UNAVAILABLE naming the server.
     let pending = tokio::spawn({
         let client = server.client().await;
         async move {
             let mut client = client;
             let request = CallToolRequest {
                 name: "web_trigger-long-running-operation".into(),
-                arguments_json: json!({"duration": 30, "steps": 30}).to_string(),
+                arguments_json: json!({"duration": 2, "steps": 2}).to_string(),
                 ..Default::default()
             };
             let started = std::time::Instant::now();
             (client.call_tool(request).await, started)
         }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
     upstream.child.kill().await.unwrap();
-    let (result, started) = pending.await.unwrap();
-    let status = result.unwrap_err();
-    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
-    assert!(status.message().contains("web"), "{}", status.message());
-    assert!(started.elapsed() < Duration::from_secs(10));
-    let down = server.call("web_echo", json!({"message": "x"})).await.unwrap_err();
-    assert_eq!(down.code(), Code::Unavailable, "{down:?}");
-
-    // Restarted: calls work again.
+    let killed = std::time::Instant::now();
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let _upstream = HttpEverything::start(port).await;
+    let (result, started) = pending.await.unwrap();
+    let output = result.expect("the call was repeated once the server was back").into_inner();
+    assert!(!output.is_error, "{output:?}");
+    assert!(text(&output).contains("Long running operation completed"), "{output:?}");
+    // The whole operation (2 s) ran again after the restart.
+    assert!(killed.elapsed() >= Duration::from_secs(3), "{:?}", killed.elapsed());
+    assert!(started.elapsed() < Duration::from_secs(20));
+
     let back = eventually(Duration::from_secs(30), || async {
         server.call("web_echo", json!({"message": "back"})).await.ok()
     })
@@ -412,9 +426,12 @@ async fn a_killed_stdio_server_is_unavailable_then_reconnected() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(first[0]), nix::sys::signal::Signal::SIGKILL)
         .unwrap();
+    // The tool has no annotations: it is not repeated, and the caller learns at once that
+    // its outcome is unknown.
     let status = pending.await.unwrap().unwrap_err();
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     assert!(status.message().contains("py"), "{}", status.message());
+    assert!(status.message().contains("outcome"), "{}", status.message());
 
     let back = eventually(Duration::from_secs(20), || async {
         server.call("py_add", json!({"a": 1, "b": 2})).await.ok()
@@ -425,6 +442,27 @@ async fn a_killed_stdio_server_is_unavailable_then_reconnected() {
     let now = processes_with(&tag);
     assert_eq!(now.len(), 1, "exactly one live child: {now:?}");
     assert_ne!(now[0], first[0]);
+
+    // A read-only, idempotent tool killed mid-call is repeated once the server is back.
+    let pending = tokio::spawn({
+        let mut client = server.client().await;
+        async move {
+            let request = CallToolRequest {
+                name: "py_count".into(),
+                arguments_json: json!({"steps": 20}).to_string(),
+                ..Default::default()
+            };
+            client.call_tool(request).await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(now[0]), nix::sys::signal::Signal::SIGKILL)
+        .unwrap();
+    let repeated = pending.await.unwrap().expect("the idempotent call was repeated").into_inner();
+    assert_eq!(text(&repeated), "counted to 20");
+    let third = processes_with(&tag);
+    assert_eq!(third.len(), 1, "exactly one live child: {third:?}");
+    assert!(!third.contains(&now[0]), "the call ran again on a new server process");
 
     server.stop().await.unwrap();
     let gone = eventually(Duration::from_secs(10), || async {

@@ -4,6 +4,7 @@ Tools:
 - add(a, b): the sum, also as structured content;
 - slow(steps): reports progress `steps` times, 50 ms apart; appends "cancelled" to the
   file named by $TOOLMESH_TEST_MARKER when the call is cancelled;
+- count(steps): as slow, but annotated read-only and idempotent, so toolmesh may repeat it;
 - grow(): registers a tool `extra` and tells the client that the tool list changed;
 - ask(): asks the caller for a name (an elicitation);
 - trace(): the W3C traceparent that arrived in the request's `_meta`;
@@ -19,6 +20,7 @@ import sys
 from typing import Annotated
 
 from mcp.server.mcpserver import Context, Elicit, ElicitationResult, MCPServer, Resolve
+from mcp.types import ToolAnnotations
 from pydantic import BaseModel
 
 server = MCPServer("toolmesh-test-python")
@@ -44,6 +46,15 @@ async def slow(steps: int, ctx: Context) -> str:
                 f.write("cancelled\n")
         raise
     return f"done after {steps} steps"
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True))
+async def count(steps: int, ctx: Context) -> str:
+    """Counts to `steps`, 50 ms a step, reporting progress; safe to repeat."""
+    for step in range(1, steps + 1):
+        await ctx.report_progress(step, steps, f"step {step}")
+        await asyncio.sleep(0.05)
+    return f"counted to {steps}"
 
 
 def extra() -> str:

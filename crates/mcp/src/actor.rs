@@ -590,8 +590,9 @@ impl Actor for McpClientActor {
                 let modern = connection
                     .peer_info()
                     .is_some_and(|info| info.protocol_version >= ProtocolVersion::V_2026_07_28);
-                self.shared.peer.store(Some(Arc::new(peer.clone())));
+                // The new token before the new peer: a call that sees the peer sees its token.
                 self.shared.lost.store(Arc::new(CancellationToken::new()));
+                self.shared.peer.store(Some(Arc::new(peer.clone())));
                 let close = CancellationToken::new();
                 state.connection = Some(close.clone().drop_guard());
                 if modern {
@@ -702,8 +703,9 @@ impl Actor for McpClientActor {
 }
 
 impl McpClientActor {
-    /// Marks the current connection lost: its calls fail with UNAVAILABLE, and a reconnect
-    /// is scheduled.
+    /// Marks the current connection lost: its calls in flight end with
+    /// [`BackendError::Lost`](toolmesh_core::BackendError::Lost), new ones fail with
+    /// UNAVAILABLE (repeated ones wait for the connection), and a reconnect is scheduled.
     fn lose(&self, myself: &ActorRef<McpMsg>, state: &mut McpClientState, reason: String) {
         let server = self.shared.name();
         self.shared.peer.store(None);

@@ -15,6 +15,9 @@ use tracing::{Instrument, info_span};
 
 use crate::{convert, shared::ServerShared};
 
+/// How rmcp fails a request whose streamable-HTTP session was renewed before its answer.
+const SESSION_RENEWED: &str = "streamable HTTP session was re-initialized";
+
 /// Runs the calls of one MCP tool over its server's connection.
 pub(crate) struct McpBackend {
     pub(crate) shared: Arc<ServerShared>,
@@ -31,6 +34,17 @@ impl McpBackend {
     /// marks the connection lost at once instead of at the next liveness probe.
     fn map_error(&self, peer: &Arc<Peer<RoleClient>>, error: ServiceError) -> BackendError {
         match error {
+            // rmcp renewed an expired streamable-HTTP session while the call was out: its
+            // answer went with the old session, and whether it ran is unknown.
+            ServiceError::McpError(error)
+                if error.code == McpErrorCode::INTERNAL_ERROR
+                    && error.message.starts_with(SESSION_RENEWED) =>
+            {
+                BackendError::Lost {
+                    backend: format!("mcp server {}", self.shared.name()),
+                    reason: "the server's session expired during the call".into(),
+                }
+            }
             ServiceError::McpError(error) => {
                 let code = match error.code {
                     McpErrorCode::INVALID_PARAMS => ErrorCode::InvalidArgument,
@@ -112,7 +126,7 @@ const MAX_INPUT_ROUNDS: usize = 8;
 
 impl McpBackend {
     /// Sends one `tools/call` and waits for its answer, with progress routed to the caller,
-    /// `notifications/cancelled` on cancellation or drop, and UNAVAILABLE if the
+    /// `notifications/cancelled` on cancellation or drop, and [`BackendError::Lost`] if the
     /// connection is lost meanwhile.
     async fn round(
         &self,
@@ -153,7 +167,11 @@ impl McpBackend {
             () = ctx.cancel.cancelled() => return Err(BackendError::Cancelled),
             () = lost.cancelled() => {
                 cancel.id = None;
-                return Err(self.unavailable("the connection was lost during the call".into()));
+                // Whether the server ran the call is unknown, as for a closed transport.
+                return Err(BackendError::Lost {
+                    backend: format!("mcp server {}", self.shared.name()),
+                    reason: "the connection was declared lost during the call".into(),
+                });
             }
             response = handle.await_response() => response,
         };
@@ -162,8 +180,9 @@ impl McpBackend {
     }
 
     /// Returns the connection of a server that has none: an idle lazy server is opened and
-    /// the call waits for it (within its deadline); any other server without a connection
-    /// is unavailable at once.
+    /// the call waits for it (within its deadline). A repeated call (its first attempt lost
+    /// the connection) waits, within its deadline, for the server to be connected again;
+    /// any other call finds a server without a connection unavailable at once.
     async fn await_connection(
         &self,
         ctx: &CallContext,
@@ -172,20 +191,37 @@ impl McpBackend {
             crate::ServerHealth::Unhealthy { reason } => reason.clone(),
             _ => "not connected yet".to_owned(),
         };
-        if **self.shared.health.load() != crate::ServerHealth::Idle {
+        let repeat = ctx.attempt > 1;
+        let idle = **self.shared.health.load() == crate::ServerHealth::Idle;
+        if !repeat && !idle {
             return Err(self.unavailable(reason(&self.shared.health.load())));
         }
-        // Subscribe before asking, so that the outcome cannot slip by unseen.
+        // Subscribe before asking or looking, so that no outcome can slip by unseen.
         let mut attempts = self.shared.attempts.subscribe();
-        if let Some(actor) = self.shared.actor.load_full() {
+        if idle && let Some(actor) = self.shared.actor.load_full() {
             let _ = actor.cast(crate::McpMsg::Connect);
         }
         loop {
+            if let Some(peer) = self.connected() {
+                return Ok(peer);
+            }
+            let health = self.shared.health.load();
+            if !repeat && matches!(**health, crate::ServerHealth::Unhealthy { .. }) {
+                return Err(self.unavailable(reason(&health)));
+            }
             tokio::select! {
                 biased;
                 () = ctx.cancel.cancelled() => return Err(BackendError::Cancelled),
                 () = tokio::time::sleep_until(ctx.deadline) => {
-                    return Err(self.unavailable("the server did not start in time".into()));
+                    let why = if repeat {
+                        format!(
+                            "the connection, lost during an earlier attempt, was not back in time: {}",
+                            reason(&self.shared.health.load())
+                        )
+                    } else {
+                        "the server did not start in time".into()
+                    };
+                    return Err(self.unavailable(why));
                 }
                 changed = attempts.changed() => {
                     if changed.is_err() {
@@ -193,14 +229,13 @@ impl McpBackend {
                     }
                 }
             }
-            if let Some(peer) = self.shared.peer.load_full() {
-                return Ok(peer);
-            }
-            let health = self.shared.health.load();
-            if matches!(**health, crate::ServerHealth::Unhealthy { .. }) {
-                return Err(self.unavailable(reason(&health)));
-            }
         }
+    }
+
+    /// The current connection, unless it has been declared lost.
+    fn connected(&self) -> Option<Arc<Peer<RoleClient>>> {
+        let peer = self.shared.peer.load_full()?;
+        (!self.shared.lost.load().is_cancelled()).then_some(peer)
     }
 
     /// Answers one input request of a 2026-07-28 server through the caller.
@@ -246,7 +281,7 @@ impl Backend for McpBackend {
             }
         })?;
         self.shared.touch();
-        let peer = match self.shared.peer.load_full() {
+        let peer = match self.connected() {
             Some(peer) => peer,
             None => self.await_connection(&ctx).await?,
         };

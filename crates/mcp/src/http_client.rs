@@ -1,13 +1,22 @@
 //! The HTTP client of streamable-HTTP connections: reqwest's, plus the W3C trace context of
 //! each request in the HTTP headers as well as in `params._meta`, so that HTTP middleboxes
 //! and servers that read only headers join the same trace.
+//!
+//! A server that no longer knows a session (it restarted, say) should answer 404, which
+//! rmcp takes for an expired session and recovers from: a new session, the refused request
+//! sent again, and the calls whose answers went with the old session failed at once. Many
+//! servers (those built on the TypeScript SDK's examples, server-everything among them)
+//! answer 400 with a JSON-RPC error without an id instead, which rmcp can route to no
+//! request: the request would wait for its timeout and the session would never be
+//! renewed. Such an answer to a message sent in a session is taken here for the expired
+//! session it is.
 
 use std::{collections::HashMap, sync::Arc};
 
 use futures::stream::BoxStream;
 use http::{HeaderName, HeaderValue};
 use rmcp::{
-    model::{ClientJsonRpcMessage, GetMeta, JsonRpcMessage},
+    model::{ClientJsonRpcMessage, GetMeta, JsonRpcError, JsonRpcMessage},
     transport::streamable_http_client::{
         StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse,
         StreamableHttpResponseLimits,
@@ -40,6 +49,20 @@ fn with_trace(
 }
 
 type PostResult = Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>>;
+
+/// Takes an id-less error answering a message sent in a session for a refused session.
+fn session_refused(in_session: bool, result: PostResult) -> PostResult {
+    match result {
+        Ok(StreamableHttpPostResponse::Json(
+            JsonRpcMessage::Error(JsonRpcError { id: None, error, .. }),
+            _,
+        )) if in_session => {
+            tracing::debug!(?error, "the server refused the session; starting a new one");
+            Err(StreamableHttpError::SessionExpired)
+        }
+        other => other,
+    }
+}
 type StreamResult =
     Result<BoxStream<'static, Result<Sse, SseError>>, StreamableHttpError<reqwest::Error>>;
 
@@ -55,7 +78,11 @@ impl StreamableHttpClient for TracingHttpClient {
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> impl Future<Output = PostResult> + Send + '_ {
         let headers = with_trace(&message, custom_headers);
-        self.0.post_message(uri, message, session_id, auth_header, headers)
+        let in_session = session_id.is_some();
+        async move {
+            let result = self.0.post_message(uri, message, session_id, auth_header, headers).await;
+            session_refused(in_session, result)
+        }
     }
 
     fn post_message_with_max_sse_event_size(
@@ -68,14 +95,21 @@ impl StreamableHttpClient for TracingHttpClient {
         max_sse_event_size: usize,
     ) -> impl Future<Output = PostResult> + Send + '_ {
         let headers = with_trace(&message, custom_headers);
-        self.0.post_message_with_max_sse_event_size(
-            uri,
-            message,
-            session_id,
-            auth_header,
-            headers,
-            max_sse_event_size,
-        )
+        let in_session = session_id.is_some();
+        async move {
+            let result = self
+                .0
+                .post_message_with_max_sse_event_size(
+                    uri,
+                    message,
+                    session_id,
+                    auth_header,
+                    headers,
+                    max_sse_event_size,
+                )
+                .await;
+            session_refused(in_session, result)
+        }
     }
 
     fn post_message_with_response_limits(
@@ -88,14 +122,21 @@ impl StreamableHttpClient for TracingHttpClient {
         limits: StreamableHttpResponseLimits,
     ) -> impl Future<Output = PostResult> + Send + '_ {
         let headers = with_trace(&message, custom_headers);
-        self.0.post_message_with_response_limits(
-            uri,
-            message,
-            session_id,
-            auth_header,
-            headers,
-            limits,
-        )
+        let in_session = session_id.is_some();
+        async move {
+            let result = self
+                .0
+                .post_message_with_response_limits(
+                    uri,
+                    message,
+                    session_id,
+                    auth_header,
+                    headers,
+                    limits,
+                )
+                .await;
+            session_refused(in_session, result)
+        }
     }
 
     fn delete_session(
