@@ -543,7 +543,13 @@ fn hex_of(bytes: &[u8]) -> String {
 async fn two_routers_share_the_workers_and_accept_each_others_searches() {
     let dir = tempfile::tempdir().unwrap();
     let ledger = dir.path().join("ledger");
-    let env = [ROUTER_ENV[0], ("TOOLMESH__ROUTING__TOKEN_KEY", "a key both routers share")];
+    let mut env = vec![ROUTER_ENV[0], ("TOOLMESH__ROUTING__TOKEN_KEY", "a key both routers share")];
+    // With a Qdrant server at hand, the routers share its tool index too (the test of that
+    // sharing itself is in grpc.rs); without one, each has its embedded store.
+    let qdrant = std::env::var("QDRANT_URL").ok().filter(|url| !url.is_empty());
+    if let Some(url) = &qdrant {
+        env.extend([("TOOLMESH__VECTOR__BACKEND", "qdrant"), ("TOOLMESH__VECTOR__URL", url)]);
+    }
     let first = BinaryServer::start(&[], &env).await.unwrap();
     let second = BinaryServer::start(&[], &env).await.unwrap();
     let (a, b) = (first.addr.to_string(), second.addr.to_string());
