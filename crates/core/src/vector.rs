@@ -105,6 +105,8 @@ pub enum Condition {
     In(String, Vec<Scalar>),
     /// The point's id is one of these.
     HasId(Vec<PointId>),
+    /// The point has the named vector ([`DENSE`] or [`LEXICAL`]).
+    HasVector(String),
 }
 
 impl Condition {
@@ -112,7 +114,7 @@ impl Condition {
     pub fn field(&self) -> Option<&str> {
         match self {
             Condition::Is(field, _) | Condition::In(field, _) => Some(field),
-            Condition::HasId(_) => None,
+            Condition::HasId(_) | Condition::HasVector(_) => None,
         }
     }
 }
@@ -287,6 +289,14 @@ pub trait VectorStore: Send + Sync + fmt::Debug {
         ids: Vec<PointId>,
         with_dense: bool,
     ) -> Result<Vec<Record>, StoreError>;
+
+    /// Returns the ids of the points `filter` keeps (all points without one), in no
+    /// particular order; no payload or vector is read.
+    async fn ids(
+        &self,
+        collection: &str,
+        filter: Option<Filter>,
+    ) -> Result<Vec<PointId>, StoreError>;
 
     /// Returns the best points for `query`, best first.
     async fn query(&self, collection: &str, query: Query) -> Result<Vec<Hit>, StoreError>;

@@ -10,7 +10,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use serde_json::{Map, Value, json};
 use toolmesh_core::{
     StoreError, VectorStore,
-    vector::{CollectionSpec, Condition, Filter, Point, PointId, Scalar, SparseVector},
+    vector::{CollectionSpec, Condition, DENSE, Filter, Point, PointId, Scalar},
 };
 use toolmesh_embed::Embedder;
 use toolmesh_registry::{Catalog, RegistryHandle, ToolEntry};
@@ -87,19 +87,34 @@ pub struct ToolSearchActor {
     shared: Arc<SearchShared>,
 }
 
-/// A tool waiting for the dense vector of its text.
-#[derive(Debug)]
+/// A tool whose text is to be indexed, or is waiting for its dense vector.
+#[derive(Debug, Clone)]
 struct Pending {
     name: String,
     id: PointId,
     text: String,
-    lexical: SparseVector,
+}
+
+impl Pending {
+    /// The point of the text: its lexical vector, and the dense one when given.
+    fn point(&self, dense: Option<Vec<f32>>) -> Point {
+        let embedded = dense.is_some();
+        Point {
+            id: self.id,
+            dense,
+            lexical: Some(lexical::document(&terms(&self.text), AVERAGE_TERMS)),
+            payload: payload(&self.name, embedded),
+        }
+    }
 }
 
 /// Texts embedded per batch. Texts are sorted by length first, so a batch pads little.
 const EMBED_BATCH: usize = 16;
 /// Points written or read per request to the store.
 const STORE_BATCH: usize = 1_000;
+/// Points looked up at once above which the store lists every id it holds instead of
+/// looking them up by id: a first index of a large catalog.
+const LIST_ALL_FROM: usize = 10_000;
 /// How long the index waits before trying a failed store again.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 
@@ -237,6 +252,7 @@ impl ToolSearchActor {
         let (indexed, lexical) = (std::mem::take(&mut state.indexed), catalog.clone());
         let (indexed, mut changes) =
             tokio::task::spawn_blocking(move || diff(&lexical, indexed)).await?;
+        let diffed_us = started.elapsed().as_micros() as u64;
         state.indexed = indexed;
         let first = std::mem::take(&mut changes.first);
         match self.write(&changes).await {
@@ -246,6 +262,7 @@ impl ToolSearchActor {
                 return Ok(());
             }
         }
+        let written_us = started.elapsed().as_micros() as u64;
         if let Err(error) = self.sweep(&first).await {
             // Searchable as it is; the points are swept at the next start.
             warn!(%error, "deleting points of older tool texts failed");
@@ -260,6 +277,8 @@ impl ToolSearchActor {
         debug!(
             version = catalog.version,
             waiting_for_vectors = state.pending.iter().map(Vec::len).sum::<usize>(),
+            diffed_us,
+            written_us,
             elapsed_us = started.elapsed().as_micros() as u64,
             "search index updated"
         );
@@ -267,35 +286,76 @@ impl ToolSearchActor {
     }
 
     /// Writes the changes to the store: the points it does not have (lexical only, for
-    /// now), and deletes those of changed and removed tools. Returns, by point id, whether
-    /// each changed tool's point already had its dense vector.
+    /// now; their lexical vectors computed here, across the cores), and deletes those of
+    /// changed and removed tools. Returns, by point id, whether each changed tool's point
+    /// already had its dense vector.
     async fn write(&self, changes: &Changes) -> Result<HashMap<PointId, bool>, StoreError> {
         let store = &self.shared.store;
         let collection = &self.shared.collection;
-        let mut known = HashMap::new();
         let ids: Vec<PointId> = changes.upserts.iter().map(|(_, _, p)| p.id).collect();
-        for chunk in ids.chunks(STORE_BATCH) {
-            for record in store.retrieve(collection, chunk.to_vec(), false).await? {
-                let dense = record.payload.get(EMBEDDED).and_then(Value::as_bool);
-                known.insert(record.id, dense.unwrap_or(false));
-            }
-        }
-        let fresh: Vec<Point> = changes
+        let known = self.known(&ids).await?;
+        let fresh: Vec<Pending> = changes
             .upserts
             .iter()
-            .filter(|(_, _, p)| !known.contains_key(&p.id))
-            .map(|(_, _, p)| Point {
-                id: p.id,
-                dense: None,
-                lexical: Some(p.lexical.clone()),
-                payload: payload(&p.name, false),
-            })
+            .map(|(_, _, p)| p)
+            .filter(|p| !known.contains_key(&p.id))
+            .cloned()
             .collect();
-        for chunk in fresh.chunks(STORE_BATCH) {
+        let points = if fresh.len() > EMBED_BATCH {
+            // A first index of thousands of texts: on a blocking thread, across the cores.
+            tokio::task::spawn_blocking(move || {
+                use rayon::prelude::*;
+                fresh.par_iter().map(|p| p.point(None)).collect::<Vec<_>>()
+            })
+            .await
+            .map_err(|e| StoreError::Failed {
+                store: store.describe(),
+                reason: format!("computing lexical vectors failed: {e}"),
+            })?
+        } else {
+            fresh.iter().map(|p| p.point(None)).collect()
+        };
+        for chunk in points.chunks(STORE_BATCH) {
             store.upsert(collection, chunk.to_vec()).await?;
         }
         if !changes.gone.is_empty() {
             store.delete(collection, changes.gone.clone()).await?;
+        }
+        Ok(known)
+    }
+
+    /// Returns which of the points `ids` the store holds and, for each, whether it has its
+    /// dense vector. Ids only are read: a few of them by id, many by listing every id the
+    /// collection holds, and those that lack the dense vector.
+    async fn known(&self, ids: &[PointId]) -> Result<HashMap<PointId, bool>, StoreError> {
+        let (store, collection) = (&self.shared.store, &self.shared.collection);
+        let lacking = |mut filter: Filter| {
+            filter.must_not.push(Condition::HasVector(DENSE.into()));
+            Some(filter)
+        };
+        let mut known = HashMap::with_capacity(ids.len());
+        if ids.len() >= LIST_ALL_FROM {
+            let wanted: std::collections::HashSet<PointId> = ids.iter().copied().collect();
+            let held = store.ids(collection, None).await?;
+            let without = store.ids(collection, lacking(Filter::default())).await?;
+            known.extend(held.into_iter().filter(|id| wanted.contains(id)).map(|id| (id, true)));
+            for id in without {
+                if let Some(dense) = known.get_mut(&id) {
+                    *dense = false;
+                }
+            }
+            return Ok(known);
+        }
+        for chunk in ids.chunks(STORE_BATCH) {
+            let these = Filter { must: vec![Condition::HasId(chunk.to_vec())], must_not: vec![] };
+            let held = store.ids(collection, Some(these.clone())).await?;
+            if held.is_empty() {
+                continue;
+            }
+            known.extend(held.into_iter().map(|id| (id, true)));
+            for id in store.ids(collection, lacking(these)).await? {
+                known.insert(id, false);
+            }
         }
         Ok(known)
     }
@@ -437,13 +497,11 @@ impl ToolSearchActor {
         let collection = &self.shared.collection;
         // Another router on the same store may have embedded some meanwhile.
         let ids: Vec<PointId> = batch.iter().map(|p| p.id).collect();
-        let done: Vec<PointId> = store
-            .retrieve(collection, ids, false)
-            .await?
-            .into_iter()
-            .filter(|r| r.payload.get(EMBEDDED).and_then(Value::as_bool) == Some(true))
-            .map(|r| r.id)
-            .collect();
+        let embedded = Filter {
+            must: vec![Condition::HasId(ids), Condition::HasVector(DENSE.into())],
+            must_not: vec![],
+        };
+        let done = store.ids(collection, Some(embedded)).await?;
         if !done.is_empty() {
             self.mark_dense(&done);
             batch.retain(|p| !done.contains(&p.id));
@@ -476,16 +534,8 @@ impl ToolSearchActor {
                 return Ok(0);
             }
         };
-        let points: Vec<Point> = batch
-            .iter()
-            .zip(vectors)
-            .map(|(p, vector)| Point {
-                id: p.id,
-                dense: Some(vector),
-                lexical: Some(p.lexical.clone()),
-                payload: payload(&p.name, true),
-            })
-            .collect();
+        let points: Vec<Point> =
+            batch.iter().zip(vectors).map(|(p, vector)| p.point(Some(vector))).collect();
         let made = points.len();
         store.upsert(collection, points).await?;
         self.shared.embeddings.fetch_add(made as u64, Ordering::AcqRel);
@@ -532,7 +582,8 @@ struct Changes {
 
 /// Compares `catalog` with what is `indexed` (entries by pointer: the registry keeps an
 /// unchanged tool's entry), and hashes the text of new and changed tools only. Tools whose
-/// entry changed but not their text are updated in the map at once.
+/// entry changed but not their text are updated in the map at once. Lexical vectors are
+/// left to [`ToolSearchActor::write`], for the texts the store does not hold.
 fn diff(catalog: &Catalog, mut indexed: Indexed) -> (Indexed, Changes) {
     use rayon::prelude::*;
     let mut changes = Changes::default();
@@ -550,26 +601,21 @@ fn diff(catalog: &Catalog, mut indexed: Indexed) -> (Indexed, Changes) {
         .map(|(name, entry)| {
             let text = tool_text(&entry.spec);
             let id = point_id(&digest(&text));
-            let same = indexed.get(name).is_some_and(|(_, old)| *old == id);
-            let lexical = (!same).then(|| lexical::document(&terms(&text), AVERAGE_TERMS));
-            (name, entry, text, id, lexical)
+            (name, entry, text, id)
         })
         .collect();
-    for (name, entry, text, id, lexical) in hashed {
-        let previous = indexed.get_mut(name);
-        match (previous, lexical) {
+    for (name, entry, text, id) in hashed {
+        match indexed.get_mut(name) {
             // The same text under a new entry.
-            (Some((known, _)), None) => *known = entry.clone(),
-            (previous, Some(lexical)) => {
+            Some((known, old)) if *old == id => *known = entry.clone(),
+            previous => {
                 match previous {
                     Some((_, old)) => changes.gone.push(*old),
                     None => changes.first.push((name.clone(), id)),
                 }
-                let pending = Pending { name: name.clone(), id, text, lexical };
+                let pending = Pending { name: name.clone(), id, text };
                 changes.upserts.push((name.clone(), entry.clone(), pending));
             }
-            // Without a previous point the text is never the same.
-            (None, None) => {}
         }
     }
     // Every catalog tool is indexed or new: when the counts agree, nothing went.

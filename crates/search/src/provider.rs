@@ -206,8 +206,12 @@ mod tests {
     use arc_swap::ArcSwap;
     use serde_json::json;
     use toolmesh_core::{Backend, BackendError, CallContext, ToolOutput, ToolSource, ToolSpec};
+    use toolmesh_core::{
+        StoreError,
+        vector::{CollectionSpec, Filter, Hit, Point, PointId, Query, Record},
+    };
     use toolmesh_embed::EmbedError;
-    use toolmesh_registry::{PublishedCatalog, RegistryActor, ToolEntry};
+    use toolmesh_registry::{PublishedCatalog, RegistryActor, SourceUpdate, ToolEntry};
 
     use ractor::{ActorProcessingErr, SupervisionEvent};
 
@@ -279,7 +283,7 @@ mod tests {
     }
 
     async fn until(what: &str, mut done: impl FnMut() -> bool) {
-        let waited = tokio::time::timeout(Duration::from_secs(10), async {
+        let waited = tokio::time::timeout(Duration::from_secs(120), async {
             while !done() {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
@@ -341,6 +345,144 @@ mod tests {
         registry.register(tool("tides", "Gets tide tables.")).await.unwrap();
         until("the fresh actor follows the catalog", || provider.handle().indexed() == 3).await;
         provider.stop(Duration::from_secs(1)).await;
+    }
+
+    /// A model that gives every text the same vector, and counts them.
+    #[derive(Default)]
+    struct Counted(AtomicUsize);
+
+    impl Embedder for Counted {
+        fn model_id(&self) -> &str {
+            "counted"
+        }
+
+        fn dimensions(&self) -> usize {
+            2
+        }
+
+        fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
+            self.0.fetch_add(texts.len(), Ordering::SeqCst);
+            Ok(texts.iter().map(|_| vec![1.0, 0.0]).collect())
+        }
+    }
+
+    /// A store that counts the points written to the store under it.
+    #[derive(Debug)]
+    struct Writes {
+        store: Arc<dyn VectorStore>,
+        points: AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl VectorStore for Writes {
+        fn backend(&self) -> &'static str {
+            self.store.backend()
+        }
+        fn describe(&self) -> String {
+            self.store.describe()
+        }
+        async fn ensure(&self, spec: &CollectionSpec) -> Result<(), StoreError> {
+            self.store.ensure(spec).await
+        }
+        async fn upsert(&self, collection: &str, points: Vec<Point>) -> Result<(), StoreError> {
+            self.points.fetch_add(points.len(), Ordering::SeqCst);
+            self.store.upsert(collection, points).await
+        }
+        async fn delete(&self, collection: &str, ids: Vec<PointId>) -> Result<(), StoreError> {
+            self.store.delete(collection, ids).await
+        }
+        async fn replace(
+            &self,
+            collection: &str,
+            filter: Filter,
+            points: Vec<Point>,
+        ) -> Result<(), StoreError> {
+            self.points.fetch_add(points.len(), Ordering::SeqCst);
+            self.store.replace(collection, filter, points).await
+        }
+        async fn retrieve(
+            &self,
+            collection: &str,
+            ids: Vec<PointId>,
+            with_dense: bool,
+        ) -> Result<Vec<Record>, StoreError> {
+            self.store.retrieve(collection, ids, with_dense).await
+        }
+        async fn ids(
+            &self,
+            collection: &str,
+            filter: Option<Filter>,
+        ) -> Result<Vec<PointId>, StoreError> {
+            self.store.ids(collection, filter).await
+        }
+        async fn query(&self, collection: &str, query: Query) -> Result<Vec<Hit>, StoreError> {
+            self.store.query(collection, query).await
+        }
+        async fn count(&self, collection: &str, filter: Option<Filter>) -> Result<u64, StoreError> {
+            self.store.count(collection, filter).await
+        }
+        async fn distinct(
+            &self,
+            collection: &str,
+            field: &str,
+            limit: usize,
+        ) -> Result<u64, StoreError> {
+            self.store.distinct(collection, field, limit).await
+        }
+        async fn check(&self) -> Result<(), StoreError> {
+            self.store.check().await
+        }
+        async fn flush(&self) -> Result<(), StoreError> {
+            self.store.flush().await
+        }
+    }
+
+    /// A restart over a catalog larger than a lookup by id suits (the index then lists the
+    /// ids the store holds) writes nothing for the tools whose text it holds with its
+    /// vector, and indexes and embeds exactly the one tool that changed while no index ran.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_restart_over_a_large_catalog_writes_only_what_changed() {
+        const TOOLS: usize = 12_000;
+        let registry = registry().await;
+        let store = store("large").await;
+        let catalog = |changed: &str| {
+            let tools = (0..TOOLS)
+                .map(|i| {
+                    let description = if i == 7 { changed } else { "Does one numbered thing." };
+                    tool(&format!("tool_{i}"), description)
+                })
+                .collect();
+            let source = ToolSource::local("t");
+            SourceUpdate { source, tools, toolkits: vec![], unchanged: vec![] }
+        };
+        let start = |store: Arc<dyn VectorStore>, model: Arc<Counted>| {
+            let options = SearchOptions { embedder: Some(model), ..SearchOptions::new(store) };
+            SearchProvider::start(registry.clone(), options)
+        };
+        let settled = |provider: &SearchProvider| {
+            let handle = provider.handle();
+            handle.indexed() == TOOLS && handle.embedded() == TOOLS
+        };
+
+        registry.replace_source(catalog("Does the seventh thing.")).await.unwrap();
+        let model = Arc::new(Counted::default());
+        let first = start(store.0.clone(), model.clone()).await.unwrap();
+        until("every tool embedded", || settled(&first)).await;
+        assert_eq!(model.0.load(Ordering::SeqCst), TOOLS);
+        first.stop(Duration::from_secs(1)).await;
+
+        registry.replace_source(catalog("Does the seventh thing, differently.")).await.unwrap();
+        let writes = Arc::new(Writes { store: store.0.clone(), points: AtomicUsize::new(0) });
+        let model = Arc::new(Counted::default());
+        let second = start(writes.clone(), model.clone()).await.unwrap();
+        until("every tool embedded again", || settled(&second)).await;
+        assert_eq!(model.0.load(Ordering::SeqCst), 1, "only the changed text is embedded");
+        // Its lexical point, then the point with its vector.
+        assert_eq!(writes.points.load(Ordering::SeqCst), 2);
+        // The old text's point was swept: one point per tool.
+        let collection = second.handle().collection().to_owned();
+        assert_eq!(store.0.count(&collection, None).await.unwrap(), TOOLS as u64);
+        second.stop(Duration::from_secs(1)).await;
     }
 
     /// A supervisor that does nothing.

@@ -23,7 +23,7 @@ use qdrant_edge::{
     EdgeSparseVectorParamsBuilder, EdgeVectorParamsBuilder, FacetRequest, FieldIndexOperations,
     Fusion, JsonPath, Modifier, NamedQuery, PayloadFieldSchema, PayloadSchemaType, PointId,
     PointInsertOperations, PointOperations, Prefetch, QueryEnum, QueryRequest, ScoringQuery,
-    UpdateOperation, VectorInternal, WithPayloadInterface, WithVector,
+    ScrollRequest, UpdateOperation, VectorInternal, WithPayloadInterface, WithVector,
 };
 use serde_json::{Map, Value};
 use toolmesh_core::vector::{
@@ -43,6 +43,9 @@ const SETTLE_EVERY: usize = 2_000;
 /// millisecond, finds the true neighbours, and costs no index build on every change;
 /// larger collections get the graph.
 const INDEXING_THRESHOLD_KB: usize = 20_000;
+
+/// Points per page when ids are scrolled.
+const SCROLL_PAGE: usize = 10_000;
 
 /// Qdrant's engine in-process, persisted under a directory.
 #[derive(Debug)]
@@ -535,6 +538,32 @@ impl VectorStore for EmbeddedStore {
                     })
                 })
                 .collect())
+        })
+        .await
+    }
+
+    async fn ids(&self, collection: &str, filter: Option<Filter>) -> Result<Vec<Id>, StoreError> {
+        self.with(collection, move |c, invalid| {
+            let filter = filter.as_ref().map(edge_filter).transpose().map_err(invalid)?;
+            let mut ids = Vec::new();
+            let mut offset = None;
+            loop {
+                let request = ScrollRequest {
+                    offset,
+                    limit: Some(SCROLL_PAGE),
+                    filter: filter.clone(),
+                    with_payload: Some(WithPayloadInterface::Bool(false)),
+                    with_vector: WithVector::Bool(false),
+                    order_by: None,
+                };
+                let (records, next) =
+                    c.shard().scroll(request).map_err(|e| invalid(e.to_string()))?;
+                ids.extend(records.into_iter().filter_map(|record| numeric(record.id)));
+                match next {
+                    Some(next) => offset = Some(next),
+                    None => return Ok(ids),
+                }
+            }
         })
         .await
     }

@@ -19,6 +19,7 @@ pub(crate) fn edge_filter(filter: &Filter) -> Result<qdrant_edge::Filter, String
                     "match": { "any": values.iter().map(Scalar::to_json).collect::<Vec<_>>() }
                 }),
                 Condition::HasId(ids) => json!({ "has_id": ids }),
+                Condition::HasVector(name) => json!({ "has_vector": name }),
             })
             .collect()
     };
@@ -44,6 +45,7 @@ pub(crate) fn server_filter(filter: &Filter) -> server::Filter {
             server::Filter::should(values.iter().map(|v| equals(field, v))).into()
         }
         Condition::HasId(ids) => server::Condition::has_id(ids.iter().copied()),
+        Condition::HasVector(name) => server::Condition::has_vector(name.clone()),
     };
     server::Filter {
         must: filter.must.iter().map(condition).collect(),

@@ -13,8 +13,9 @@ use qdrant_client::{
         self, CountPointsBuilder, CreateCollectionBuilder, CreateFieldIndexCollectionBuilder,
         DeletePointsBuilder, FacetCountsBuilder, FieldType, GetPointsBuilder, Modifier,
         PointStruct, PointsIdsList, PointsSelector, PointsUpdateOperation, PrefetchQueryBuilder,
-        QueryPointsBuilder, SparseVectorParamsBuilder, SparseVectorsConfigBuilder,
-        UpdateBatchPointsBuilder, VectorParamsBuilder, VectorsConfigBuilder,
+        QueryPointsBuilder, ScrollPointsBuilder, SparseVectorParamsBuilder,
+        SparseVectorsConfigBuilder, UpdateBatchPointsBuilder, VectorParamsBuilder,
+        VectorsConfigBuilder,
         points_selector::PointsSelectorOneOf,
         points_update_operation::{self, Operation},
     },
@@ -27,6 +28,9 @@ use toolmesh_core::vector::{
 use tracing::info;
 
 use crate::filter::server_filter;
+
+/// Points per page when ids are scrolled.
+const SCROLL_PAGE: u32 = 10_000;
 
 /// A Qdrant server.
 pub struct ServerStore {
@@ -278,6 +282,34 @@ impl VectorStore for ServerStore {
                 Some(Record { id: numeric(point.id)?, payload: json(point.payload), dense })
             })
             .collect())
+    }
+
+    async fn ids(
+        &self,
+        collection: &str,
+        filter: Option<Filter>,
+    ) -> Result<Vec<PointId>, StoreError> {
+        let filter = filter.as_ref().map(server_filter);
+        let mut ids = Vec::new();
+        let mut offset = None;
+        loop {
+            let mut request = ScrollPointsBuilder::new(collection)
+                .limit(SCROLL_PAGE)
+                .with_payload(false)
+                .with_vectors(false);
+            if let Some(filter) = filter.clone() {
+                request = request.filter(filter);
+            }
+            if let Some(offset) = offset.take() {
+                request = request.offset(offset);
+            }
+            let page = self.client.scroll(request).await.map_err(|e| self.error(collection, e))?;
+            ids.extend(page.result.into_iter().filter_map(|point| numeric(point.id)));
+            match page.next_page_offset {
+                Some(next) => offset = Some(next),
+                None => return Ok(ids),
+            }
+        }
     }
 
     async fn query(&self, collection: &str, query: Query) -> Result<Vec<Hit>, StoreError> {

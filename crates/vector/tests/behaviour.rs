@@ -8,7 +8,7 @@ use std::{sync::Arc, time::Duration};
 use serde_json::{Map, Value, json};
 use toolmesh_core::{
     ErrorCode, StoreError, VectorStore,
-    vector::{CollectionSpec, Filter, Point, Query, Scalar, SparseVector},
+    vector::{CollectionSpec, Condition, Filter, Point, Query, Scalar, SparseVector},
 };
 use toolmesh_vector::{EmbeddedStore, ServerStore};
 
@@ -182,6 +182,18 @@ async fn behaves(store: Arc<dyn VectorStore>, name: &str) {
     assert_eq!(ids(&store.query(name, query(None, Some(&[16]), 1)).await.unwrap()), [30]);
     let by_vector = store.query(name, query(Some([0.0, 0.0, 0.0, 1.0]), None, 5)).await.unwrap();
     assert!(!ids(&by_vector).contains(&30), "{by_vector:?}");
+    // Ids are listed without reading the points, all or those a filter keeps: here the
+    // points with and without their dense vector.
+    let mut all = store.ids(name, None).await.unwrap();
+    all.sort();
+    assert_eq!(all, [20, 30]);
+    let has_dense = |has: bool| {
+        let condition = vec![Condition::HasVector(toolmesh_core::vector::DENSE.into())];
+        let (must, must_not) = if has { (condition, vec![]) } else { (vec![], condition) };
+        Some(Filter { must, must_not })
+    };
+    assert_eq!(store.ids(name, has_dense(true)).await.unwrap(), [20]);
+    assert_eq!(store.ids(name, has_dense(false)).await.unwrap(), [30]);
     store.upsert(name, vec![point(30, [0.0, 0.0, 0.0, 1.0], &[16], "d", 0)]).await.unwrap();
     let by_vector = store.query(name, query(Some([0.0, 0.0, 0.0, 1.0]), None, 1)).await.unwrap();
     assert_eq!(ids(&by_vector), [30]);
