@@ -664,6 +664,10 @@ async fn reload_starts_and_stops_only_the_servers_that_changed() {
     wait_for_tool(&server, "a_echo").await;
     let a_before = processes_with(&tag("a"));
     assert_eq!(a_before.len(), 2, "server a and its child");
+    // Its listing is kept for the next run, and forgotten when it leaves the configuration.
+    let kept = server.data_dir().unwrap().join("mcp").join("a.jsonl");
+    let written = eventually(Duration::from_secs(10), || async { kept.exists().then_some(()) });
+    assert!(written.await.is_some(), "{} was never written", kept.display());
 
     server
         .app
@@ -686,6 +690,7 @@ async fn reload_starts_and_stops_only_the_servers_that_changed() {
     .await;
     assert!(gone.is_some(), "server a's processes are gone");
     assert_eq!(processes_with(&tag("b")), b_before, "server b was left alone");
+    assert!(!kept.exists(), "the listing of a server no longer configured is forgotten");
 }
 
 #[tokio::test]
@@ -896,4 +901,124 @@ async fn crashed_children_of_the_root_supervisor_are_restarted_and_their_health_
             "after {child} restarted: {answered:?}"
         );
     }
+}
+
+/// A restart lists each MCP server's tools as the server listed them in the last run,
+/// before the server answers: an eager server still starting has them listed, unavailable
+/// but searchable, and a call made meanwhile waits for it; the server's own listing then
+/// replaces them; a lazy server is not started until a call needs it; a server that cannot
+/// start has them listed as unavailable, and calls fail naming it. A server configured with
+/// `remember_tools = false` leaves nothing in the data directory.
+#[tokio::test]
+async fn a_restart_lists_the_remembered_tools_before_the_servers_answer() {
+    let data = tempfile::tempdir().unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/mini_server.py");
+    let tag = format!("TOOLMESH_TEST_TAG=remembered-lazy-{}", std::process::id());
+    let (key, value) = tag.split_once('=').unwrap();
+    let config = |eager_env: &str| {
+        let server = |name: &str, extra: &str| {
+            format!(
+                "[[mcp.servers]]\nname = \"{name}\"\ntransport = \"stdio\"\ncommand = \"{}\"\nargs = [\"{}\"]\n{extra}\n",
+                python(),
+                script.display()
+            )
+        };
+        [
+            server("eager", &format!("env = {{ {eager_env} }}")),
+            server("lazy", &format!("connect = \"lazy\"\nenv = {{ {key} = \"{value}\" }}")),
+            server("private", "remember_tools = false"),
+        ]
+        .concat()
+    };
+    let names = |tools: &[Tool], prefix: &str| {
+        let mut names: Vec<String> =
+            tools.iter().filter(|t| t.name.starts_with(prefix)).map(|t| t.name.clone()).collect();
+        names.sort();
+        names
+    };
+
+    // The first run: every server lists its tools, and two of them are kept.
+    let first = TestServer::start_in(
+        &config("MINI_EXTRA_TOOLS = \"2\""),
+        AppOptions::default(),
+        data.path(),
+    )
+    .await
+    .unwrap();
+    for tool in ["eager_echo_2", "lazy_echo", "private_echo"] {
+        wait_for_tool(&first, tool).await;
+    }
+    first.stop().await.unwrap();
+    let kept = data.path().join("mcp");
+    let mut files: Vec<String> = std::fs::read_dir(&kept)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(files, ["eager.jsonl", "lazy.jsonl"], "remember_tools = false keeps nothing");
+
+    // The second run: the eager server now takes four seconds to start and offers one tool
+    // fewer. Its three tools of the last run are listed before it answers.
+    let slow = "MINI_EXTRA_TOOLS = \"1\", MINI_START_DELAY = \"4\"";
+    let second =
+        TestServer::start_in(&config(slow), AppOptions::default(), data.path()).await.unwrap();
+    let before = eventually(Duration::from_secs(5), || async {
+        let tools = tools(&second).await;
+        (names(&tools, "eager_").len() == 3 && names(&tools, "lazy_").len() == 1).then_some(tools)
+    })
+    .await
+    .expect("the remembered tools are listed at once");
+    let echo_2 = before.iter().find(|t| t.name == "eager_echo_2").unwrap();
+    let source = echo_2.source.clone().unwrap();
+    assert!(!source.available, "still connecting: {source:?}");
+    assert!(source.status.contains("connecting"), "{source:?}");
+    let search = second.app.search().clone();
+    let searchable = eventually(Duration::from_secs(2), || async {
+        let found = search.search("Echoes its text", 20, |_| true).await.ok()?;
+        found.iter().any(|hit| hit.tool.spec.name == "eager_echo_2").then_some(())
+    })
+    .await;
+    assert!(searchable.is_some(), "the remembered tools are searchable");
+    assert!(processes_with(&tag).is_empty(), "the lazy server is not started to learn its tools");
+    // A call made while the server starts waits for it, within its deadline.
+    let answer = second.call("eager_echo", json!({"text": "waited"})).await.unwrap();
+    assert_eq!(text(&answer), "waited");
+    // The server's own listing replaces the remembered one.
+    let after = eventually(Duration::from_secs(10), || async {
+        let tools = tools(&second).await;
+        (names(&tools, "eager_") == ["eager_echo", "eager_echo_1"]).then_some(tools)
+    })
+    .await
+    .expect("eager_echo_2 is gone with the server's own listing");
+    assert!(
+        after.iter().filter(|t| t.name.starts_with("eager_")).all(|t| t
+            .source
+            .clone()
+            .unwrap()
+            .available)
+    );
+    // The lazy server starts for its first call.
+    let answer = second.call("lazy_echo", json!({"text": "woken"})).await.unwrap();
+    assert_eq!(text(&answer), "woken");
+    assert!(!processes_with(&tag).is_empty());
+    second.stop().await.unwrap();
+
+    // The third run: the eager server cannot start. Its tools of the last run stay listed,
+    // unavailable, and a call fails naming the server.
+    let third =
+        TestServer::start_in(&config("MINI_FAIL = \"1\""), AppOptions::default(), data.path())
+            .await
+            .unwrap();
+    let down = eventually(Duration::from_secs(10), || async {
+        let tools = tools(&third).await;
+        let echo = tools.iter().find(|t| t.name == "eager_echo")?.source.clone()?;
+        echo.status.contains("unavailable").then_some(tools)
+    })
+    .await
+    .expect("the server that cannot start is listed as unavailable");
+    assert_eq!(names(&down, "eager_"), ["eager_echo", "eager_echo_1"]);
+    let refused = third.call("eager_echo", json!({"text": "x"})).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    assert!(refused.message().contains("eager"), "{refused:?}");
+    third.stop().await.unwrap();
 }

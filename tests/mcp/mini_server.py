@@ -8,17 +8,23 @@ $MINI_PAGE_SIZE tools (default: all at once) that `nextCursor` links; with
 $MINI_STUCK_CURSOR set, the last page hands back the cursor it was asked for.
 
 At start it also launches `sleep 600` as its own child, so that tests can check that the
-server's whole process group goes away with it.
+server's whole process group goes away with it. With $MINI_START_DELAY (seconds) it waits
+that long before it reads its first message, as a slow server starts; with $MINI_FAIL set
+it exits at once, as a server that cannot start.
 """
 
 import json
 import subprocess
 import os
 import sys
+import time
 
 PROTOCOL = os.environ.get("MINI_PROTOCOL", "2025-06-18")
 
+if os.environ.get("MINI_FAIL"):
+    sys.exit("mini_server: told to fail")
 subprocess.Popen(["sleep", "600"])
+time.sleep(float(os.environ.get("MINI_START_DELAY", "0")))
 
 
 def send(message):

@@ -52,6 +52,11 @@ impl TestServer {
         Ok(TestServer { addr, app, shutdown: Some(tx), task: Some(task), _data: None })
     }
 
+    /// Returns the data directory this server made for itself, if it made one.
+    pub fn data_dir(&self) -> Option<&std::path::Path> {
+        self._data.as_ref().map(tempfile::TempDir::path)
+    }
+
     /// Parses a configuration over the defaults, with an empty environment.
     /// Tool vectors go to a cache shared by the test processes of this run, not the user's.
     pub fn config(toml: &str) -> anyhow::Result<Config> {

@@ -325,8 +325,9 @@ pub enum PrefixMode {
 pub enum ConnectMode {
     /// At start (and reload).
     Eager,
-    /// Once at start to learn the tools, then closed; opened again by the first call of one
-    /// of its tools, and closed after `idle_timeout_ms` without calls.
+    /// Once at start to learn the tools (unless they are remembered from the last run), then
+    /// closed; opened again by the first call of one of its tools, and closed after
+    /// `idle_timeout_ms` without calls.
     Lazy,
 }
 
@@ -353,6 +354,10 @@ pub struct McpServerConfig {
     /// Calls to this server that may run at once; more fail at once with
     /// RESOURCE_EXHAUSTED.
     pub max_concurrency: NonZeroUsize,
+    /// Whether the server's last tool listing is kept in the data directory, so that a
+    /// restart lists its tools at once (unavailable until the server is connected) and a
+    /// lazy server is not started only to learn them.
+    pub remember_tools: bool,
 }
 
 /// `[server]`.
@@ -647,6 +652,12 @@ struct RawMcpServer {
     idle_timeout_ms: u64,
     #[serde(default = "default_mcp_max_concurrency")]
     max_concurrency: NonZeroUsize,
+    #[serde(default = "default_remember_tools")]
+    remember_tools: bool,
+}
+
+fn default_remember_tools() -> bool {
+    true
 }
 
 /// Calls one MCP server runs at once unless configured: enough for an agent fleet's
@@ -1049,6 +1060,7 @@ impl Config {
                 ping_interval: (raw.ping_interval_ms > 0)
                     .then(|| Duration::from_millis(raw.ping_interval_ms)),
                 max_concurrency: raw.max_concurrency,
+                remember_tools: raw.remember_tools,
             });
         }
 

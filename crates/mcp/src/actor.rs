@@ -58,6 +58,11 @@ pub enum McpMsg {
     },
     /// The server said its tool list changed.
     ToolsChanged,
+    /// The listing remembered from the last run was read (`None`: there is none).
+    Remembered {
+        /// Its tools.
+        tools: Option<Vec<Tool>>,
+    },
     /// A fresh tool list of connection `generation`.
     ToolsListed {
         /// The connection it came from.
@@ -105,8 +110,20 @@ pub struct McpClientState {
     /// Dropping it closes the current connection. It lives in the state so that however
     /// the actor ends (stop, crash, kill), the connection and its child process end too.
     connection: Option<tokio_util::sync::DropGuard>,
-    /// The tools of the last listing, by their name on the server.
-    listed: std::collections::HashMap<String, Tool>,
+    /// The tools of the last listing published, by their name on the server.
+    listed: Listing,
+}
+
+/// A server's tools by their name on the server.
+type Listing = Arc<std::collections::HashMap<String, Tool>>;
+
+/// Where a listing comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    /// The server listed it.
+    Server,
+    /// The data directory kept it from the last run.
+    Remembered,
 }
 
 impl McpClientActor {
@@ -130,53 +147,122 @@ impl McpClientActor {
         myself.send_after(delay, || McpMsg::Connect);
     }
 
-    /// Publishes `tools` as this server's whole set, in one registry update.
-    async fn publish(&self, tools: Vec<Tool>, state: &mut McpClientState) {
+    /// Publishes `tools` as this server's whole set, in one registry update; a listing
+    /// the same as the one published changes nothing. A listing from the server is
+    /// remembered for the next run.
+    async fn publish(&self, tools: Vec<Tool>, state: &mut McpClientState, origin: Origin) {
         let server = self.shared.name();
-        // Naming thousands of tools, comparing them with the last listing and compiling the
-        // schemas of the new and changed ones touch every byte: on a blocking thread, split
-        // across the cores, never on the actor.
-        let previous = std::mem::take(&mut state.listed);
-        let (shared, source, catalog) =
-            (self.shared.clone(), self.source(), self.registry.snapshot());
+        // Naming thousands of tools and comparing them with the last listing touch every
+        // byte: on a blocking thread, split across the cores, never on the actor.
+        let started = std::time::Instant::now();
+        let (shared, source, catalog, previous) =
+            (self.shared.clone(), self.source(), self.registry.snapshot(), state.listed.clone());
         let prepared = tokio::task::spawn_blocking(move || {
-            prepare(&shared, &source, &catalog, tools, previous)
+            prepare(&shared, &source, &catalog, tools, &previous)
         })
         .await;
-        let Prepared { tools, previous, entries, unchanged } = match prepared {
+        let Prepared { listing, entries, unchanged, same } = match prepared {
             Ok(prepared) => prepared,
             Err(error) => {
                 error!(server, %error, "preparing the tool listing failed; not published");
                 return;
             }
         };
+        let previous = std::mem::replace(&mut state.listed, listing.clone());
+        // Freeing thousands of schemas takes a while: on a blocking thread, not the actor.
+        tokio::task::spawn_blocking(move || drop(previous));
+        if same {
+            debug!(server, tools = listing.len(), "the tool listing has not changed");
+            return;
+        }
+        let prepared_us = started.elapsed().as_micros() as u64;
         let source = self.source();
         let count = entries.len() + unchanged.len();
+        let fresh: Vec<String> = entries.iter().map(|e| e.spec.name.clone()).collect();
         let update = SourceUpdate { source, tools: entries, toolkits: vec![], unchanged };
-        // The listing is kept for the next one's comparison once the catalog has it; after a
-        // failed update, the next listing is published whole.
         match self.registry.replace_source(update).await {
             Ok(()) => {
                 info!(server, tools = count, "mcp tools published");
-                state.listed = tools.into_iter().map(|t| (t.name.to_string(), t)).collect();
+                debug!(
+                    server,
+                    prepared_us,
+                    elapsed_us = started.elapsed().as_micros() as u64,
+                    "publish timings"
+                );
+                self.compile_published(fresh);
+                if origin == Origin::Server {
+                    self.remember(listing);
+                }
             }
-            Err(error) => error!(server, %error, "publishing the mcp tools failed"),
+            Err(error) => {
+                error!(server, %error, "publishing the mcp tools failed");
+                // The next listing is published whole.
+                state.listed = Listing::default();
+            }
         }
-        // Freeing thousands of schemas takes a while: on a blocking thread, not the actor.
-        tokio::task::spawn_blocking(move || drop(previous));
+    }
+
+    /// Writes `listing` to the data directory for the next run, on a blocking thread.
+    fn remember(&self, listing: Listing) {
+        let Some(remembered) = self.shared.remembered.clone() else { return };
+        let ticket = remembered.ticket();
+        let span = info_span!("mcp", server = %self.shared.name(), task = "remember tools");
+        tokio::task::spawn_blocking(move || {
+            let _span = span.enter();
+            let tools = listing.par_iter().map(|(_, tool)| tool);
+            if let Err(error) = remembered.store(ticket, tools) {
+                warn!(
+                    %error,
+                    path = %remembered.path().display(),
+                    "cannot keep the tool listing for the next run"
+                );
+            }
+        });
+    }
+}
+
+impl McpClientActor {
+    /// Compiles the schemas of the tools just published, one at a time on a thread of its
+    /// own at the lowest CPU priority, so that it takes only what serving leaves idle and a
+    /// first call rarely waits for it; a schema that does not compile is logged: its tool
+    /// is called without that check.
+    fn compile_published(&self, names: Vec<String>) {
+        if names.is_empty() {
+            return;
+        }
+        let catalog = self.registry.snapshot();
+        let span = info_span!("mcp", server = %self.shared.name(), task = "compile schemas");
+        let compile = move || {
+            let _span = span.enter();
+            if let Err(error) =
+                rustix::process::setpriority_process(Some(rustix::thread::gettid()), 19)
+            {
+                debug!(%error, "schemas compile at normal CPU priority");
+            }
+            for name in names {
+                let Some(entry) = catalog.get(&name) else { continue };
+                for problem in entry.compile() {
+                    warn!(tool = %name, %problem, "published without this schema's check");
+                }
+            }
+        };
+        if let Err(error) = std::thread::Builder::new().name("mcp-schemas".into()).spawn(compile) {
+            // Each schema then compiles at the first call of its tool.
+            warn!(%error, "cannot start compiling the published schemas");
+        }
     }
 }
 
 /// A listing made ready for the registry.
 struct Prepared {
     /// The listing, kept for the next one's comparison.
-    tools: Vec<Tool>,
-    /// The listing before it, to be freed.
-    previous: std::collections::HashMap<String, Tool>,
+    listing: Listing,
     /// Entries of the new and changed tools.
     entries: Vec<ToolEntry>,
     /// Names of the tools that did not change.
     unchanged: Vec<String>,
+    /// Whether the listing is the one published before, every tool unchanged.
+    same: bool,
 }
 
 /// Names the tools of a listing, compares them with the `previous` one and builds the
@@ -188,7 +274,7 @@ fn prepare(
     source: &ToolSource,
     catalog: &toolmesh_registry::Catalog,
     tools: Vec<Tool>,
-    previous: std::collections::HashMap<String, Tool>,
+    previous: &Listing,
 ) -> Prepared {
     let config = &shared.config;
     let server = shared.name();
@@ -225,14 +311,11 @@ fn prepare(
         .into_par_iter()
         .filter_map(|(tool, name)| {
             let spec = convert::spec(server, name.clone(), tool, config.timeout);
-            let backend = Arc::new(McpBackend { shared: shared.clone(), tool: tool.name.to_string() });
-            match ToolEntry::lenient(spec, backend) {
-                Ok((entry, problem)) => {
-                    if let Some(problem) = problem {
-                        warn!(tool = %name, server, %problem, "published without argument validation");
-                    }
-                    Some(entry)
-                }
+            let backend =
+                Arc::new(McpBackend { shared: shared.clone(), tool: tool.name.to_string() });
+            // Schemas compile after publishing (see `compile_published`), or at a first call.
+            match ToolEntry::deferred(spec, backend) {
+                Ok(entry) => Some(entry),
                 Err(error) => {
                     warn!(tool = %name, server, %error, "tool not published");
                     None
@@ -240,7 +323,12 @@ fn prepare(
             }
         })
         .collect();
-    Prepared { tools, previous, entries, unchanged }
+    let same = !previous.is_empty()
+        && entries.is_empty()
+        && unchanged.len() == tools.len()
+        && previous.len() == tools.len();
+    let listing = Arc::new(tools.into_iter().map(|t| (t.name.to_string(), t)).collect());
+    Prepared { listing, entries, unchanged, same }
 }
 
 /// Lists every page of the server's tools. rmcp's `list_all_tools` would also keep a deep
@@ -417,7 +505,14 @@ async fn connect(
         }
         McpTransport::Sse { url, headers } => connect_sse(handler, url, headers).await?,
     };
+    let listing = std::time::Instant::now();
     let tools = list_tools(&connection).await.map_err(|e| format!("tools/list failed: {e}"))?;
+    debug!(
+        server = %config.name,
+        tools = tools.len(),
+        elapsed_us = listing.elapsed().as_micros() as u64,
+        "tools listed"
+    );
     Ok((connection, group, tools))
 }
 
@@ -519,8 +614,30 @@ impl Actor for McpClientActor {
         _: (),
     ) -> Result<Self::State, ActorProcessingErr> {
         self.shared.actor.store(Some(Arc::new(myself.clone())));
-        // Lazy servers too connect once, to learn their tools; they close when idle.
-        myself.cast(McpMsg::Connect)?;
+        if let Some(remembered) = self.shared.remembered.clone() {
+            let actor = myself.clone();
+            self.spawn("remembered", async move {
+                let loaded = tokio::task::spawn_blocking(move || remembered.load()).await;
+                let tools = match loaded {
+                    Ok(Ok(tools)) => tools,
+                    Ok(Err(reason)) => {
+                        warn!(%reason, "the tools remembered from the last run cannot be read");
+                        None
+                    }
+                    Err(error) => {
+                        warn!(%error, "reading the tools remembered from the last run failed");
+                        None
+                    }
+                };
+                let _ = actor.cast(McpMsg::Remembered { tools });
+            });
+        }
+        // Without a remembered listing, connect now: lazy servers too, to learn their tools
+        // (they close when idle). With one, once it is published: it is the quicker of the
+        // two, and on a busy machine they would compete.
+        if self.shared.remembered.is_none() {
+            myself.cast(McpMsg::Connect)?;
+        }
         Ok(McpClientState::default())
     }
 
@@ -625,7 +742,7 @@ impl Actor for McpClientActor {
                 // Healthy first: the health board is current by the time the tools are
                 // listed.
                 self.shared.set_health(ServerHealth::Healthy);
-                self.publish(tools, state).await;
+                self.publish(tools, state, Origin::Server).await;
                 self.shared.touch();
                 self.shared.attempts.send_modify(|n| *n += 1);
                 if self.shared.config.connect == toolmesh_config::ConnectMode::Lazy {
@@ -657,6 +774,32 @@ impl Actor for McpClientActor {
                     self.shared.set_health(ServerHealth::Idle);
                 }
             }
+            McpMsg::Remembered { tools } => {
+                let lazy = self.shared.config.connect == toolmesh_config::ConnectMode::Lazy;
+                // The server's own listing, when it came first, is newer.
+                let first = state.generation == 0 && state.listed.is_empty();
+                let remembered = match tools {
+                    Some(tools) if first => {
+                        info!(
+                            server,
+                            tools = tools.len(),
+                            "publishing the tools remembered from the last run"
+                        );
+                        self.publish(tools, state, Origin::Remembered).await;
+                        true
+                    }
+                    _ => false,
+                };
+                if remembered && lazy {
+                    // Opened by the first call of one of its tools.
+                    if !state.connecting && self.shared.peer.load().is_none() {
+                        self.shared.set_health(ServerHealth::Idle);
+                    }
+                } else {
+                    // An eager server; or a lazy one, once, to learn its tools.
+                    myself.cast(McpMsg::Connect)?;
+                }
+            }
             McpMsg::ToolsChanged => {
                 let Some(peer) = self.shared.peer.load_full() else { return Ok(()) };
                 let (actor, generation) = (myself.clone(), state.generation);
@@ -678,7 +821,7 @@ impl Actor for McpClientActor {
             McpMsg::ToolsListed { generation, tools } => {
                 if generation == state.generation {
                     let started = std::time::Instant::now();
-                    self.publish(tools, state).await;
+                    self.publish(tools, state, Origin::Server).await;
                     debug!(
                         server,
                         elapsed_us = started.elapsed().as_micros() as u64,
@@ -769,7 +912,7 @@ mod tests {
             .servers
             .remove(0);
         let idle = config.idle_timeout;
-        let shared = ServerShared::new(config, Arc::default());
+        let shared = ServerShared::new(config, Arc::default(), None);
         shared.touch();
         let (tx, mut told) = mpsc::unbounded_channel();
         let (recorder, _) = Actor::spawn(None, Recorder(tx), ()).await.unwrap();

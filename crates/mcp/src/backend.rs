@@ -180,9 +180,11 @@ impl McpBackend {
     }
 
     /// Returns the connection of a server that has none: an idle lazy server is opened and
-    /// the call waits for it (within its deadline). A repeated call (its first attempt lost
-    /// the connection) waits, within its deadline, for the server to be connected again;
-    /// any other call finds a server without a connection unavailable at once.
+    /// the call waits for it, as it waits for a server still connecting (its tools listed as
+    /// remembered from the last run), within its deadline. A repeated call (its first
+    /// attempt lost the connection) waits, within its deadline, for the server to be
+    /// connected again; any other call finds a server without a connection unavailable at
+    /// once.
     async fn await_connection(
         &self,
         ctx: &CallContext,
@@ -192,13 +194,17 @@ impl McpBackend {
             _ => "not connected yet".to_owned(),
         };
         let repeat = ctx.attempt > 1;
-        let idle = **self.shared.health.load() == crate::ServerHealth::Idle;
-        if !repeat && !idle {
+        let opening = matches!(
+            **self.shared.health.load(),
+            crate::ServerHealth::Idle | crate::ServerHealth::Connecting
+        );
+        if !repeat && !opening {
             return Err(self.unavailable(reason(&self.shared.health.load())));
         }
         // Subscribe before asking or looking, so that no outcome can slip by unseen.
         let mut attempts = self.shared.attempts.subscribe();
-        if idle && let Some(actor) = self.shared.actor.load_full() {
+        // Connecting a server that is already connecting changes nothing.
+        if opening && let Some(actor) = self.shared.actor.load_full() {
             let _ = actor.cast(crate::McpMsg::Connect);
         }
         loop {

@@ -29,6 +29,7 @@ mod manager;
 mod metrics;
 mod naming;
 mod provider;
+mod remembered;
 mod shared;
 mod sse;
 

@@ -1,4 +1,4 @@
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
 
 use arc_swap::ArcSwap;
 use ractor::{
@@ -61,6 +61,8 @@ pub struct McpSupervisorActor {
     registry: RegistryHandle,
     published: Arc<Published>,
     changed: Arc<Notify>,
+    /// Where the servers' last listings are kept.
+    remember_in: Option<PathBuf>,
 }
 
 /// The [`McpSupervisorActor`]'s state: the running servers by name. Only the actor
@@ -162,7 +164,14 @@ impl Actor for McpSupervisorActor {
                 for (name, config) in running {
                     if wanted.get(&name) != Some(&config) {
                         info!(server = %name, "stopping mcp server (removed or changed)");
+                        let remembered =
+                            state.servers.get(&name).and_then(|r| r.shared.remembered.clone());
                         self.stop_server(state, &name).await;
+                        if !wanted.contains_key(&name)
+                            && let Some(remembered) = remembered
+                        {
+                            remembered.forget();
+                        }
                         self.publish(state);
                     }
                 }
@@ -172,7 +181,11 @@ impl Actor for McpSupervisorActor {
                         self.start_server(
                             &myself,
                             state,
-                            ServerShared::new(config, self.changed.clone()),
+                            ServerShared::new(
+                                config,
+                                self.changed.clone(),
+                                self.remember_in.as_deref(),
+                            ),
                         )
                         .await;
                         self.publish(state);
@@ -207,7 +220,11 @@ impl Actor for McpSupervisorActor {
             error!(server = %name, %reason, "mcp client actor ended unexpectedly; restarting it");
             shared.peer.store(None);
             shared.lost.load().cancel();
-            let fresh = ServerShared::new(shared.config.clone(), self.changed.clone());
+            let fresh = ServerShared::new(
+                shared.config.clone(),
+                self.changed.clone(),
+                self.remember_in.as_deref(),
+            );
             // The gap shows: the fresh server is Connecting until it has listed its tools.
             self.start_server(&myself, state, fresh).await;
             self.publish(state);
@@ -219,6 +236,8 @@ impl Actor for McpSupervisorActor {
 /// Handle to the MCP backend: reload the configured servers, read their health.
 #[derive(Clone)]
 pub struct McpManager {
+    /// Where the servers' last listings are kept.
+    remember_in: Option<PathBuf>,
     /// The supervisor; one that restarts it swaps in the new one.
     actor: Arc<ArcSwap<ActorRef<McpSupervisorMsg>>>,
     /// The servers last configured, which a restarted supervisor starts again.
@@ -235,17 +254,23 @@ impl std::fmt::Debug for McpManager {
 }
 
 impl McpManager {
-    /// Starts the supervisor; servers start with [`McpManager::reload`].
-    pub async fn start(registry: RegistryHandle) -> Result<Self, ActorProcessingErr> {
+    /// Starts the supervisor; servers start with [`McpManager::reload`]. Their last
+    /// listings are kept in `remember_in` (see `remember_tools`), when given.
+    pub async fn start(
+        registry: RegistryHandle,
+        remember_in: Option<PathBuf>,
+    ) -> Result<Self, ActorProcessingErr> {
         let published = Arc::new(Published::default());
         let changed = Arc::new(Notify::new());
         let supervisor = McpSupervisorActor {
             registry: registry.clone(),
             published: published.clone(),
             changed: changed.clone(),
+            remember_in: remember_in.clone(),
         };
         let (actor, _) = Actor::spawn(None, supervisor, ()).await?;
         Ok(McpManager {
+            remember_in,
             actor: Arc::new(ArcSwap::from_pointee(actor)),
             configured: Arc::default(),
             registry,
@@ -267,6 +292,7 @@ impl McpManager {
             registry: self.registry.clone(),
             published: self.published.clone(),
             changed: self.changed.clone(),
+            remember_in: self.remember_in.clone(),
         };
         let (actor, _) = Actor::spawn_linked(None, supervisor, (), above).await?;
         self.actor.store(Arc::new(actor.clone()));

@@ -68,11 +68,24 @@ pub(crate) struct ServerShared {
     pub(crate) actor: ArcSwapOption<ractor::ActorRef<crate::McpMsg>>,
     /// One permit per call that may run at once (`max_concurrency`).
     pub(crate) slots: Arc<tokio::sync::Semaphore>,
+    /// Where the server's last listing is kept, unless it is not (`remember_tools = false`,
+    /// or no data directory).
+    pub(crate) remembered: Option<Arc<crate::remembered::Remembered>>,
 }
 
 impl ServerShared {
-    pub(crate) fn new(config: McpServerConfig, changed: Arc<Notify>) -> Arc<Self> {
+    /// Returns the state of `config`'s server; its listing is remembered under
+    /// `remember_in` unless the server opts out.
+    pub(crate) fn new(
+        config: McpServerConfig,
+        changed: Arc<Notify>,
+        remember_in: Option<&std::path::Path>,
+    ) -> Arc<Self> {
+        let remembered = remember_in
+            .filter(|_| config.remember_tools)
+            .map(|dir| Arc::new(crate::remembered::Remembered::new(dir, &config)));
         Arc::new(ServerShared {
+            remembered,
             peer: ArcSwapOption::empty(),
             lost: ArcSwap::from_pointee(CancellationToken::new()),
             health: ArcSwap::from_pointee(ServerHealth::Connecting),

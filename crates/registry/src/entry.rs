@@ -1,4 +1,7 @@
-use std::{fmt, sync::Arc};
+use std::{
+    fmt,
+    sync::{Arc, OnceLock},
+};
 
 use jsonschema::Validator;
 use serde_json::Value;
@@ -13,8 +16,18 @@ pub struct ToolEntry {
     pub spec: ToolSpec,
     /// Runs the tool.
     pub backend: Arc<dyn Backend>,
-    input: Arc<Validator>,
+    /// The compiled schemas; shared by clones of the entry, so that they compile once.
+    pub(crate) schemas: Arc<OnceLock<Schemas>>,
+}
+
+/// An entry's compiled schemas.
+pub(crate) struct Schemas {
+    /// `None`: the input schema did not compile, and arguments are not checked.
+    input: Option<Arc<Validator>>,
+    /// Set when the tool declares an output schema and asks for its results to be checked.
     output: Option<Arc<Validator>>,
+    /// Why a check is off.
+    problems: Vec<RegistryError>,
 }
 
 /// One way in which a JSON value fails a schema.
@@ -51,38 +64,55 @@ impl ToolEntry {
             (Some(schema), true) => Some(compile(&spec.name, "output", schema)?),
             _ => None,
         };
-        Ok(ToolEntry { spec, backend, input, output })
+        let schemas = Schemas { input: Some(input), output, problems: Vec::new() };
+        Ok(ToolEntry { spec, backend, schemas: Arc::new(OnceLock::from(schemas)) })
     }
 
-    /// Like [`ToolEntry::new`], but a tool whose input schema does not compile is kept,
-    /// without argument validation (the server still checks its own arguments); the
-    /// returned error says why. For tools whose schemas come from elsewhere, such as MCP
-    /// servers, where dropping the tool would make it unusable.
-    pub fn lenient(
-        spec: ToolSpec,
-        backend: Arc<dyn Backend>,
-    ) -> Result<(Self, Option<RegistryError>), RegistryError> {
+    /// Like [`ToolEntry::new`], for tools whose schemas come from elsewhere, such as MCP
+    /// servers: only the name is checked here, and the schemas are compiled when first
+    /// needed, or by [`ToolEntry::compile`], so that publishing thousands of tools costs no
+    /// compilation. A schema that does not compile turns its check off instead of dropping
+    /// the tool, which would make it unusable (the server still checks its own arguments);
+    /// `compile` says why.
+    pub fn deferred(spec: ToolSpec, backend: Arc<dyn Backend>) -> Result<Self, RegistryError> {
         validate_tool_name(&spec.name)?;
-        let (input, problem) = match compile(&spec.name, "input", &spec.input_schema) {
-            Ok(input) => (input, None),
-            Err(error) => (compile(&spec.name, "input", &Value::Bool(true))?, Some(error)),
-        };
-        let output = match (&spec.output_schema, spec.validate_output) {
-            (Some(schema), true) => Some(compile(&spec.name, "output", schema)?),
-            _ => None,
-        };
-        Ok((ToolEntry { spec, backend, input, output }, problem))
+        Ok(ToolEntry { spec, backend, schemas: Arc::default() })
+    }
+
+    /// Compiles the schemas if they are not yet; returns why a check is off, if one is.
+    pub fn compile(&self) -> &[RegistryError] {
+        &self.schemas().problems
+    }
+
+    fn schemas(&self) -> &Schemas {
+        self.schemas.get_or_init(|| {
+            let spec = &self.spec;
+            let mut problems = Vec::new();
+            let input = compile(&spec.name, "input", &spec.input_schema)
+                .map_err(|problem| problems.push(problem))
+                .ok();
+            let output = match (&spec.output_schema, spec.validate_output) {
+                (Some(schema), true) => compile(&spec.name, "output", schema)
+                    .map_err(|problem| problems.push(problem))
+                    .ok(),
+                _ => None,
+            };
+            Schemas { input, output, problems }
+        })
     }
 
     /// Returns every way in which `arguments` fail the input schema; empty when valid.
     pub fn check_arguments(&self, arguments: &Value) -> Vec<SchemaViolation> {
-        violations(&self.input, arguments)
+        match &self.schemas().input {
+            Some(input) => violations(input, arguments),
+            None => Vec::new(),
+        }
     }
 
     /// Returns every way in which a structured result fails the declared output schema,
     /// when the tool asked for output validation; empty otherwise.
     pub fn check_output(&self, structured: Option<&Value>) -> Vec<SchemaViolation> {
-        match (&self.output, structured) {
+        match (&self.schemas().output, structured) {
             (Some(validator), Some(value)) => violations(validator, value),
             (Some(_), None) => vec![SchemaViolation {
                 path: String::new(),

@@ -318,11 +318,24 @@ mod tests {
     }
 
     #[test]
-    fn a_lenient_entry_keeps_a_tool_whose_schema_does_not_compile() {
+    fn a_deferred_entry_keeps_a_tool_whose_schema_does_not_compile() {
         let spec = ToolSpec::new("t", "d", json!({"type": "objekt"}), ToolSource::local("x"));
-        let (entry, problem) = ToolEntry::lenient(spec, Arc::new(Nop)).unwrap();
-        assert!(matches!(problem, Some(RegistryError::InvalidSchema { which: "input", .. })));
+        let entry = ToolEntry::deferred(spec, Arc::new(Nop)).unwrap();
         assert!(entry.check_arguments(&json!({"anything": 1})).is_empty());
+        assert!(matches!(entry.compile(), [RegistryError::InvalidSchema { which: "input", .. }]));
+        // A schema that compiles is compiled at its first use, and shared by clones.
+        let spec = ToolSpec::new(
+            "u",
+            "d",
+            json!({"type": "object", "required": ["a"]}),
+            ToolSource::local("x"),
+        );
+        let entry = ToolEntry::deferred(spec, Arc::new(Nop)).unwrap();
+        let clone = entry.clone();
+        assert_eq!(clone.check_arguments(&json!({}))[0].rule, "required");
+        assert!(entry.compile().is_empty());
+        assert!(Arc::ptr_eq(&entry.schemas, &clone.schemas));
+        assert!(entry.schemas.get().is_some(), "compiled once, for both");
     }
 
     #[test]

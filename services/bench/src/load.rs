@@ -518,6 +518,8 @@ pub(crate) async fn run_mcp(
 pub(crate) struct SearchReport {
     /// Tools in the pool.
     pub(crate) tools: usize,
+    /// MCP servers they came from.
+    pub(crate) servers: usize,
     /// Queries run.
     pub(crate) queries: usize,
     /// Mean Recall@1, @5, @10.
@@ -630,16 +632,29 @@ pub(crate) fn score_ranking(ranked: &[String], relevant: &[String]) -> ([f64; 3]
     ([recall(1), recall(5), recall(10)], dcg / ideal, complete)
 }
 
+/// How `toolmesh-bench --search` sets up the toolmesh under test.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SearchSetup<'a> {
+    /// Start on an empty data directory: every tool embedded, the first start ever.
+    pub(crate) fresh: bool,
+    /// The data directory to keep the store in between runs.
+    pub(crate) data_dir: Option<&'a Path>,
+    /// Grow the catalog to this many tools with variants of the benchmark's.
+    pub(crate) scale: Option<usize>,
+    /// MCP servers the catalog is shared out between.
+    pub(crate) servers: usize,
+}
+
 /// Loads the benchmark's tools into a toolmesh the way real tools arrive (as the tools of
-/// an MCP server), runs every dev query through SearchTools over the whole pool, and
+/// MCP servers), runs every dev query through SearchTools over the whole pool, and
 /// measures quality, latency, cold indexing and re-indexing after one change.
 pub(crate) async fn run_search(
     dir: &Path,
     programs: &Programs,
-    fresh: bool,
-    data_dir: Option<&Path>,
-    scale: Option<usize>,
+    setup: SearchSetup<'_>,
 ) -> anyhow::Result<SearchReport> {
+    let SearchSetup { fresh, data_dir, scale, servers } = setup;
+    let servers = servers.max(1);
     let mut tools_file = dir.join("tools.jsonl");
     let scaled =
         std::env::temp_dir().join(format!("toolmesh-bench-tools-{}.jsonl", std::process::id()));
@@ -666,9 +681,12 @@ pub(crate) async fn run_search(
         })
         .filter(|q| !q.query.is_empty() && !q.relevant.is_empty())
         .collect();
-    let tools_arg = tools_file.display().to_string();
-    let upstream =
-        start_child(&programs.bench, &["--mcp-echo-server", "--tools", &tools_arg]).await?;
+    let (tools_arg, servers_arg) = (tools_file.display().to_string(), servers.to_string());
+    let upstream = start_child(
+        &programs.bench,
+        &["--mcp-echo-server", "--tools", &tools_arg, "--servers", &servers_arg],
+    )
+    .await?;
     let config =
         std::env::temp_dir().join(format!("toolmesh-bench-search-{}.toml", std::process::id()));
     // The store lives in a data directory: a fresh one for a first-ever start (every tool
@@ -682,13 +700,18 @@ pub(crate) async fn run_search(
         (false, Some(dir)) => dir.to_owned(),
         (false, None) => std::env::temp_dir().join("toolmesh-bench-data"),
     };
-    std::fs::write(
-        &config,
-        format!(
-            "[builtin]\nreasoning = false\necho = false\n\n[[mcp.servers]]\nname = \"bench\"\ntransport = \"streamable-http\"\nurl = \"http://{}/mcp\"\nprefix = \"none\"\n",
+    let mut toml = String::from("[builtin]\nreasoning = false\necho = false\n");
+    for server in 0..servers {
+        let (name, path) = match servers {
+            1 => ("bench".to_owned(), "/mcp".to_owned()),
+            _ => (format!("bench{server}"), format!("/mcp/{server}")),
+        };
+        toml.push_str(&format!(
+            "\n[[mcp.servers]]\nname = \"{name}\"\ntransport = \"streamable-http\"\nurl = \"http://{}{path}\"\nprefix = \"none\"\n",
             upstream.addr
-        ),
-    )?;
+        ));
+    }
+    std::fs::write(&config, toml)?;
     let _config = RemoveOnDrop(config.clone());
     let config_arg = config.display().to_string();
     let data_arg = data.display().to_string();
@@ -732,7 +755,12 @@ pub(crate) async fn run_search(
     // Re-index: change one tool's description on the MCP server, wait until search sees it;
     // a few times, each a different tool, for the median and the worst case.
     let (mut index_ms, mut vector_ms) = (Vec::new(), Vec::new());
-    for (round, changed) in tool_names.iter().step_by(631).take(REINDEX_CHANGES).enumerate() {
+    // The changed tools are on the first server, which serves tool i for i mod servers = 0;
+    // with one server, every 631st tool, as 11 changes spread over the 6,944 of the set.
+    let first_server: Vec<&String> = tool_names.iter().step_by(servers).collect();
+    let step = (first_server.len() / REINDEX_CHANGES).clamp(1, 631);
+    let changes = first_server.into_iter().step_by(step).take(REINDEX_CHANGES);
+    for (round, changed) in changes.enumerate() {
         let reindexed = reindex_once(&client, changed, round).await?;
         index_ms.push(reindexed.index_ms);
         vector_ms.push(reindexed.vector_ms);
@@ -756,6 +784,7 @@ pub(crate) async fn run_search(
 
     Ok(SearchReport {
         tools: tool_names.len(),
+        servers,
         queries: queries.len(),
         recall: recall.map(|r| r / count),
         ndcg10: ndcg / count,
@@ -881,7 +910,7 @@ async fn reindex_once(
 /// Formats the report of `toolmesh-bench --search`.
 pub(crate) fn render_search(report: &SearchReport) -> String {
     format!(
-        "toolmesh-bench --search: {} queries over the whole pool of {} tools (ranking: {})\n\n\
+        "toolmesh-bench --search: {} queries over the whole pool of {} tools from {} MCP server(s) (ranking: {})\n\n\
          Recall@1   {:.3}\nRecall@5   {:.3}\nRecall@10  {:.3}\nNDCG@10    {:.3}\nComplete@10 {:.3}\n\n\
          search latency p50 {:.3} ms, p99 {:.3} ms (gRPC round trip, one query at a time)\n\
          cold start to all tools indexed: {:.2} s (toolmesh start, MCP connect, tools/list, publish, index, embed)\n\
@@ -890,6 +919,7 @@ pub(crate) fn render_search(report: &SearchReport) -> String {
          ... and its new vector in: median {:.1} ms, max {:.1} ms\n",
         report.queries,
         report.tools,
+        report.servers,
         report.ranking,
         report.recall[0],
         report.recall[1],

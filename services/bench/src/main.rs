@@ -93,6 +93,11 @@ struct Cli {
     /// labels still name the originals.
     #[arg(long, requires = "search", value_name = "TOOLS")]
     scale: Option<usize>,
+    /// With --search: serve the catalog from this many MCP servers instead of one (tool i on
+    /// server i mod N), as a large catalog comes from many sources; the changes of the
+    /// re-index rounds are on the first server.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    servers: usize,
     /// Measure a knowledge collection on the corpus in this directory (corpus.jsonl,
     /// queries-dev.jsonl, as BEIR SciFact in shared/bench/knowledge): ingestion through
     /// KnowledgeService, every query through the collection's tool, document-level
@@ -145,11 +150,16 @@ async fn run(args: Cli) -> anyhow::Result<ExitCode> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         println!("mcp echo listening on {}", listener.local_addr()?);
         std::io::stdout().flush()?;
-        let server = match &args.tools {
-            Some(path) => mcp_echo::EchoServer::from_file(path)?,
-            None => mcp_echo::EchoServer::default(),
-        };
-        mcp_echo::serve_echo(listener, server).await?;
+        match (&args.tools, args.servers) {
+            (Some(path), servers) if servers > 1 => {
+                let servers = mcp_echo::EchoServer::from_file_shared(path, servers)?;
+                mcp_echo::serve_echoes(listener, servers).await?;
+            }
+            (Some(path), _) => {
+                mcp_echo::serve_echo(listener, mcp_echo::EchoServer::from_file(path)?).await?;
+            }
+            (None, _) => mcp_echo::serve_echo(listener, mcp_echo::EchoServer::default()).await?,
+        }
         return Ok(ExitCode::SUCCESS);
     }
     if let Some(dir) = &args.embed {
@@ -185,9 +195,17 @@ async fn run(args: Cli) -> anyhow::Result<ExitCode> {
         let report = knowledge::run(dir, &programs, args.chunk_tokens, args.chunk_overlap).await?;
         (knowledge::render(&report), serde_json::to_value(&report)?)
     } else if let Some(dir) = &args.search {
-        let report =
-            load::run_search(dir, &programs, args.fresh, args.data_dir.as_deref(), args.scale)
-                .await?;
+        let report = load::run_search(
+            dir,
+            &programs,
+            load::SearchSetup {
+                fresh: args.fresh,
+                data_dir: args.data_dir.as_deref(),
+                scale: args.scale,
+                servers: args.servers,
+            },
+        )
+        .await?;
         (load::render_search(&report), serde_json::to_value(&report)?)
     } else if args.remote {
         let report =

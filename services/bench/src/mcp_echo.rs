@@ -73,6 +73,27 @@ impl EchoServer {
         EchoServer { tools: Arc::new(std::sync::RwLock::new(tools)) }
     }
 
+    /// Returns `count` servers sharing out the tools of a JSON Lines file of
+    /// `{"name", "description", "input_schema"}` objects: tool `i` on server `i % count`,
+    /// [`TOUCH_TOOL`] on the first (it changes the first server's tools).
+    pub(crate) fn from_file_shared(
+        path: &std::path::Path,
+        count: usize,
+    ) -> std::io::Result<Vec<Self>> {
+        let EchoServer { tools } = Self::from_file(path)?;
+        let mut tools = std::mem::take(&mut *tools.write().unwrap_or_else(|e| e.into_inner()));
+        let touch = tools.pop();
+        let mut shares: Vec<Vec<Tool>> = vec![Vec::new(); count.max(1)];
+        for (i, tool) in tools.into_iter().enumerate() {
+            shares[i % count.max(1)].push(tool);
+        }
+        shares[0].extend(touch);
+        Ok(shares
+            .into_iter()
+            .map(|tools| EchoServer { tools: Arc::new(std::sync::RwLock::new(tools)) })
+            .collect())
+    }
+
     /// Returns a server offering the tools of a JSON Lines file of
     /// `{"name", "description", "input_schema"}` objects.
     pub(crate) fn from_file(path: &std::path::Path) -> std::io::Result<Self> {
@@ -159,13 +180,28 @@ impl ServerHandler for EchoServer {
 
 /// Serves `server` over streamable HTTP at `/mcp` on `listener`.
 pub(crate) async fn serve_echo(listener: TcpListener, server: EchoServer) -> std::io::Result<()> {
-    let service = StreamableHttpService::new(
+    let router = axum::Router::new().nest_service("/mcp", service(server));
+    axum::serve(listener, router).await
+}
+
+/// Serves each of `servers` over streamable HTTP at `/mcp/<its index>` on `listener`.
+pub(crate) async fn serve_echoes(
+    listener: TcpListener,
+    servers: Vec<EchoServer>,
+) -> std::io::Result<()> {
+    let router =
+        servers.into_iter().enumerate().fold(axum::Router::new(), |router, (i, server)| {
+            router.nest_service(&format!("/mcp/{i}"), service(server))
+        });
+    axum::serve(listener, router).await
+}
+
+fn service(server: EchoServer) -> StreamableHttpService<EchoServer, LocalSessionManager> {
+    StreamableHttpService::new(
         move || Ok(server.clone()),
         Arc::new(LocalSessionManager::default()),
         StreamableHttpServerConfig::default(),
-    );
-    let router = axum::Router::new().nest_service("/mcp", service);
-    axum::serve(listener, router).await
+    )
 }
 
 /// What [`direct_load`] measured.

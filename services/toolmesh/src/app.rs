@@ -134,7 +134,9 @@ impl App {
         let embedded = LocalTools { tools: options.tools, toolkits: options.toolkits };
         let local =
             Arc::new(LocalProvider::new(&config.workers, registry.clone(), embedded).await?);
-        let mcp = McpManager::start(registry.clone())
+        // MCP servers' last listings live beside the vector store, in the data directory.
+        let remember_in = config.server.data_dir.as_ref().map(|dir| dir.join("mcp"));
+        let mcp = McpManager::start(registry.clone(), remember_in)
             .await
             .map_err(|e| anyhow::anyhow!("cannot start the mcp supervisor: {e}"))?;
         let vector = Arc::new(VectorProvider::new(open_stores(config).await?));
