@@ -27,6 +27,8 @@ use toolmesh_e2e::{
 };
 use toolmesh_proto::v1::{CallToolRequest, ListToolsRequest};
 
+#[path = "auth_binary.rs"]
+mod auth_binary;
 #[path = "deploy.rs"]
 mod deploy;
 #[path = "remote.rs"]
@@ -59,7 +61,7 @@ fn stderr(output: &Output) -> String {
 }
 
 async fn tool_names(addr: &str) -> Vec<String> {
-    let mut client = toolmesh::client::connect(addr).await.unwrap();
+    let mut client = toolmesh::client::connect(addr, None).await.unwrap();
     let (tools, _) = toolmesh::client::list_all(&mut client).await.unwrap();
     tools.into_iter().map(|t| t.name).collect()
 }
@@ -159,7 +161,7 @@ async fn sigterm_lets_calls_in_flight_finish() {
     let call = tokio::spawn({
         let addr = addr.clone();
         async move {
-            let mut client = toolmesh::client::connect(&addr).await.unwrap();
+            let mut client = toolmesh::client::connect(&addr, None).await.unwrap();
             client.call_tool(CallToolRequest { name: "slow".into(), ..Default::default() }).await
         }
     });
@@ -175,7 +177,10 @@ async fn sigterm_lets_calls_in_flight_finish() {
         tokio::time::timeout(Duration::from_secs(10), server.child.wait()).await.unwrap().unwrap();
     assert!(status.success(), "exit status {status:?}; logs:\n{}", server.logs());
     assert!(server.logs().contains("SIGTERM received"));
-    assert!(toolmesh::client::connect(&addr).await.is_err(), "no longer accepting connections");
+    assert!(
+        toolmesh::client::connect(&addr, None).await.is_err(),
+        "no longer accepting connections"
+    );
 }
 
 #[tokio::test]
@@ -339,7 +344,7 @@ async fn traces_reach_an_otlp_receiver_as_one_tree_under_the_callers_span() {
 
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
     let parent_id = "00f067aa0ba902b7";
-    let mut client = toolmesh::client::connect(&server.addr.to_string()).await.unwrap();
+    let mut client = toolmesh::client::connect(&server.addr.to_string(), None).await.unwrap();
     let mut request = tonic::Request::new(CallToolRequest {
         name: "echo".into(),
         arguments_json: "{}".into(),
@@ -433,7 +438,7 @@ async fn call_tool_spans_link_to_the_search_that_returned_the_tool() {
     )
     .await
     .unwrap();
-    let mut client = toolmesh::client::connect(&server.addr.to_string()).await.unwrap();
+    let mut client = toolmesh::client::connect(&server.addr.to_string(), None).await.unwrap();
     let request = |name: &str, arguments: serde_json::Value| CallToolRequest {
         name: name.into(),
         arguments_json: arguments.to_string(),
@@ -653,6 +658,22 @@ async fn bench_measures_toolmesh_and_the_bare_echo_baseline() {
 }
 
 #[tokio::test]
+async fn bench_policy_measures_calls_with_and_without_a_policy() {
+    // This checks that the policy benchmark runs its fifty rules and reports; no speed.
+    let args = ["--policy", "--concurrency", "4", "--duration", "0.4", "--warmup", "0.1"];
+    let output = bench(&[&args[..], &["--rounds", "2", "--json"]].concat()).await;
+    assert!(output.status.success(), "{}", stderr(&output));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    assert_eq!(report["rules"], 50, "{report}");
+    for sample in ["open", "governed", "open_half", "governed_half"] {
+        assert_eq!(report[sample]["errors"], 0, "{sample}: {report}");
+        assert!(report[sample]["throughput"].as_f64().unwrap() > 0.0, "{sample}: {report}");
+    }
+    assert!(report["throughput_ratio"].as_f64().unwrap() > 0.0, "{report}");
+    assert!(report["p99_added_ms"].is_number(), "{report}");
+}
+
+#[tokio::test]
 async fn mcp_calls_carry_the_trace_into_the_server() {
     let (receiver, otlp) = Receiver::start().await;
     let mut server = BinaryServer::with_config(
@@ -673,7 +694,7 @@ async fn mcp_calls_carry_the_trace_into_the_server() {
     .expect("the MCP server's tools are published");
 
     let trace_id = "0af7651916cd43dd8448eb211c80319c";
-    let mut client = toolmesh::client::connect(&addr).await.unwrap();
+    let mut client = toolmesh::client::connect(&addr, None).await.unwrap();
     let mut request =
         tonic::Request::new(CallToolRequest { name: "py_trace".into(), ..Default::default() });
     request
@@ -753,7 +774,7 @@ async fn streamable_http_mcp_calls_carry_the_trace_in_http_headers_too() {
     .expect("the server's tools are published");
 
     let trace_id = "5bf92f3577b34da6a3ce929d0e0e4736";
-    let mut client = toolmesh::client::connect(&addr).await.unwrap();
+    let mut client = toolmesh::client::connect(&addr, None).await.unwrap();
     for tool in ["web_http_trace", "web_trace"] {
         let mut request =
             tonic::Request::new(CallToolRequest { name: tool.into(), ..Default::default() });
@@ -916,7 +937,7 @@ async fn an_unprefixed_mcp_tool_that_collides_is_an_error_naming_both_sources() 
         "names both sources: {logged}"
     );
     // The built-in echo keeps its name; nothing was silently replaced.
-    let mut client = toolmesh::client::connect(&server.addr.to_string()).await.unwrap();
+    let mut client = toolmesh::client::connect(&server.addr.to_string(), None).await.unwrap();
     let (tools, _) = toolmesh::client::list_all(&mut client).await.unwrap();
     let echo = tools.iter().find(|t| t.name == "echo").unwrap();
     assert_eq!(echo.source.as_ref().unwrap().name, "builtin");
@@ -1052,7 +1073,7 @@ async fn idle_connections_cannot_lock_out_callers() {
 
     let before = cpu_time(server.pid());
     let started = std::time::Instant::now();
-    let mut client = toolmesh::client::connect(&server.addr.to_string()).await.unwrap();
+    let mut client = toolmesh::client::connect(&server.addr.to_string(), None).await.unwrap();
     let mut request = tonic::Request::new(CallToolRequest {
         name: "echo".into(),
         arguments_json: json!({"through": true}).to_string(),
@@ -1107,7 +1128,7 @@ async fn calls_to_a_down_mcp_server_are_counted_not_logged_as_errors() {
     .await
     .unwrap();
     let addr = server.addr.to_string();
-    let mut client = toolmesh::client::connect(&addr).await.unwrap();
+    let mut client = toolmesh::client::connect(&addr, None).await.unwrap();
     let add = || CallToolRequest {
         name: "web_add".into(),
         arguments_json: json!({"a": 1, "b": 2}).to_string(),
@@ -1256,7 +1277,7 @@ allow_private_network = true
         ("ALL_PROXY", proxy.url.as_str()),
     ];
     let server = BinaryServer::with_config(&config, &env).await.unwrap();
-    let client = toolmesh::client::connect(&server.addr.to_string()).await.unwrap();
+    let client = toolmesh::client::connect(&server.addr.to_string(), None).await.unwrap();
     let call = |name: &str| {
         let request = CallToolRequest { name: name.into(), ..Default::default() };
         let mut client = client.clone();
@@ -1316,7 +1337,7 @@ async fn toolmesh_ingest_loads_a_tree_names_each_bad_file_and_replaces_on_a_seco
     let search = |query: &'static str| {
         let addr = addr.clone();
         async move {
-            let mut client = toolmesh::client::connect(&addr).await.unwrap();
+            let mut client = toolmesh::client::connect(&addr, None).await.unwrap();
             let request = CallToolRequest {
                 name: "search_docs".into(),
                 arguments_json: json!({ "query": query }).to_string(),
@@ -1377,7 +1398,7 @@ async fn knowledge_ingest_and_query_are_spans_in_the_callers_trace() {
         request.metadata_mut().insert("traceparent", parent.parse().unwrap());
         request
     }
-    let channel = toolmesh::client::channel(&addr).await.unwrap();
+    let channel = toolmesh::client::channel(&addr, None).await.unwrap();
     let mut knowledge =
         toolmesh_proto::v1::knowledge_service_client::KnowledgeServiceClient::new(channel);
     let documents = ["Passwords are reset from the login page.", "Invoices are sent monthly."]
@@ -1393,7 +1414,7 @@ async fn knowledge_ingest_and_query_are_spans_in_the_callers_trace() {
     let ingested =
         knowledge.ingest(traced(futures::stream::iter([request]), trace_id)).await.unwrap();
     assert_eq!(ingested.into_inner().ingested, 2);
-    let mut client = toolmesh::client::connect(&addr).await.unwrap();
+    let mut client = toolmesh::client::connect(&addr, None).await.unwrap();
     let query = CallToolRequest {
         name: "search_docs".into(),
         arguments_json: json!({"query": "reset my password", "top_k": 3}).to_string(),

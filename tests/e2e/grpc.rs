@@ -11,7 +11,7 @@ use std::{
 
 use prost::Message as _;
 use serde_json::{Value, json};
-use tonic::{Code, transport::Channel};
+use tonic::Code;
 use tonic_types::StatusExt;
 use toolmesh::AppOptions;
 use toolmesh_e2e::{
@@ -24,6 +24,11 @@ use toolmesh_proto::v1::{
     tool_service_client::ToolServiceClient,
 };
 use toolmesh_workers::{LocalToolInstall, ToolLimits};
+
+#[path = "auth.rs"]
+mod auth;
+#[path = "policy.rs"]
+mod policy;
 
 fn limits(running: usize, queue: usize) -> ToolLimits {
     ToolLimits { max_concurrency: NonZeroUsize::new(running), max_queue: queue }
@@ -51,7 +56,7 @@ fn request(name: &str, arguments: Value) -> CallToolRequest {
 }
 
 async fn call(
-    client: &mut ToolServiceClient<Channel>,
+    client: &mut ToolServiceClient<toolmesh::client::Connection>,
     name: &str,
     arguments: Value,
 ) -> Result<CallToolResponse, tonic::Status> {
@@ -65,7 +70,7 @@ fn structured(response: &CallToolResponse) -> Value {
 /// Starts a `StreamCallTool` call whose client side stays open; returns the sender for
 /// further client messages and the server's stream.
 async fn open_stream(
-    client: &mut ToolServiceClient<Channel>,
+    client: &mut ToolServiceClient<toolmesh::client::Connection>,
     start: CallToolRequest,
 ) -> (
     tokio::sync::mpsc::Sender<CallToolClientMessage>,
@@ -1110,8 +1115,10 @@ fn knowledge_document(
 
 async fn knowledge_client(
     server: &TestServer,
-) -> toolmesh_proto::v1::knowledge_service_client::KnowledgeServiceClient<Channel> {
-    let channel = toolmesh::client::channel(&server.addr.to_string()).await.unwrap();
+) -> toolmesh_proto::v1::knowledge_service_client::KnowledgeServiceClient<
+    toolmesh::client::Connection,
+> {
+    let channel = toolmesh::client::channel(&server.addr.to_string(), None).await.unwrap();
     toolmesh_proto::v1::knowledge_service_client::KnowledgeServiceClient::new(channel)
 }
 

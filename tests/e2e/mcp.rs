@@ -806,7 +806,7 @@ async fn calls_beyond_a_servers_max_concurrency_are_resource_exhausted() {
             };
             let addr = server.addr.to_string();
             tokio::spawn(async move {
-                toolmesh::client::connect(&addr).await.unwrap().call_tool(request).await
+                toolmesh::client::connect(&addr, None).await.unwrap().call_tool(request).await
             })
         })
         .collect();

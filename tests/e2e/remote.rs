@@ -62,7 +62,7 @@ async fn call(
     n: u64,
     timeout: Duration,
 ) -> Result<toolmesh_proto::v1::CallToolResponse, tonic::Status> {
-    let mut client = toolmesh::client::connect(addr).await.unwrap();
+    let mut client = toolmesh::client::connect(addr, None).await.unwrap();
     let mut request = tonic::Request::new(CallToolRequest {
         name: tool.into(),
         arguments_json: format!("{{\"n\": {n}}}"),
@@ -301,7 +301,7 @@ async fn workers_of_one_tool_must_agree_and_a_tool_goes_with_its_last_worker() {
     // The refused worker keeps trying: once the first is gone, its definition is the one.
     drop(first);
     let description = || async {
-        let mut client = toolmesh::client::connect(&addr).await.unwrap();
+        let mut client = toolmesh::client::connect(&addr, None).await.unwrap();
         let (tools, _) = toolmesh::client::list_all(&mut client).await.unwrap();
         tools.into_iter().find(|t| t.name == "record").map(|t| t.description)
     };
@@ -399,7 +399,7 @@ async fn the_python_example_worker_serves_its_tools_through_the_router() {
         matches!(&line, Ok(Ok(Some(l))) if l.contains("connected")),
         "the Python worker did not connect (tests/setup installs grpcio-tools): {line:?}"
     );
-    let mut client = toolmesh::client::connect(&addr).await.unwrap();
+    let mut client = toolmesh::client::connect(&addr, None).await.unwrap();
     let response = client
         .call_tool(CallToolRequest {
             name: "word_count".into(),
@@ -495,7 +495,7 @@ async fn the_workers_execution_span_is_a_child_of_the_routers_dispatch_span() {
     worker.joined(1).await.unwrap();
     wait_for_tool(&addr, "record").await;
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
-    let mut client = toolmesh::client::connect(&addr).await.unwrap();
+    let mut client = toolmesh::client::connect(&addr, None).await.unwrap();
     let mut request = tonic::Request::new(CallToolRequest {
         name: "record".into(),
         arguments_json: r#"{"n": 7}"#.into(),
@@ -568,7 +568,7 @@ async fn two_routers_share_the_workers_and_accept_each_others_searches() {
 
     // searchTools on the first router; callTool with its token on the second.
     let meta = |addr: String, tool: &'static str, arguments: serde_json::Value| async move {
-        let mut client = toolmesh::client::connect(&addr).await.unwrap();
+        let mut client = toolmesh::client::connect(&addr, None).await.unwrap();
         client
             .call_tool(CallToolRequest {
                 name: tool.into(),

@@ -1,6 +1,7 @@
 """Calls a running toolmesh from Python with grpcio, the way an agent service would.
 
 Usage: python3 tests/python/client_test.py HOST:PORT
+(with `TOOLMESH_TOKEN` set, every call carries it as `authorization: Bearer`)
 
 Generates the stubs from proto/ into a temporary directory (grpcio-tools), then lists the
 tools, calls one, checks the error mapping, streams a call, and runs the searchTools /
@@ -8,7 +9,9 @@ callTool flow of an agent whose model sees only the meta-tools. Exits non-zero o
 failure.
 """
 
+import collections
 import json
+import os
 import pathlib
 import sys
 import tempfile
@@ -37,13 +40,51 @@ def generate_stubs(out: pathlib.Path) -> None:
         (package / "__init__.py").touch()
 
 
+class _Details(collections.namedtuple(
+        "_Details", ("method", "timeout", "metadata", "credentials", "wait_for_ready",
+                     "compression")), grpc.ClientCallDetails):
+    pass
+
+
+class Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+             grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds `authorization: Bearer TOKEN` to every call (a router with `[auth]`)."""
+
+    def __init__(self, token: str) -> None:
+        self.header = ("authorization", f"Bearer {token}")
+
+    def _details(self, details):
+        metadata = list(details.metadata or []) + [self.header]
+        return _Details(details.method, details.timeout, metadata, details.credentials,
+                        details.wait_for_ready, details.compression)
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation, details, requests):
+        return continuation(self._details(details), requests)
+
+    def intercept_stream_stream(self, continuation, details, requests):
+        return continuation(self._details(details), requests)
+
+
+def connect(addr: str) -> grpc.Channel:
+    """A channel to `addr`, with the token of `TOOLMESH_TOKEN` when it is set."""
+    channel = grpc.insecure_channel(addr)
+    token = os.environ.get("TOOLMESH_TOKEN")
+    return grpc.intercept_channel(channel, Bearer(token)) if token else channel
+
+
 def main(addr: str) -> None:
     out = pathlib.Path(tempfile.mkdtemp(prefix="toolmesh-py-"))
     generate_stubs(out)
     sys.path.insert(0, str(out))
     from toolmesh.v1 import tools_pb2, tools_pb2_grpc  # noqa: E402
 
-    with grpc.insecure_channel(addr) as channel:
+    with connect(addr) as channel:
         stub = tools_pb2_grpc.ToolServiceStub(channel)
 
         listing = stub.ListTools(tools_pb2.ListToolsRequest(), timeout=10)

@@ -1,7 +1,6 @@
 use std::{collections::HashMap, net::SocketAddr, time::Duration};
 
 use tokio::{sync::oneshot, task::JoinHandle};
-use tonic::transport::Channel;
 use toolmesh::{App, AppOptions};
 use toolmesh_config::Config;
 use toolmesh_proto::v1::tool_service_client::ToolServiceClient;
@@ -66,8 +65,10 @@ impl TestServer {
     }
 
     /// Returns a connected client.
-    pub async fn client(&self) -> ToolServiceClient<Channel> {
-        toolmesh::client::connect(&self.addr.to_string()).await.expect("connect to the test server")
+    pub async fn client(&self) -> ToolServiceClient<toolmesh::client::Connection> {
+        toolmesh::client::connect(&self.addr.to_string(), None)
+            .await
+            .expect("connect to the test server")
     }
 
     /// Returns the gRPC health of `service` (`""` for the whole server); `None` when the

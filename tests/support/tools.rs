@@ -188,3 +188,56 @@ impl LocalTool for FloodTool {
         Ok(ToolOutput::text("flooded"))
     }
 }
+
+/// `whoami`: answers with the principal the call runs as (`name`, `kind`, `roles`).
+pub struct WhoAmITool;
+
+#[async_trait::async_trait]
+impl LocalTool for WhoAmITool {
+    fn spec(&self) -> ToolSpec {
+        spec("whoami", json!({"type": "object"}))
+    }
+
+    async fn call(&self, ctx: &CallContext, _: Value) -> Result<ToolOutput, BackendError> {
+        let principal = &ctx.principal;
+        Ok(ToolOutput::json(json!({
+            "name": principal.name,
+            "kind": principal.kind.as_str(),
+            "roles": principal.roles,
+        })))
+    }
+}
+
+/// A tool of any name, schema, tags and annotations that answers with its arguments (as
+/// `{"args": …}`), for tests of which tools a caller may see and call.
+pub struct ArgsTool(pub ToolSpec);
+
+impl ArgsTool {
+    /// Returns the tool `name` with `description` and input `schema`.
+    pub fn new(name: &str, description: &str, schema: Value) -> Self {
+        ArgsTool(ToolSpec::new(name, description, schema, ToolSource::local("test")))
+    }
+
+    /// Adds `tags`.
+    pub fn tagged(mut self, tags: &[&str]) -> Self {
+        self.0.tags = tags.iter().map(|t| (*t).to_owned()).collect();
+        self
+    }
+
+    /// Annotates the tool read-only.
+    pub fn read_only(mut self) -> Self {
+        self.0.annotations.read_only = Some(true);
+        self
+    }
+}
+
+#[async_trait::async_trait]
+impl LocalTool for ArgsTool {
+    fn spec(&self) -> ToolSpec {
+        self.0.clone()
+    }
+
+    async fn call(&self, _: &CallContext, arguments: Value) -> Result<ToolOutput, BackendError> {
+        Ok(ToolOutput::json(json!({ "args": arguments })))
+    }
+}

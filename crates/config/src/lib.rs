@@ -12,7 +12,7 @@ pub use model::{
     BuiltinConfig, CommandToolConfig, Config, ConnectMode, DEFAULT_PROFILE, Fusion, HttpMethod,
     HttpToolConfig, MAX_TOP_K, McpConfig, McpServerConfig, McpTransport, PrefixMode, ProfileConfig,
     RoutingConfig, SearchConfig, Selector, ServerConfig, TelemetryConfig, ToolCommon, ToolsConfig,
-    WorkersConfig,
+    WorkersConfig, glob,
 };
 
 use std::{collections::HashMap, path::Path};

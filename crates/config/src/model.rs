@@ -142,12 +142,21 @@ pub enum Selector {
     Toolkit(String),
     /// Tools with a tag that matches.
     Tag(String),
+    /// Tools of a source of a kind that matches (`local`, `mcp`, `remote`, `knowledge`).
+    Kind(String),
+}
+
+impl<'de> serde::Deserialize<'de> for Selector {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Selector::parse(&text).map_err(serde::de::Error::custom)
+    }
 }
 
 impl Selector {
-    /// Parses `NAME`, `source:NAME`, `toolkit:NAME` or `tag:NAME`; `Err` is the reason,
-    /// for the key error that names where the selector was written.
-    pub(crate) fn parse(text: &str) -> Result<Self, String> {
+    /// Parses `NAME`, `source:NAME`, `toolkit:NAME`, `tag:NAME` or `kind:KIND`; `Err` is
+    /// the reason, for the key error that names where the selector was written.
+    pub fn parse(text: &str) -> Result<Self, String> {
         let (kind, pattern) = match text.split_once(':') {
             Some((kind, pattern)) => (Some(kind), pattern),
             None => (None, text),
@@ -161,31 +170,28 @@ impl Selector {
             Some("source") => Ok(Selector::Source(pattern)),
             Some("toolkit") => Ok(Selector::Toolkit(pattern)),
             Some("tag") => Ok(Selector::Tag(pattern)),
+            Some("kind") => Ok(Selector::Kind(pattern)),
             Some(other) => Err(format!(
-                "`{text}`: unknown selector kind `{other}` (use a tool name, source:, toolkit: or tag:)"
+                "`{text}`: unknown selector kind `{other}` (use a tool name, source:, toolkit:, \
+                 tag: or kind:)"
             )),
         }
     }
 
-    /// Returns whether the tool described by these fields is selected.
-    pub fn matches(
-        &self,
-        name: &str,
-        source: &str,
-        toolkit: Option<&str>,
-        tags: &[String],
-    ) -> bool {
+    /// Returns whether `spec` is selected.
+    pub fn selects(&self, spec: &toolmesh_core::ToolSpec) -> bool {
         match self {
-            Selector::Name(pattern) => glob(pattern, name),
-            Selector::Source(pattern) => glob(pattern, source),
-            Selector::Toolkit(pattern) => toolkit.is_some_and(|t| glob(pattern, t)),
-            Selector::Tag(pattern) => tags.iter().any(|t| glob(pattern, t)),
+            Selector::Name(pattern) => glob(pattern, &spec.name),
+            Selector::Source(pattern) => glob(pattern, &spec.source.name),
+            Selector::Toolkit(pattern) => spec.toolkit.as_deref().is_some_and(|t| glob(pattern, t)),
+            Selector::Tag(pattern) => spec.tags.iter().any(|t| glob(pattern, t)),
+            Selector::Kind(pattern) => glob(pattern, spec.source.kind.as_str()),
         }
     }
 }
 
 /// Matches `text` against `pattern`, where `*` stands for any run of characters.
-fn glob(pattern: &str, text: &str) -> bool {
+pub fn glob(pattern: &str, text: &str) -> bool {
     let mut parts = pattern.split('*');
     let first = parts.next().unwrap_or_default();
     let Some(mut rest) = text.strip_prefix(first) else { return false };

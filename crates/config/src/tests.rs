@@ -188,12 +188,24 @@ enforce_search_before_call = false
     assert_eq!(ops.top_k, 3);
     assert!(!ops.enforce_search_before_call);
     assert_eq!(ops.expose[1], Selector::Source("github".into()));
-    let tags = ["readonly".to_owned()];
-    assert!(ops.expose[2].matches("x", "builtin", None, &tags));
-    assert!(ops.pool[0].matches("think", "builtin", Some("reasoning"), &[]));
-    assert!(!ops.pool[0].matches("echo", "builtin", None, &[]));
-    assert!(ops.pool[1].matches("github_search", "github", None, &[]));
-    assert!(!ops.pool[1].matches("github_search_x", "github", None, &[]));
+    let tool = |name: &str, source: &str, toolkit: Option<&str>, tags: &[&str]| {
+        let mut spec = toolmesh_core::ToolSpec::new(
+            name,
+            "",
+            serde_json::json!({}),
+            toolmesh_core::ToolSource::local(source),
+        );
+        spec.toolkit = toolkit.map(str::to_owned);
+        spec.tags = tags.iter().map(|t| (*t).to_owned()).collect();
+        spec
+    };
+    assert!(ops.expose[2].selects(&tool("x", "builtin", None, &["readonly"])));
+    assert!(ops.pool[0].selects(&tool("think", "builtin", Some("reasoning"), &[])));
+    assert!(!ops.pool[0].selects(&tool("echo", "builtin", None, &[])));
+    assert!(ops.pool[1].selects(&tool("github_search", "github", None, &[])));
+    assert!(!ops.pool[1].selects(&tool("github_search_x", "github", None, &[])));
+    assert!(Selector::parse("kind:local").unwrap().selects(&tool("x", "a", None, &[])));
+    assert!(!Selector::parse("kind:mcp").unwrap().selects(&tool("x", "a", None, &[])));
 
     let bad = "[[routing.profiles]]\nname = \"x\"\npool = [\"server:github\"]\n";
     let err = load_str(Some(("f.toml", bad)), &env(&[])).unwrap_err().to_string();
@@ -208,8 +220,7 @@ enforce_search_before_call = false
 
 #[test]
 fn globs_match_whole_names() {
-    let name =
-        |pattern: &str, text: &str| Selector::Name(pattern.into()).matches(text, "", None, &[]);
+    let name = crate::model::glob;
     assert!(name("*", "anything"));
     assert!(name("echo", "echo"));
     assert!(!name("echo", "echo2"));

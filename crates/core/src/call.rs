@@ -308,4 +308,6 @@ pub struct CallContext {
     pub events: EventSink,
     /// The attempt, 1 for the first; a call whose connection broke may be repeated.
     pub attempt: u32,
+    /// Who is calling.
+    pub principal: Arc<crate::Principal>,
 }

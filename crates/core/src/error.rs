@@ -9,6 +9,8 @@ pub enum ErrorCode {
     NotFound,
     /// The call is not allowed in the current state.
     FailedPrecondition,
+    /// The caller sees the tool but policy refuses this call (its arguments, its context).
+    PermissionDenied,
     /// The call ran out of time.
     DeadlineExceeded,
     /// Limits are reached; retrying later may succeed.
@@ -51,6 +53,16 @@ pub enum FailureDetail {
         /// A stable reason, for example `TOOL_CRASHED`.
         reason: &'static str,
         /// Context, for example the call id.
+        metadata: std::collections::BTreeMap<String, String>,
+    },
+    /// A quota is spent: when a retry may succeed (`google.rpc.RetryInfo`), and why
+    /// (`google.rpc.ErrorInfo`).
+    RetryAfter {
+        /// How long to wait before retrying.
+        delay: std::time::Duration,
+        /// A stable reason, for example `RATE_LIMITED`.
+        reason: &'static str,
+        /// Context, for example the limit's subject.
         metadata: std::collections::BTreeMap<String, String>,
     },
 }

@@ -11,6 +11,7 @@
 //!   seam the binary drives every backend through; [`HealthBoard`] holds their health.
 //! - [`VectorStore`]: collections of dense and lexical vectors, queried with the store's
 //!   fusion; the tool index and knowledge collections keep their vectors in one.
+//! - [`Principal`]: who a request runs as, for policy and upstream credentials.
 //! - [`ErrorCode`], [`BackendError`]: failure kinds, mapped to gRPC status codes once, in
 //!   the proto crate.
 
@@ -18,6 +19,7 @@ mod backend;
 mod call;
 mod content;
 mod error;
+mod principal;
 mod provider;
 mod tool;
 pub mod vector;
@@ -31,6 +33,7 @@ pub use content::{ContentPart, ToolOutput};
 pub use error::{
     BackendError, CallFailure, ECHO_CHARS, ErrorCode, FailureDetail, FieldViolation, clip,
 };
+pub use principal::{ANONYMOUS, Principal, PrincipalKind, Secret, is_open, open_principal};
 pub use provider::{Health, HealthBoard, Provider, ProviderError};
 pub use tool::{
     InvalidToolName, SourceKind, ToolAnnotations, ToolSource, ToolSpec, Toolkit, validate_tool_name,

@@ -11,13 +11,14 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 use toolmesh_config::{MAX_TOP_K, ProfileConfig, RoutingConfig};
 use toolmesh_core::{
-    Backend, BackendError, CallContext, CallFailure, ContentPart, ECHO_CHARS, ErrorCode,
-    FailureDetail, FieldViolation, ToolAnnotations, ToolOutput, ToolSource, ToolSpec, clip,
+    Backend, BackendError, CallContext, CallFailure, ContentPart, FailureDetail, FieldViolation,
+    ToolAnnotations, ToolOutput, ToolSource, ToolSpec,
 };
+use toolmesh_policy::Scope;
 use toolmesh_registry::{Catalog, RegistryError, RegistryHandle, SourceUpdate, ToolEntry};
 use toolmesh_router::{
     Admission, CALL_TOOL, CallRequest, Discovery, Found, Keep, META_SOURCE, Router, RouterError,
-    SEARCH_TOOLS, Searched, is_meta,
+    SEARCH_TOOLS, Searched, call_tool_not_found, is_meta,
 };
 use toolmesh_search::{SearchError, SearchHandle};
 use toolmesh_telemetry::{add_link, names, span_ids};
@@ -76,14 +77,15 @@ impl MetaTools {
         }
     }
 
-    /// Returns `searchTools`'s description for `profile` over `catalog`: how many tools are
-    /// behind it, from which sources and toolkits, and a few examples.
-    pub fn describe(profile: &ProfileConfig, catalog: &Catalog) -> String {
+    /// Returns `searchTools`'s description for `profile` over `catalog`, as `scope`'s
+    /// principal may see it: how many tools are behind it, from which sources and
+    /// toolkits, and a few examples.
+    pub fn describe(profile: &ProfileConfig, catalog: &Catalog, scope: &Scope) -> String {
         let pool: Vec<&ToolSpec> = catalog
             .tools
             .values()
             .map(|entry| &entry.spec)
-            .filter(|spec| Admission::in_pool(profile, spec))
+            .filter(|spec| Admission::in_pool(profile, spec) && scope.sees(spec))
             .collect();
         let mut sources: BTreeMap<String, Vec<&ToolSpec>> = BTreeMap::new();
         for spec in &pool {
@@ -107,9 +109,11 @@ impl MetaTools {
             .toolkits
             .values()
             .filter(|kit| {
-                kit.tools
-                    .iter()
-                    .any(|t| catalog.get(t).is_some_and(|e| Admission::in_pool(profile, &e.spec)))
+                kit.tools.iter().any(|t| {
+                    catalog.get(t).is_some_and(|e| {
+                        Admission::in_pool(profile, &e.spec) && scope.sees(&e.spec)
+                    })
+                })
             })
             .map(|kit| kit.name.as_str())
             .collect();
@@ -256,13 +260,19 @@ impl Discovery for MetaTools {
         })
     }
 
-    fn describe(&self, spec: &ToolSpec, profile: &str, catalog: &Catalog) -> Option<String> {
+    fn describe(
+        &self,
+        spec: &ToolSpec,
+        profile: &str,
+        catalog: &Catalog,
+        scope: &Scope,
+    ) -> Option<String> {
         if spec.name != SEARCH_TOOLS || !is_meta(spec) {
             return None;
         }
         let admission = self.inner.router.admission();
         let (_, profile) = admission.profile(profile).ok()?;
-        Some(Self::describe(profile, catalog))
+        Some(Self::describe(profile, catalog, scope))
     }
 }
 
@@ -305,11 +315,6 @@ struct MetaBackend {
     which: Which,
 }
 
-/// A refusal of the meta-tools, with the error type it has on the call's span.
-fn refuse(code: ErrorCode, kind: &'static str, message: impl Into<String>) -> BackendError {
-    BackendError::Failure(Box::new(CallFailure::new(code, kind, message)))
-}
-
 #[async_trait::async_trait]
 impl Backend for MetaBackend {
     async fn call(&self, ctx: CallContext, arguments: Value) -> Result<ToolOutput, BackendError> {
@@ -345,7 +350,10 @@ impl MetaTools {
             { names::TOOLMESH_PROFILE } = profile_name,
             { names::TOOLMESH_SEARCH_RESULTS } = Empty,
         );
-        let hits = Discovery::find(self, query, top_k, profile_name, Box::new(|_| true))
+        // The caller's policy filters before the ranking is cut to top_k.
+        let scope = self.inner.router.admission().scope(ctx.principal.clone());
+        let keep = Box::new(move |spec: &ToolSpec| scope.sees(spec));
+        let hits = Discovery::find(self, query, top_k, profile_name, keep)
             .instrument(span.clone())
             .await
             .map_err(|error| BackendError::Failure(Box::new(error.failure())))?
@@ -383,17 +391,16 @@ impl MetaTools {
         arguments: Value,
     ) -> Result<ToolOutput, BackendError> {
         let name = arguments["name"].as_str().unwrap_or_default().to_owned();
-        // Resolved once: the router dispatches this entry.
-        let entry = self.inner.router.registry().resolve(&name).ok_or_else(|| {
-            refuse(
-                ErrorCode::NotFound,
-                "tool_not_found",
-                format!(
-                    "tool {} not found; call searchTools to find tools",
-                    clip(&name, ECHO_CHARS)
-                ),
-            )
-        })?;
+        // Resolved once: the router dispatches this entry. A tool the caller may not see is
+        // not there for it.
+        let scope = self.inner.router.admission().scope(ctx.principal.clone());
+        let entry = self
+            .inner
+            .router
+            .registry()
+            .resolve(&name)
+            .filter(|entry| is_meta(&entry.spec) || scope.sees(&entry.spec))
+            .ok_or_else(|| BackendError::Failure(Box::new(call_tool_not_found(&name))))?;
         let session = ctx.session_id.as_deref().unwrap_or_default();
         let grant = arguments["searchToken"]
             .as_str()
@@ -443,6 +450,7 @@ impl MetaTools {
             session_id: session.to_owned(),
             profile: profile_name.to_owned(),
             client_timeout: Some(ctx.deadline.saturating_duration_since(Instant::now())),
+            principal: ctx.principal.clone(),
         };
         let cancel = ctx.cancel.child_token();
         let call =

@@ -205,6 +205,7 @@ pub fn error_code(code: u32) -> ErrorCode {
         tonic::Code::InvalidArgument | tonic::Code::OutOfRange => ErrorCode::InvalidArgument,
         tonic::Code::NotFound => ErrorCode::NotFound,
         tonic::Code::FailedPrecondition | tonic::Code::Aborted => ErrorCode::FailedPrecondition,
+        tonic::Code::PermissionDenied => ErrorCode::PermissionDenied,
         tonic::Code::DeadlineExceeded => ErrorCode::DeadlineExceeded,
         tonic::Code::ResourceExhausted => ErrorCode::ResourceExhausted,
         tonic::Code::Cancelled => ErrorCode::Cancelled,

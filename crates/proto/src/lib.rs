@@ -55,6 +55,13 @@ pub fn status(failure: &CallFailure) -> tonic::Status {
                 ErrorDetails::with_error_info(*reason, "toolmesh", metadata),
             )
         }
+        FailureDetail::RetryAfter { delay, reason, metadata } => {
+            let metadata: std::collections::HashMap<String, String> =
+                metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            let mut details = ErrorDetails::with_retry_info(Some(*delay));
+            details.set_error_info(*reason, "toolmesh", metadata);
+            tonic::Status::with_error_details(code, message, details)
+        }
     }
 }
 
@@ -64,6 +71,7 @@ pub fn status_code(code: ErrorCode) -> tonic::Code {
         ErrorCode::InvalidArgument => tonic::Code::InvalidArgument,
         ErrorCode::NotFound => tonic::Code::NotFound,
         ErrorCode::FailedPrecondition => tonic::Code::FailedPrecondition,
+        ErrorCode::PermissionDenied => tonic::Code::PermissionDenied,
         ErrorCode::DeadlineExceeded => tonic::Code::DeadlineExceeded,
         ErrorCode::ResourceExhausted => tonic::Code::ResourceExhausted,
         ErrorCode::Cancelled => tonic::Code::Cancelled,

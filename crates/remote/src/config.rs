@@ -34,6 +34,9 @@ pub struct RemoteConfig {
     pub start_to_close_ms: u64,
     /// Per-tool timeouts, by tool name.
     pub tools: BTreeMap<String, ToolTimeouts>,
+    /// The role a worker's credential must carry when the server requires credentials
+    /// (`[auth]`): serving tools to every caller is a trust no other role grants.
+    pub worker_role: String,
 }
 
 impl Default for RemoteConfig {
@@ -44,6 +47,7 @@ impl Default for RemoteConfig {
             schedule_to_start_ms: 10_000,
             start_to_close_ms: 0,
             tools: BTreeMap::new(),
+            worker_role: "worker".into(),
         }
     }
 }

@@ -7,7 +7,7 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
-use toolmesh_core::{BackendError, CallEvent};
+use toolmesh_core::{BackendError, CallEvent, Principal};
 use toolmesh_proto::{
     convert,
     v1::{
@@ -62,6 +62,15 @@ impl WorkerService for WorkerServiceImpl {
             return Err(Status::unavailable("the router is shutting down"));
         }
         let config = self.members.config();
+        if let Some(principal) = request.extensions().get::<Arc<Principal>>()
+            && !toolmesh_core::is_open(principal)
+            && !principal.has_role(&config.worker_role)
+        {
+            return Err(Status::permission_denied(format!(
+                "principal {:?} may not serve tools: a worker's credential needs the role {:?}",
+                principal.name, config.worker_role
+            )));
+        }
         let mut inbound = request.into_inner();
         let first = tokio::time::timeout(config.heartbeat_timeout(), inbound.message()).await;
         let hello = match first {

@@ -1,13 +1,18 @@
 //! The admission step of the call path: may this call, through this door, reach this tool?
 //!
-//! Today's rules are the routing profiles': a call that names a profile reaches only the
-//! tools that profile shows its model (the meta-tools and the exposed tools); `callTool`
-//! reaches the profile's pool besides. Identity and policy plug in here.
+//! Two sets of rules decide. The routing profiles': a call that names a profile reaches
+//! only the tools that profile shows its model (the meta-tools and the exposed tools);
+//! `callTool` reaches the profile's pool besides. And the tool policy's (`[policy]`): a
+//! principal never sees a tool it may not see, and a call it may not make is refused —
+//! as an unknown tool when the tool is hidden from it, with `PERMISSION_DENIED` citing the
+//! rule when only these arguments are refused. The policy also binds principals to
+//! routing profiles.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::Arc};
 
 use toolmesh_config::{DEFAULT_PROFILE, ProfileConfig, RoutingConfig, Selector};
-use toolmesh_core::{CallFailure, ECHO_CHARS, ErrorCode, ToolSpec, clip};
+use toolmesh_core::{CallFailure, ECHO_CHARS, ErrorCode, FailureDetail, Principal, ToolSpec, clip};
+use toolmesh_policy::{Policy, Scope};
 
 use crate::RouterError;
 
@@ -49,18 +54,59 @@ pub enum Searched {
     NotReturned,
 }
 
-/// The routing profiles and the rules over them. Cheap to share.
+/// The routing profiles, the tool policy, and the rules over them. Cheap to share.
 #[derive(Debug, Clone)]
 pub struct Admission {
     profiles: BTreeMap<String, ProfileConfig>,
+    policy: Arc<Policy>,
 }
 
 impl Admission {
-    /// Returns the admission of `routing`'s profiles (always with a `default` one).
-    pub fn new(routing: &RoutingConfig) -> Self {
+    /// Returns the admission of `routing`'s profiles (always with a `default` one) under
+    /// `policy`.
+    pub fn new(routing: &RoutingConfig, policy: Arc<Policy>) -> Self {
         let mut profiles = routing.profiles.clone();
         profiles.entry(DEFAULT_PROFILE.to_owned()).or_default();
-        Admission { profiles }
+        Admission { profiles, policy }
+    }
+
+    /// Returns the admission of `routing`'s profiles without a tool policy.
+    pub fn open(routing: &RoutingConfig) -> Self {
+        Self::new(routing, Arc::new(Policy::open()))
+    }
+
+    /// Returns the tool policy.
+    pub fn policy(&self) -> &Arc<Policy> {
+        &self.policy
+    }
+
+    /// Returns the policy as it applies to `principal`.
+    pub fn scope(&self, principal: Arc<Principal>) -> Scope {
+        self.policy.scope(principal)
+    }
+
+    /// Returns the routing profile a request of `principal` that names `requested` runs
+    /// in: the profile the policy binds the principal to (a request may name it or none,
+    /// `PERMISSION_DENIED` for another), else the one requested.
+    pub fn profile_of(
+        &self,
+        principal: &Principal,
+        requested: &str,
+    ) -> Result<String, RouterError> {
+        match self.policy.bound_profile(principal) {
+            None => Ok(requested.to_owned()),
+            Some(bound) if requested.is_empty() || requested == bound => Ok(bound.to_owned()),
+            Some(bound) => Err(refusal(
+                ErrorCode::PermissionDenied,
+                "profile_bound",
+                format!(
+                    "principal {} uses routing profile {bound}; a request may not name another \
+                     (it named {})",
+                    principal.name,
+                    clip(requested, ECHO_CHARS)
+                ),
+            )),
+        }
     }
 
     /// Returns the profile named `name` (`default` when empty), with its name.
@@ -178,12 +224,34 @@ impl Admission {
     }
 }
 
+/// The refusal of a call of `tool` that a policy rule does not allow.
+pub fn policy_refusal(tool: &str, rule: &str, reason: &str) -> RouterError {
+    let metadata = [("tool", tool), ("rule", rule)]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    RouterError::Refused(Box::new(CallFailure {
+        code: ErrorCode::PermissionDenied,
+        kind: "policy_denied",
+        message: format!("policy rule {rule} does not allow this call of {tool}: {reason}"),
+        detail: FailureDetail::Info { reason: "POLICY_DENIED", metadata },
+    }))
+}
+
+/// The refusal `callTool` gives for a tool it cannot find, or one the caller may not see:
+/// the same words for both.
+pub fn call_tool_not_found(name: &str) -> CallFailure {
+    CallFailure::new(
+        ErrorCode::NotFound,
+        "tool_not_found",
+        format!("tool {} not found; call searchTools to find tools", clip(name, ECHO_CHARS)),
+    )
+}
+
 fn refusal(code: ErrorCode, kind: &'static str, message: String) -> RouterError {
     RouterError::Refused(Box::new(CallFailure::new(code, kind, message)))
 }
 
 fn selects(selectors: &[Selector], spec: &ToolSpec) -> bool {
-    selectors.iter().any(|selector| {
-        selector.matches(&spec.name, &spec.source.name, spec.toolkit.as_deref(), &spec.tags)
-    })
+    selectors.iter().any(|selector| selector.selects(spec))
 }

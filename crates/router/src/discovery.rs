@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use toolmesh_core::ToolSpec;
+use toolmesh_policy::Scope;
 use toolmesh_registry::{Catalog, ToolEntry};
 
 use crate::RouterError;
@@ -41,6 +42,13 @@ pub trait Discovery: Send + Sync + 'static {
     ) -> Result<Found, RouterError>;
 
     /// Returns the description of `spec` as a model of routing profile `profile` reads it,
-    /// when it is computed from `catalog` (that of `searchTools`); `None`: its own.
-    fn describe(&self, spec: &ToolSpec, profile: &str, catalog: &Catalog) -> Option<String>;
+    /// when it is computed from `catalog` (that of `searchTools`), counting only the tools
+    /// `scope`'s principal may see; `None`: its own.
+    fn describe(
+        &self,
+        spec: &ToolSpec,
+        profile: &str,
+        catalog: &Catalog,
+        scope: &Scope,
+    ) -> Option<String>;
 }

@@ -26,7 +26,10 @@ mod metrics;
 mod router;
 mod service;
 
-pub use admission::{Admission, CALL_TOOL, Door, META_SOURCE, SEARCH_TOOLS, Searched, is_meta};
+pub use admission::{
+    Admission, CALL_TOOL, Door, META_SOURCE, SEARCH_TOOLS, Searched, call_tool_not_found, is_meta,
+    policy_refusal,
+};
 pub use deadline::parse_grpc_timeout;
 pub use discovery::{Discovery, Found, Keep};
 pub use error::RouterError;

@@ -58,3 +58,24 @@ pub(crate) fn call_retried(source: &ToolSource, tool: &str) {
         ],
     );
 }
+
+fn decisions() -> &'static Counter<u64> {
+    static DECISIONS: OnceLock<Counter<u64>> = OnceLock::new();
+    DECISIONS.get_or_init(|| {
+        opentelemetry::global::meter("toolmesh")
+            .u64_counter(names::METRIC_POLICY_DECISIONS)
+            .with_description("tool policy decisions, by decision and stage")
+            .build()
+    })
+}
+
+/// Records `count` decisions of the tool policy.
+pub(crate) fn policy_decided(decision: &'static str, stage: &'static str, count: u64) {
+    decisions().add(
+        count,
+        &[
+            KeyValue::new(names::TOOLMESH_POLICY_DECISION, decision),
+            KeyValue::new(names::TOOLMESH_POLICY_STAGE, stage),
+        ],
+    );
+}

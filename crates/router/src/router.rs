@@ -12,13 +12,17 @@ use serde_json::Value;
 use tokio::{sync::Notify, time::Instant};
 use tokio_util::sync::CancellationToken;
 use toolmesh_core::{
-    BackendError, CallContext, ContentPart, EventSink, RetryPolicy, ToolOutput, ToolSource,
+    BackendError, CallContext, CallFailure, ContentPart, ErrorCode, EventSink, FailureDetail,
+    FieldViolation, Principal, RetryPolicy, ToolOutput, ToolSource,
 };
+use toolmesh_policy::{AGENT_ATTRIBUTE, AuditEvent, Decision, LimitError, ResultLimit};
 use toolmesh_registry::{RegistryHandle, ToolEntry};
-use toolmesh_telemetry::names;
+use toolmesh_telemetry::{names, span_ids};
 use tracing::{Instrument, Span, field::Empty, info_span, warn};
 
-use crate::{Admission, Door, RouterError, Searched};
+use crate::{
+    Admission, CALL_TOOL, Door, RouterError, Searched, call_tool_not_found, is_meta, policy_refusal,
+};
 
 /// Timeouts the router applies.
 #[derive(Debug, Clone, Copy)]
@@ -42,7 +46,7 @@ impl Default for RouterOptions {
 }
 
 /// One call as the router receives it.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct CallRequest {
     /// Tool name.
     pub name: String,
@@ -56,6 +60,22 @@ pub struct CallRequest {
     pub profile: String,
     /// The client's own deadline (from `grpc-timeout`), if any.
     pub client_timeout: Option<Duration>,
+    /// Who is calling.
+    pub principal: Arc<Principal>,
+}
+
+impl Default for CallRequest {
+    fn default() -> Self {
+        CallRequest {
+            name: String::new(),
+            arguments_json: String::new(),
+            call_id: String::new(),
+            session_id: String::new(),
+            profile: String::new(),
+            client_timeout: None,
+            principal: toolmesh_core::open_principal(),
+        }
+    }
 }
 
 /// Runs calls: resolve, admit, validate, dispatch with deadline and cancellation, shape
@@ -189,18 +209,25 @@ impl Router {
             { names::GEN_AI_TOOL_CALL_ID } = %call_id,
             { names::GEN_AI_TOOL_TYPE } = "function",
             { names::TOOLMESH_SESSION_ID } = %request.session_id,
+            { names::ENDUSER_ID } = %request.principal.name,
             { names::TOOLMESH_SOURCE_KIND } = Empty,
             { names::TOOLMESH_SOURCE_NAME } = Empty,
             { names::TOOLMESH_CALL_RETRIES } = Empty,
+            { names::TOOLMESH_POLICY_DECISION } = Empty,
+            { names::TOOLMESH_POLICY_RULE } = Empty,
             { names::ERROR_TYPE } = Empty,
         );
         let started = std::time::Instant::now();
         let _running = Running::enter(&self.in_flight);
-        let mut source = None;
+        let admission = self.admission.load_full();
+        let principal = request.principal.clone();
+        let tool = request.name.clone();
+        let mut seen = Seen::default();
         let result = self
-            .run(entry, door, request, call_id.clone(), events, cancel, &mut source)
+            .run(&admission, entry, door, request, call_id.clone(), events, cancel, &mut seen)
             .instrument(span.clone())
             .await;
+        let source = seen.source;
         let error_type = match &result {
             Err(error) => {
                 span.record("otel.status_code", "ERROR");
@@ -213,20 +240,46 @@ impl Router {
             span.record(names::ERROR_TYPE, kind);
         }
         crate::metrics::call_ended(started.elapsed(), source.as_ref(), error_type);
+        let policy = admission.policy();
+        if let Some(decision) = &seen.decision {
+            span.record(names::TOOLMESH_POLICY_DECISION, decision.as_str());
+            span.record(names::TOOLMESH_POLICY_RULE, decision.rule());
+            crate::metrics::policy_decided(decision.as_str(), "call", 1);
+        }
+        if policy.audit().is_on() {
+            let trace_id = trace_id(&span);
+            policy.audit().record(&AuditEvent {
+                event: "call",
+                principal: &principal.name,
+                agent: principal.attributes.get(AGENT_ATTRIBUTE).map(String::as_str),
+                tool: &tool,
+                call_id: &call_id,
+                decision: seen.decision.as_ref().map_or("none", Decision::as_str),
+                rule: seen.decision.as_ref().map_or("", Decision::rule),
+                hidden: None,
+                outcome: error_type.unwrap_or("ok"),
+                duration_ms: started.elapsed().as_secs_f64() * 1e3,
+                trace_id: &trace_id,
+                policy: policy.version(),
+            });
+        }
         result.map(|output| (call_id, output))
     }
 
     #[allow(clippy::too_many_arguments)] // One call's parts, passed on once.
     async fn run(
         &self,
+        admission: &Admission,
         entry: Option<Arc<ToolEntry>>,
         door: Door,
-        request: CallRequest,
+        mut request: CallRequest,
         call_id: String,
         events: EventSink,
         cancel: CancellationToken,
-        source: &mut Option<ToolSource>,
+        seen: &mut Seen,
     ) -> Result<ToolOutput, RouterError> {
+        request.profile = admission.profile_of(&request.principal, &request.profile)?;
+        let scope = admission.scope(request.principal.clone());
         // Resolved once per call: here, or by callTool, which hands the entry over.
         let entry = info_span!(names::SPAN_RESOLVE).in_scope(|| {
             let entry = match entry {
@@ -236,14 +289,31 @@ impl Router {
                     .resolve(&request.name)
                     .ok_or_else(|| RouterError::NotFound(request.name.clone()))?,
             };
-            self.admission.load().admit(&request.profile, door, &entry.spec)?;
+            // A tool the caller may not see is answered as one that does not exist.
+            if !is_meta(&entry.spec)
+                && let Some(rule) = scope.hidden_by(&entry.spec)
+            {
+                seen.decision = Some(Decision::Hidden { rule });
+                return Err(match door {
+                    Door::Direct => RouterError::NotFound(request.name.clone()),
+                    Door::CallTool(_) => {
+                        RouterError::Refused(Box::new(call_tool_not_found(&request.name)))
+                    }
+                });
+            }
+            admission.admit(&request.profile, door, &entry.spec)?;
             Ok::<_, RouterError>(entry)
         })?;
-        *source = Some(entry.spec.source.clone());
+        seen.source = Some(entry.spec.source.clone());
         let span = Span::current();
         span.record(names::TOOLMESH_SOURCE_KIND, entry.spec.source.kind.as_str());
         span.record(names::TOOLMESH_SOURCE_NAME, entry.spec.source.name.as_str());
 
+        if let Some(max) = scope.max_argument_bytes()
+            && request.arguments_json.len() > max
+        {
+            return Err(arguments_too_large(&request.name, request.arguments_json.len(), max));
+        }
         let arguments = info_span!(names::SPAN_VALIDATE).in_scope(|| {
             let arguments: Value = if request.arguments_json.trim().is_empty() {
                 Value::Object(Default::default())
@@ -258,6 +328,25 @@ impl Router {
                 Err(RouterError::InvalidArguments { tool: request.name.clone(), violations })
             }
         })?;
+        if !is_meta(&entry.spec) && scope.policy().is_active() {
+            let decision = scope.decide_visible(&entry.spec, &arguments);
+            let refusal = match &decision {
+                Decision::Refused { rule, reason } => {
+                    Some(policy_refusal(&request.name, rule, reason))
+                }
+                _ => None,
+            };
+            seen.decision = Some(decision);
+            if let Some(refusal) = refusal {
+                return Err(refusal);
+            }
+        }
+        // Rate and concurrency limits; callTool's own call is not counted, the call it
+        // makes is.
+        let _permit = match entry.spec.name.as_str() {
+            CALL_TOOL if is_meta(&entry.spec) => None,
+            _ => Some(scope.admit(&entry.spec).map_err(limit_refusal)?),
+        };
 
         // The sooner of the client's deadline and the tool's timeout; the default when
         // neither is set; never beyond the server's cap.
@@ -284,6 +373,7 @@ impl Router {
             deadline,
             events,
             attempt: 1,
+            principal: request.principal.clone(),
         };
         let (outcome, attempts) = self.dispatch(&entry, ctx, arguments, deadline).await;
         let deadline_error = || RouterError::DeadlineExceeded {
@@ -320,6 +410,10 @@ impl Router {
             Ok(Ok(output)) => output,
         };
 
+        let output = match scope.result_limit(&entry.spec) {
+            Some(limit) => bounded(output, limit, &request.name)?,
+            None => output,
+        };
         if output.is_error {
             return Ok(output);
         }
@@ -393,6 +487,141 @@ impl Router {
             attempt += 1;
         }
     }
+}
+
+/// The refusal of arguments larger than the limit.
+fn arguments_too_large(tool: &str, bytes: usize, max: usize) -> RouterError {
+    RouterError::Refused(Box::new(CallFailure {
+        code: ErrorCode::InvalidArgument,
+        kind: "arguments_too_large",
+        message: format!(
+            "the arguments of {tool} are {bytes} bytes, more than the {max} a call may carry \
+             (policy.limits.max_argument_bytes)"
+        ),
+        detail: FailureDetail::BadRequest(vec![FieldViolation {
+            field: "arguments_json".into(),
+            description: format!("{bytes} bytes, more than {max}"),
+        }]),
+    }))
+}
+
+/// The refusal of a call over a rate or concurrency limit: `RESOURCE_EXHAUSTED`, with a
+/// `RetryInfo` when waiting helps.
+fn limit_refusal(error: LimitError) -> RouterError {
+    let (kind, detail) = match &error {
+        LimitError::Rate { subject, retry_after, .. } => (
+            "rate_limited",
+            FailureDetail::RetryAfter {
+                delay: *retry_after,
+                reason: "RATE_LIMITED",
+                metadata: [("subject".to_owned(), subject.clone())].into(),
+            },
+        ),
+        LimitError::Concurrency { principal, max } => (
+            "concurrency_limited",
+            FailureDetail::Info {
+                reason: "CONCURRENCY_LIMITED",
+                metadata: [
+                    ("principal".to_owned(), principal.clone()),
+                    ("max_concurrent".to_owned(), max.to_string()),
+                ]
+                .into(),
+            },
+        ),
+    };
+    RouterError::Refused(Box::new(CallFailure {
+        code: ErrorCode::ResourceExhausted,
+        kind,
+        message: error.to_string(),
+        detail,
+    }))
+}
+
+/// Holds `output` to `limit`: a larger result is refused, or cut to the limit and marked so
+/// when the tool's limit says to cut.
+fn bounded(output: ToolOutput, limit: ResultLimit, tool: &str) -> Result<ToolOutput, RouterError> {
+    let part_bytes = |part: &ContentPart| match part {
+        ContentPart::Text(text) => text.len(),
+        ContentPart::Json(value) => value.to_string().len(),
+        ContentPart::Media { data, .. } => data.len(),
+        ContentPart::ResourceLink { uri, name, description, mime_type } => {
+            uri.len() + name.len() + description.len() + mime_type.len()
+        }
+    };
+    let structured = output.structured.as_ref().map_or(0, |v| v.to_string().len());
+    let total = output.content.iter().map(part_bytes).sum::<usize>() + structured;
+    if total <= limit.max_bytes {
+        return Ok(output);
+    }
+    if !limit.truncate {
+        return Err(RouterError::Refused(Box::new(CallFailure::new(
+            ErrorCode::ResourceExhausted,
+            "result_too_large",
+            format!(
+                "the result of {tool} is {total} bytes, more than the {} a call may return \
+                 (policy.limits); the tool ran",
+                limit.max_bytes
+            ),
+        ))));
+    }
+    // Parts are kept in order while they fit; the first that does not is cut (text) or
+    // left out, and so is everything after it.
+    let mut left = limit.max_bytes;
+    let mut content = Vec::new();
+    for part in output.content {
+        let text = match part {
+            ContentPart::Text(text) => text,
+            ContentPart::Json(value) => value.to_string(),
+            other => {
+                let bytes = part_bytes(&other);
+                if bytes > left {
+                    break;
+                }
+                left -= bytes;
+                content.push(other);
+                continue;
+            }
+        };
+        if text.len() <= left {
+            left -= text.len();
+            content.push(ContentPart::Text(text));
+            continue;
+        }
+        let mut end = left;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        content.push(ContentPart::Text(text[..end].to_owned()));
+        break;
+    }
+    content.push(ContentPart::Text(format!(
+        "\n[truncated by toolmesh: the result was {total} bytes, of which {} are kept]",
+        limit.max_bytes
+    )));
+    // A structured result cannot be cut and stay valid: it is kept only whole.
+    let structured = output.structured.filter(|_| structured <= left);
+    Ok(ToolOutput { content, structured, is_error: output.is_error })
+}
+
+/// What the call path learnt of a call, for its metrics and audit event.
+#[derive(Default)]
+struct Seen {
+    /// Where the tool runs, once resolved.
+    source: Option<ToolSource>,
+    /// What the tool policy decided.
+    decision: Option<Decision>,
+}
+
+/// The trace id of `span` in lowercase hex; empty when it is not recorded.
+fn trace_id(span: &Span) -> String {
+    span_ids(span)
+        .map(|ids| ids.trace_id.iter().map(|b| format!("{b:02x}")).collect())
+        .unwrap_or_default()
+}
+
+/// The trace id of the current span, as [`trace_id`].
+pub(crate) fn current_trace_id() -> String {
+    trace_id(&Span::current())
 }
 
 /// The share of a client's deadline that the router keeps back. tonic's server enforces

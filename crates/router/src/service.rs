@@ -5,7 +5,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
-use toolmesh_core::{ElicitationAnswer, ErrorCode, EventSink, HealthBoard};
+use toolmesh_core::{
+    ElicitationAnswer, ErrorCode, EventSink, HealthBoard, Principal, open_principal,
+};
 use toolmesh_proto::{
     convert,
     v1::{
@@ -17,7 +19,7 @@ use toolmesh_proto::{
 use toolmesh_telemetry::rpc_server_span;
 use tracing::{Instrument, Span, debug};
 
-use crate::{Admission, CallRequest, Discovery, Router, RouterError, parse_grpc_timeout};
+use crate::{Admission, CallRequest, Discovery, Router, RouterError, is_meta, parse_grpc_timeout};
 
 /// Default tools per `ListTools` page.
 const DEFAULT_PAGE_SIZE: usize = 100;
@@ -86,9 +88,16 @@ fn client_timeout<T>(request: &Request<T>) -> Option<std::time::Duration> {
         .and_then(parse_grpc_timeout)
 }
 
+/// The principal the front door authenticated the request as; the open principal where no
+/// authentication runs (a service served without the front door's layers).
+fn principal<T>(request: &Request<T>) -> Arc<Principal> {
+    request.extensions().get::<Arc<Principal>>().cloned().unwrap_or_else(open_principal)
+}
+
 fn call_request(
     message: CallToolRequest,
     client_timeout: Option<std::time::Duration>,
+    principal: Arc<Principal>,
 ) -> CallRequest {
     CallRequest {
         name: message.name,
@@ -97,6 +106,7 @@ fn call_request(
         session_id: message.session_id,
         profile: message.profile,
         client_timeout,
+        principal,
     }
 }
 
@@ -104,6 +114,7 @@ impl ToolServiceImpl {
     async fn search(
         &self,
         request: v1::SearchToolsRequest,
+        principal: Arc<Principal>,
     ) -> Result<Response<v1::SearchToolsResponse>, Status> {
         let top_k = Some(request.top_k as usize).filter(|k| *k > 0);
         let filter = ToolFilter::new(
@@ -112,11 +123,22 @@ impl ToolServiceImpl {
             request.source_kind,
             request.source_name,
         );
+        let admission = self.router.admission();
+        let profile = admission.profile_of(&principal, &request.profile).map_err(|e| status(&e))?;
+        let started = std::time::Instant::now();
+        let hidden = Arc::new(Hidden::new(principal.clone()));
+        let scope = admission.scope(principal);
+        let counted = hidden.clone();
+        // Policy filters before the ranking is cut to top_k.
+        let keep = move |spec: &toolmesh_core::ToolSpec| {
+            filter.keeps(spec) && counted.note(scope.hidden_by(spec))
+        };
         let found = self
             .discovery
-            .find(&request.query, top_k, &request.profile, Box::new(move |spec| filter.keeps(spec)))
+            .find(&request.query, top_k, &profile, Box::new(keep))
             .await
             .map_err(|error| status(&error))?;
+        hidden.audit(&admission, "SearchTools", started);
         let hits = found
             .hits
             .into_iter()
@@ -145,6 +167,7 @@ impl ToolService for ToolServiceImpl {
     ) -> Result<Response<ListToolsResponse>, Status> {
         let span = rpc_span("ListTools", &request);
         let _entered = span.enter();
+        let principal = principal(&request);
         let request = request.into_inner();
         let page_size = match request.page_size as usize {
             0 => DEFAULT_PAGE_SIZE,
@@ -161,7 +184,12 @@ impl ToolService for ToolServiceImpl {
             })?),
         };
         let admission = self.router.admission();
-        let profile = admission.named(&request.profile).map_err(|e| e.to_status())?;
+        let profile_name =
+            admission.profile_of(&principal, &request.profile).map_err(|e| e.to_status())?;
+        let profile = admission.named(&profile_name).map_err(|e| e.to_status())?;
+        let started = std::time::Instant::now();
+        let hidden = Hidden::new(principal.clone());
+        let scope = admission.scope(principal);
         let filter = ToolFilter::new(
             request.toolkit,
             request.tags,
@@ -180,7 +208,8 @@ impl ToolService for ToolServiceImpl {
         for (_, entry) in range {
             let spec = &entry.spec;
             let matches = filter.keeps(spec)
-                && profile.is_none_or(|profile| Admission::visible(profile, spec));
+                && profile.is_none_or(|profile| Admission::visible(profile, spec))
+                && (is_meta(spec) || hidden.note(scope.hidden_by(spec)));
             if !matches {
                 continue;
             }
@@ -191,8 +220,11 @@ impl ToolService for ToolServiceImpl {
                 break;
             }
             let mut tool = convert::tool(spec, self.health.of(&spec.source));
-            // searchTools describes this profile's pool, as the catalog is now.
-            if let Some(description) = self.discovery.describe(spec, &request.profile, &catalog) {
+            // searchTools describes this profile's pool, as the catalog is now and as the
+            // principal may see it.
+            if let Some(description) =
+                self.discovery.describe(spec, &profile_name, &catalog, &scope)
+            {
                 tool.description = description;
             }
             tools.push(tool);
@@ -206,6 +238,7 @@ impl ToolService for ToolServiceImpl {
             .filter_map(|name| catalog.toolkits.get(name))
             .map(|toolkit| convert::toolkit(toolkit))
             .collect();
+        hidden.audit(&admission, "ListTools", started);
         Ok(Response::new(ListToolsResponse { tools, toolkits, next_page_token }))
     }
 
@@ -215,7 +248,8 @@ impl ToolService for ToolServiceImpl {
     ) -> Result<Response<CallToolResponse>, Status> {
         let span = rpc_span("CallTool", &request);
         let timeout = client_timeout(&request);
-        let call = call_request(request.into_inner(), timeout);
+        let principal = principal(&request);
+        let call = call_request(request.into_inner(), timeout, principal);
         let result = self
             .router
             .call(call, EventSink::disabled(), CancellationToken::new())
@@ -232,7 +266,8 @@ impl ToolService for ToolServiceImpl {
         request: Request<v1::SearchToolsRequest>,
     ) -> Result<Response<v1::SearchToolsResponse>, Status> {
         let span = rpc_span("SearchTools", &request);
-        self.search(request.into_inner()).instrument(span).await
+        let principal = principal(&request);
+        self.search(request.into_inner(), principal).instrument(span).await
     }
 
     type StreamCallToolStream = ServerStream;
@@ -243,6 +278,7 @@ impl ToolService for ToolServiceImpl {
     ) -> Result<Response<Self::StreamCallToolStream>, Status> {
         let span = rpc_span("StreamCallTool", &request);
         let timeout = client_timeout(&request);
+        let principal = principal(&request);
         let mut inbound = request.into_inner();
         let start = match inbound.message().await? {
             Some(CallToolClientMessage {
@@ -256,7 +292,7 @@ impl ToolService for ToolServiceImpl {
                 .to_status());
             }
         };
-        let mut call = call_request(start, timeout);
+        let mut call = call_request(start, timeout, principal);
         if call.call_id.is_empty() {
             call.call_id = Router::new_call_id();
         }
@@ -367,6 +403,61 @@ async fn run_stream(
         Err(error) => Err(status(&error)),
     };
     let _ = tx.send(last).await;
+}
+
+/// The tools a discovery request left out because the caller may not see them, for its
+/// audit event and the decisions metric.
+struct Hidden {
+    principal: Arc<Principal>,
+    state: std::sync::Mutex<(usize, Vec<Arc<str>>)>,
+}
+
+impl Hidden {
+    fn new(principal: Arc<Principal>) -> Self {
+        Hidden { principal, state: Default::default() }
+    }
+
+    /// Notes the rule that hides a tool, if one does; returns whether the tool is seen.
+    fn note(&self, rule: Option<Arc<str>>) -> bool {
+        let Some(rule) = rule else { return true };
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.0 += 1;
+        if !state.1.contains(&rule) {
+            state.1.push(rule);
+        }
+        false
+    }
+
+    /// Counts the hidden tools and writes one audit event for `rpc`, when any was hidden.
+    fn audit(&self, admission: &Admission, rpc: &str, started: std::time::Instant) {
+        let (count, rules) = {
+            let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            if state.0 == 0 {
+                return;
+            }
+            (state.0, state.1.join(","))
+        };
+        crate::metrics::policy_decided("hide", "discovery", count as u64);
+        let policy = admission.policy();
+        policy.audit().record(&toolmesh_policy::AuditEvent {
+            event: "discovery",
+            principal: &self.principal.name,
+            agent: self
+                .principal
+                .attributes
+                .get(toolmesh_policy::AGENT_ATTRIBUTE)
+                .map(String::as_str),
+            tool: rpc,
+            call_id: "",
+            decision: "hide",
+            rule: &rules,
+            hidden: Some(count),
+            outcome: "ok",
+            duration_ms: started.elapsed().as_secs_f64() * 1e3,
+            trace_id: &crate::router::current_trace_id(),
+            policy: policy.version(),
+        });
+    }
 }
 
 /// Maps a router error to its status, logging internal faults once, here at the edge.

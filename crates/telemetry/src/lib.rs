@@ -5,11 +5,13 @@
 //! [`init`] installs everything and returns a [`TelemetryGuard`]; dropping the guard
 //! flushes and shuts the exporter down, so the last batch of spans is not lost.
 
+mod auth;
 mod health;
 mod init;
 pub mod names;
 mod propagation;
 
+pub use auth::record_unauthenticated;
 pub use health::record_source_up;
 pub use init::{TelemetryError, TelemetryGuard, TelemetryOptions, init};
 pub use propagation::{

@@ -42,6 +42,13 @@ pub const SPAN_REMOTE_EXECUTE: &str = "toolmesh.remote.execute";
 /// and lazy; the worker pool; the search index), 0 otherwise, and 0 once it is gone;
 /// attributes `toolmesh.source.kind` and `toolmesh.source.name`.
 pub const METRIC_SOURCE_UP: &str = "toolmesh.source.up";
+
+/// Counter: requests refused as unauthenticated, by `toolmesh.auth.reason`.
+pub const METRIC_AUTH_REFUSALS: &str = "toolmesh.auth.refusals";
+/// Why a request was refused as unauthenticated.
+pub const TOOLMESH_AUTH_REASON: &str = "toolmesh.auth.reason";
+/// The principal a call runs as (OpenTelemetry's `enduser.id`).
+pub const ENDUSER_ID: &str = "enduser.id";
 /// Counter: failed connection attempts and lost connections of an MCP server; attributes
 /// `mcp.server` and `error.type` (`connect` or `disconnect`).
 pub const METRIC_MCP_CONNECTION_FAILURES: &str = "toolmesh.mcp.connection.failures";
@@ -80,3 +87,13 @@ pub const METRIC_CALL_TOOL_CALLS: &str = "toolmesh.call_tool.calls";
 /// Histogram: the rank at which the linked search returned the tool callTool called;
 /// attribute `toolmesh.profile`.
 pub const METRIC_CALL_TOOL_SEARCH_RANK: &str = "toolmesh.call_tool.search_rank";
+
+/// Counter: tool policy decisions, by `toolmesh.policy.decision` (`allow`, `deny`, `hide`)
+/// and `toolmesh.policy.stage` (`call`, `discovery`).
+pub const METRIC_POLICY_DECISIONS: &str = "toolmesh.policy.decisions";
+/// The decision of the tool policy: `allow`, `deny` or `hide`.
+pub const TOOLMESH_POLICY_DECISION: &str = "toolmesh.policy.decision";
+/// The policy rule that decided a call.
+pub const TOOLMESH_POLICY_RULE: &str = "toolmesh.policy.rule";
+/// Where the policy decided: `call` or `discovery`.
+pub const TOOLMESH_POLICY_STAGE: &str = "toolmesh.policy.stage";

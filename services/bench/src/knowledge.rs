@@ -62,8 +62,8 @@ pub(crate) async fn run(
     )
     .await?;
     let addr = toolmesh.addr.to_string();
-    let client = toolmesh::client::connect(&addr).await?;
-    let mut knowledge = KnowledgeServiceClient::new(toolmesh::client::channel(&addr).await?);
+    let client = toolmesh::client::connect(&addr, None).await?;
+    let mut knowledge = KnowledgeServiceClient::new(toolmesh::client::channel(&addr, None).await?);
 
     // Each abstract a Markdown document under its title, so every chunk carries the title.
     let documents: Vec<Document> = corpus

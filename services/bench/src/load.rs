@@ -31,7 +31,7 @@ use tokio::{
     net::TcpListener,
     process::{Child, Command},
 };
-use tonic::{Request, Response, Status, Streaming, transport::Channel};
+use tonic::{Request, Response, Status, Streaming};
 use toolmesh_proto::v1::{
     CallToolClientMessage, CallToolRequest, CallToolResponse, CallToolServerMessage, ContentPart,
     ListToolsRequest, ListToolsResponse,
@@ -197,10 +197,10 @@ pub(crate) async fn start_child(exe: &Path, args: &[&str]) -> anyhow::Result<Chi
 pub(crate) async fn clients(
     addr: &str,
     connections: usize,
-) -> anyhow::Result<Vec<ToolServiceClient<Channel>>> {
+) -> anyhow::Result<Vec<ToolServiceClient<toolmesh::client::Connection>>> {
     let mut clients = Vec::with_capacity(connections);
     for _ in 0..connections.max(1) {
-        clients.push(toolmesh::client::connect(addr).await?);
+        clients.push(toolmesh::client::connect(addr, None).await?);
     }
     Ok(clients)
 }
@@ -220,7 +220,7 @@ fn outcome(result: Result<tonic::Response<CallToolResponse>, Status>) -> Result<
 
 /// Closed loop: `concurrency` callers for `duration`.
 pub(crate) async fn closed_loop(
-    clients: &[ToolServiceClient<Channel>],
+    clients: &[ToolServiceClient<toolmesh::client::Connection>],
     concurrency: usize,
     duration: Duration,
     request: &CallToolRequest,
@@ -265,8 +265,8 @@ pub(crate) async fn closed_loop(
 ///
 /// A dedicated thread keeps the schedule: it wakes every ~50 µs (tokio's timer has 1 ms
 /// steps, which would send the calls in bursts) and releases the calls that are due.
-async fn open_loop(
-    clients: &[ToolServiceClient<Channel>],
+pub(crate) async fn open_loop(
+    clients: &[ToolServiceClient<toolmesh::client::Connection>],
     rate: f64,
     duration: Duration,
     request: &CallToolRequest,
@@ -333,7 +333,7 @@ pub(crate) fn median(mut samples: Vec<Sample>) -> Sample {
 
 /// One server under test, with its clients.
 struct Target {
-    clients: Vec<ToolServiceClient<Channel>>,
+    clients: Vec<ToolServiceClient<toolmesh::client::Connection>>,
 }
 
 impl Target {
@@ -471,7 +471,7 @@ pub(crate) async fn run_mcp(
     let addr = toolmesh.addr.to_string();
 
     // The MCP server's tools appear once toolmesh has connected to it.
-    let mut client = toolmesh::client::connect(&addr).await?;
+    let mut client = toolmesh::client::connect(&addr, None).await?;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let (tools, _) = toolmesh::client::list_all(&mut client).await?;
@@ -729,7 +729,7 @@ pub(crate) async fn run_search(
     // Cold: from starting toolmesh until every tool is searchable.
     let started = Instant::now();
     let toolmesh = start_child(&programs.toolmesh, &serve).await?;
-    let client = toolmesh::client::connect(&toolmesh.addr.to_string()).await?;
+    let client = toolmesh::client::connect(&toolmesh.addr.to_string(), None).await?;
     until_indexed(&client, expected, started).await?;
     let cold_index_s = started.elapsed().as_secs_f64();
 
@@ -776,7 +776,7 @@ pub(crate) async fn run_search(
     toolmesh.terminate().await?;
     let started = Instant::now();
     let toolmesh = start_child(&programs.toolmesh, &serve).await?;
-    let client = toolmesh::client::connect(&toolmesh.addr.to_string()).await?;
+    let client = toolmesh::client::connect(&toolmesh.addr.to_string(), None).await?;
     let first = until_indexed(&client, expected, started).await?;
     let restart_s = started.elapsed().as_secs_f64();
     toolmesh.terminate().await?;
@@ -805,7 +805,7 @@ pub(crate) async fn run_search(
 /// Waits until `expected` tools are indexed, each with its vector; returns how many had
 /// their vector at the first answer with all of them indexed.
 async fn until_indexed(
-    client: &ToolServiceClient<Channel>,
+    client: &ToolServiceClient<toolmesh::client::Connection>,
     expected: usize,
     started: Instant,
 ) -> anyhow::Result<u64> {
@@ -834,7 +834,7 @@ async fn until_indexed(
 
 /// Runs one SearchTools over the whole pool.
 async fn search_tools(
-    client: &ToolServiceClient<Channel>,
+    client: &ToolServiceClient<toolmesh::client::Connection>,
     query: &str,
     top_k: u32,
 ) -> Result<toolmesh_proto::v1::SearchToolsResponse, tonic::Status> {
@@ -863,7 +863,7 @@ struct Reindexed {
 /// how long the index takes to follow, by the index version that searches report (so the
 /// measure does not depend on how the change ranks).
 async fn reindex_once(
-    client: &ToolServiceClient<Channel>,
+    client: &ToolServiceClient<toolmesh::client::Connection>,
     changed: &str,
     round: usize,
 ) -> anyhow::Result<Reindexed> {

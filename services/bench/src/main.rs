@@ -13,6 +13,7 @@ mod embed;
 mod knowledge;
 mod load;
 mod mcp_echo;
+mod policy;
 mod remote;
 
 use std::{io::Write as _, path::PathBuf, process::ExitCode, time::Duration};
@@ -21,7 +22,8 @@ use clap::Parser;
 
 /// toolmesh's benchmarks. Without a mode flag it measures CallTool throughput and latency
 /// against a toolmesh server and against a bare tonic echo server; --mcp measures MCP
-/// proxying, --search a tool-search benchmark, --embed the embedding model alone.
+/// proxying, --remote remote worker pools, --policy the tool policy's cost, --search a
+/// tool-search benchmark, --embed the embedding model alone.
 #[derive(Parser)]
 #[command(name = "toolmesh-bench", version, about, long_about = None)]
 struct Cli {
@@ -64,6 +66,11 @@ struct Cli {
     /// adds to a call against the same tool local to the router.
     #[arg(long, conflicts_with = "mcp")]
     remote: bool,
+    /// Measure the tool policy's cost: CallTool from ten principals against a toolmesh with
+    /// a policy of fifty rules (globs and one CEL condition, every call audited) and one
+    /// without: throughput, and p99 at half load.
+    #[arg(long, conflicts_with_all = ["mcp", "remote"])]
+    policy: bool,
     /// Serve the bare echo baseline instead (used by the bench itself).
     #[arg(long, hide = true)]
     echo_server: bool,
@@ -211,6 +218,9 @@ async fn run(args: Cli) -> anyhow::Result<ExitCode> {
         let report =
             remote::run(&programs, options.duration, options.warmup, options.rounds).await?;
         (remote::render(&report), serde_json::to_value(&report)?)
+    } else if args.policy {
+        let report = policy::run(&options, &programs).await?;
+        (policy::render(&report), serde_json::to_value(&report)?)
     } else if args.mcp {
         let report = load::run_mcp(&options, &programs).await?;
         (load::render_mcp(&options, &report), serde_json::to_value(&report)?)

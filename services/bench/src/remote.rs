@@ -72,7 +72,7 @@ async fn start_worker(programs: &Programs, router: &str, config: &str) -> anyhow
 
 /// Waits until the router lists `tool` with `workers` workers behind it.
 async fn until_workers(addr: &str, tool: &str, workers: usize) -> anyhow::Result<()> {
-    let mut client = toolmesh::client::connect(addr).await?;
+    let mut client = toolmesh::client::connect(addr, None).await?;
     let want = format!("{workers} worker");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {

@@ -51,8 +51,13 @@ class Call:
 class Worker:
     """Serves the tools registered with ``tool`` to the routers of ``run``."""
 
-    def __init__(self, pool="default", capacity=4, worker_id=None):
+    def __init__(self, pool="default", capacity=4, worker_id=None, token=None):
+        """``token`` (default: the ``TOOLMESH_TOKEN`` environment variable) is the API key or
+        JWT sent as ``authorization: Bearer`` to a router that requires credentials; its
+        principal needs the router's worker role (``[remote] worker_role``)."""
         self.pool = pool
+        token = token if token is not None else os.environ.get("TOOLMESH_TOKEN", "")
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.capacity = capacity
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-py"
         self._tools = {}
@@ -123,7 +128,7 @@ class Worker:
         with grpc.insecure_channel(router) as channel, \
                 ThreadPoolExecutor(max_workers=self.capacity) as pool:
             stub = worker_pb2_grpc.WorkerServiceStub(channel)
-            responses = stub.Connect(requests())
+            responses = stub.Connect(requests(), metadata=self._metadata)
             first = next(responses)
             if first.WhichOneof("message") != "welcome":
                 raise RuntimeError("the router did not welcome the worker")

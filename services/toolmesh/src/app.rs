@@ -1,14 +1,17 @@
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use anyhow::Context as _;
+use arc_swap::ArcSwap;
 use futures::FutureExt as _;
 use ractor::ActorRef;
 use tokio_util::sync::CancellationToken;
 use toolmesh_config::Config;
 use toolmesh_core::{HealthBoard, Provider, Toolkit};
+use toolmesh_identity::Authenticator;
 use toolmesh_knowledge::{KnowledgeHandle, KnowledgeProvider, unknown_store};
 use toolmesh_mcp::McpManager;
 use toolmesh_meta::MetaTools;
+use toolmesh_policy::{Policy, PolicyConfig, PolicyError};
 use toolmesh_registry::RegistryHandle;
 use toolmesh_remote::RemoteWorkers;
 use toolmesh_router::{Admission, Router, RouterOptions};
@@ -58,6 +61,8 @@ pub struct App {
     front: FrontDoor,
     root: ActorRef<()>,
     children: Arc<Children>,
+    /// Who requests run as (`[auth]`), replaced on reload.
+    identity: Arc<ArcSwap<Authenticator>>,
 }
 
 impl std::fmt::Debug for App {
@@ -68,8 +73,13 @@ impl std::fmt::Debug for App {
 }
 
 /// The configuration sections that providers built into toolmesh define themselves.
-pub const SECTIONS: &[&str] =
-    &[toolmesh_vector::SECTION, toolmesh_knowledge::SECTION, toolmesh_remote::SECTION];
+pub const SECTIONS: &[&str] = &[
+    toolmesh_vector::SECTION,
+    toolmesh_knowledge::SECTION,
+    toolmesh_remote::SECTION,
+    toolmesh_identity::SECTION,
+    toolmesh_policy::SECTION,
+];
 
 /// Parses and checks the sections of [`SECTIONS`], as `toolmesh config check` and a start
 /// do: a bad key or value is one line naming it.
@@ -78,6 +88,8 @@ pub fn check_sections(config: &Config) -> anyhow::Result<()> {
     let vector = vector_config(config)?;
     let knowledge = KnowledgeProvider::section(config)?;
     RemoteWorkers::section(config)?;
+    config.section::<toolmesh_identity::AuthConfig>(toolmesh_identity::SECTION)?;
+    policy_config(config)?;
     let stores: Vec<&str> = std::iter::once(toolmesh_core::VectorStores::DEFAULT)
         .chain(vector.stores.keys().map(String::as_str))
         .collect();
@@ -88,6 +100,41 @@ pub fn check_sections(config: &Config) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Parses and checks `[policy]`: its rules compile, and the profiles it binds exist.
+fn policy_config(config: &Config) -> anyhow::Result<Option<PolicyConfig>> {
+    let Some(policy) = config.section::<PolicyConfig>(toolmesh_policy::SECTION)? else {
+        return Ok(None);
+    };
+    // Checked without opening the audit log: `toolmesh config check` writes nothing.
+    let checked =
+        PolicyConfig { audit: toolmesh_policy::AuditConfig { to: "off".into() }, ..policy.clone() };
+    if let Err(error) = Policy::new(checked) {
+        let (key, reason) = match error {
+            PolicyError::Rule { key, reason } => (format!("policy.{key}"), reason),
+            other => ("policy".to_owned(), other.to_string()),
+        };
+        return Err(config.key_error(&key, reason).into());
+    }
+    for (i, binding) in policy.profiles.iter().enumerate() {
+        let known = binding.profile == toolmesh_config::DEFAULT_PROFILE
+            || config.routing.profiles.contains_key(&binding.profile);
+        if !known {
+            let key = format!("policy.profiles[{i}].profile");
+            let reason = format!("no routing profile `{}`", binding.profile);
+            return Err(config.key_error(&key, reason).into());
+        }
+    }
+    Ok(Some(policy))
+}
+
+/// Compiles `[policy]` (the open policy without one), opening its audit log.
+fn policy(config: &Config) -> anyhow::Result<Arc<Policy>> {
+    Ok(Arc::new(match policy_config(config)? {
+        Some(policy) => Policy::new(policy)?,
+        None => Policy::open(),
+    }))
 }
 
 fn vector_config(config: &Config) -> anyhow::Result<VectorConfig> {
@@ -121,10 +168,11 @@ impl App {
     /// then those of `options`), the meta-tools, and the loop that publishes the providers'
     /// health.
     pub async fn start(config: &Config, options: AppOptions) -> anyhow::Result<Self> {
+        let identity = Arc::new(ArcSwap::from_pointee(crate::auth::authenticator(config).await?));
         let registry = RegistryHandle::start().await.context("starting the registry")?;
         let router = Router::new(
             registry.clone(),
-            Admission::new(&config.routing),
+            Admission::new(&config.routing, policy(config)?),
             RouterOptions {
                 default_timeout: config.server.default_call_timeout,
                 max_timeout: config.server.max_call_timeout,
@@ -189,6 +237,7 @@ impl App {
             front,
             root,
             children,
+            identity,
         };
         config.check_sections(&app.sections())?;
         for provider in app.providers.iter() {
@@ -212,8 +261,10 @@ impl App {
     /// failure is returned.
     pub async fn reload(&self, config: &Config) -> anyhow::Result<()> {
         config.check_sections(&self.sections())?;
-        // The routing profiles, through the front door.
-        self.front.reload(config.routing.clone()).await?;
+        // Who may call: a bad [auth] fails the reload before anything changed.
+        self.identity.store(Arc::new(crate::auth::authenticator(config).await?));
+        // The routing profiles and the tool policy, through the front door.
+        self.front.reload(config.routing.clone(), policy(config)?).await?;
         let mut failure = None;
         for provider in self.providers.iter() {
             if let Err(error) = provider.reload(config).await {
@@ -224,9 +275,13 @@ impl App {
         failure.map_or(Ok(()), |error| Err(error.into()))
     }
 
-    /// Returns the configuration sections the providers define themselves.
+    /// Returns the configuration sections the providers and the front door define.
     pub fn sections(&self) -> Vec<&'static str> {
-        self.providers.iter().filter_map(|p| p.section()).collect()
+        self.providers
+            .iter()
+            .filter_map(|p| p.section())
+            .chain([toolmesh_identity::SECTION, toolmesh_policy::SECTION])
+            .collect()
     }
 
     /// Returns the router.
@@ -280,6 +335,11 @@ impl App {
         self.children.actors()
     }
 
+    /// Returns the authenticator in force, replaced on reload.
+    pub fn identity(&self) -> &Arc<ArcSwap<Authenticator>> {
+        &self.identity
+    }
+
     /// Returns the front door.
     pub(crate) fn front_door(&self) -> &FrontDoor {
         &self.front
@@ -298,6 +358,13 @@ impl App {
         }
         let registry = self.registry().actor();
         registry.stop(Some("shutdown".into()));
+        // Every audit event of the calls that ran is written before the process ends.
+        let policy = self.router.admission().policy().clone();
+        let flushed =
+            tokio::task::spawn_blocking(move || policy.audit().flush(Duration::from_secs(5))).await;
+        if !matches!(flushed, Ok(true)) {
+            warn!("the audit log could not be flushed within 5 s");
+        }
     }
 }
 

@@ -2,32 +2,82 @@
 
 use std::time::Duration;
 
-use tonic::transport::Channel;
+use tonic::{
+    metadata::{AsciiMetadataValue, MetadataValue},
+    service::{Interceptor, interceptor::InterceptedService},
+    transport::Channel,
+};
 use toolmesh_proto::v1::{
     CallToolClientMessage, CallToolRequest, CallToolResponse, ElicitationAction, ElicitationAnswer,
     ListToolsRequest, Tool, Toolkit, call_tool_client_message, call_tool_server_message,
     content_part::Part, tool_service_client::ToolServiceClient,
 };
 
-/// Connects to a toolmesh server at `addr` (`host:port` or a URL).
-pub async fn connect(addr: &str) -> anyhow::Result<ToolServiceClient<Channel>> {
-    Ok(ToolServiceClient::new(channel(addr).await?))
+/// A channel to a toolmesh server that sends the caller's credential with every request.
+pub type Connection = InterceptedService<Channel, Credential>;
+
+/// The `authorization: Bearer …` metadata of every request; none when there is no token.
+#[derive(Clone, Default)]
+pub struct Credential(Option<AsciiMetadataValue>);
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "Credential(<redacted>)" } else { "Credential(None)" })
+    }
 }
 
-/// Opens a channel to a toolmesh server at `addr` (`host:port` or a URL).
-pub async fn channel(addr: &str) -> anyhow::Result<Channel> {
+impl Credential {
+    /// Returns the credential of `token` (an API key or a JWT); none when `token` is
+    /// `None` or empty.
+    pub fn bearer(token: Option<&str>) -> anyhow::Result<Self> {
+        let Some(token) = token.map(str::trim).filter(|t| !t.is_empty()) else {
+            return Ok(Credential(None));
+        };
+        let mut value: AsciiMetadataValue = MetadataValue::try_from(format!("Bearer {token}"))
+            .map_err(|_| anyhow::anyhow!("the token must be printable ASCII"))?;
+        value.set_sensitive(true);
+        Ok(Credential(Some(value)))
+    }
+}
+
+impl Interceptor for Credential {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.0 {
+            request.metadata_mut().insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// Connects to a toolmesh server at `addr` (`host:port` or a URL), sending `token` (an API
+/// key or a JWT) with every request.
+pub async fn connect(
+    addr: &str,
+    token: Option<&str>,
+) -> anyhow::Result<ToolServiceClient<Connection>> {
+    Ok(ToolServiceClient::new(channel(addr, token).await?))
+}
+
+/// Opens a channel to a toolmesh server at `addr` (`host:port` or a URL) that sends `token`
+/// (an API key or a JWT) with every request.
+pub async fn channel(addr: &str, token: Option<&str>) -> anyhow::Result<Connection> {
+    let credential = Credential::bearer(token)?;
     let url = if addr.contains("://") { addr.to_owned() } else { format!("http://{addr}") };
-    tonic::transport::Endpoint::from_shared(url.clone())?
+    let channel = tonic::transport::Endpoint::from_shared(url.clone())?
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true)
         .connect()
         .await
-        .map_err(|error| anyhow::anyhow!("cannot connect to toolmesh at {url}: {error}"))
+        .map_err(|error| anyhow::anyhow!("cannot connect to toolmesh at {url}: {error}"))?;
+    Ok(InterceptedService::new(channel, credential))
 }
 
 /// Lists every tool and toolkit, following pages.
 pub async fn list_all(
-    client: &mut ToolServiceClient<Channel>,
+    client: &mut ToolServiceClient<Connection>,
 ) -> Result<(Vec<Tool>, Vec<Toolkit>), tonic::Status> {
     list_profile(client, "").await
 }
@@ -35,7 +85,7 @@ pub async fn list_all(
 /// Lists what an agent of routing profile `profile` sees (every tool when empty), following
 /// pages.
 pub async fn list_profile(
-    client: &mut ToolServiceClient<Channel>,
+    client: &mut ToolServiceClient<Connection>,
     profile: &str,
 ) -> Result<(Vec<Tool>, Vec<Toolkit>), tonic::Status> {
     let mut tools = Vec::new();
@@ -66,7 +116,7 @@ pub async fn list_profile(
 
 /// Calls a tool over `StreamCallTool`, handing each progress message to `on_progress`.
 pub async fn call_streaming(
-    client: &mut ToolServiceClient<Channel>,
+    client: &mut ToolServiceClient<Connection>,
     request: CallToolRequest,
     timeout: Option<Duration>,
     mut on_progress: impl FnMut(&str),

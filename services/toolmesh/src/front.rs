@@ -5,9 +5,12 @@
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, rpc::CallResult};
+use std::sync::Arc;
 use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
+
 use toolmesh_config::{RoutingConfig, ServerConfig};
+use toolmesh_policy::Policy;
 use toolmesh_router::{Admission, Router};
 use tracing::{Instrument, info};
 
@@ -40,10 +43,12 @@ pub enum RouterMsg {
         /// Resolves with the server's end.
         reply: RpcReplyPort<Result<oneshot::Receiver<anyhow::Result<()>>, FrontDoorError>>,
     },
-    /// Puts `routing`'s profiles in force for the calls that start from now on.
+    /// Puts `routing`'s profiles and `policy` in force for the calls that start from now on.
     Reload {
         /// The new `[routing]` section.
         routing: RoutingConfig,
+        /// The new `[policy]`, compiled.
+        policy: Arc<Policy>,
         /// Done.
         reply: RpcReplyPort<()>,
     },
@@ -76,6 +81,12 @@ pub struct RouterState {
     router: Router,
     routing: RoutingConfig,
     serving: Option<Serving>,
+}
+
+impl RouterState {
+    fn policy(&self) -> Arc<Policy> {
+        self.router.admission().policy().clone()
+    }
 }
 
 impl Actor for RouterActor {
@@ -114,11 +125,15 @@ impl Actor for RouterActor {
             RouterMsg::Serve { listener, app, config, reply } => {
                 let _ = reply.send(serve(state, listener, &app, &config).await);
             }
-            RouterMsg::Reload { routing, reply } => {
-                if routing != state.routing {
-                    state.router.set_admission(Admission::new(&routing));
+            RouterMsg::Reload { routing, policy, reply } => {
+                // An unchanged policy stays in force (with its audit log); a new one is
+                // dropped unused.
+                let policy_changed = policy.config() != state.policy().config();
+                if routing != state.routing || policy_changed {
+                    let policy = if policy_changed { policy } else { state.policy() };
+                    state.router.set_admission(Admission::new(&routing, policy));
                     state.routing = routing;
-                    info!("routing profiles reloaded");
+                    info!(policy_changed, "routing profiles and tool policy reloaded");
                 }
                 let _ = reply.send(());
             }
@@ -223,9 +238,17 @@ impl FrontDoor {
             .await?
     }
 
-    /// Puts `routing`'s profiles in force.
-    pub(crate) async fn reload(&self, routing: RoutingConfig) -> Result<(), FrontDoorError> {
-        self.ask(|reply| RouterMsg::Reload { routing, reply }, Some(Duration::from_secs(10))).await
+    /// Puts `routing`'s profiles and `policy` in force.
+    pub(crate) async fn reload(
+        &self,
+        routing: RoutingConfig,
+        policy: Arc<Policy>,
+    ) -> Result<(), FrontDoorError> {
+        self.ask(
+            |reply| RouterMsg::Reload { routing, policy, reply },
+            Some(Duration::from_secs(10)),
+        )
+        .await
     }
 
     /// Stops accepting and waits up to `grace` for the calls in flight; whether they all

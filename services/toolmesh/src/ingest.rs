@@ -159,14 +159,15 @@ impl Progress {
     }
 }
 
-/// Ingests `files` into `collection` on the server at `addr`.
+/// Ingests `files` into `collection` on the server at `addr`, authenticated by `token`.
 pub async fn ingest(
     addr: &str,
+    token: Option<&str>,
     collection: &str,
     files: &[SourceFile],
     max_bytes: u64,
 ) -> anyhow::Result<IngestSummary> {
-    let mut client = KnowledgeServiceClient::new(crate::client::channel(addr).await?)
+    let mut client = KnowledgeServiceClient::new(crate::client::channel(addr, token).await?)
         .max_decoding_message_size(16 << 20);
     let mut summary = IngestSummary::default();
     let mut progress = Progress::new(files.len() as u64);

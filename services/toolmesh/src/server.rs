@@ -112,6 +112,7 @@ where
         .http2_keepalive_timeout(config.keepalive_interval.map(|_| config.keepalive_timeout))
         .layer(TrackCallsLayer)
         .layer(MessageLimitLayer::new(max_message))
+        .layer(crate::auth::AuthLayer::new(app.identity().clone()))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

@@ -25,6 +25,7 @@ use tokio::{
 };
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_util::sync::CancellationToken;
+use tonic::service::interceptor::InterceptedService;
 use toolmesh_config::Config;
 use toolmesh_core::{BackendError, CallContext, CallEvent, EventSink, Provider as _, SourceKind};
 use toolmesh_proto::{
@@ -83,6 +84,8 @@ pub struct WorkerOptions {
     /// Where the worker's own gRPC health service listens, if anywhere: SERVING while it
     /// has a session with at least one router.
     pub health_listen: Option<SocketAddr>,
+    /// The worker's credential (an API key or a JWT), for routers that authenticate.
+    pub token: Option<String>,
 }
 
 /// The state of the sessions, by router address, for health and logs.
@@ -99,6 +102,8 @@ struct Host {
     sessions: Sessions,
     /// Told when the sessions change.
     changed: watch::Sender<()>,
+    /// Sent with every session.
+    credential: crate::client::Credential,
 }
 
 /// Runs a worker until `shutdown` resolves and its calls are finished (or `grace` passed).
@@ -149,6 +154,7 @@ pub async fn run(
         draining: CancellationToken::new(),
         sessions: Sessions::default(),
         changed: watch::Sender::new(()),
+        credential: crate::client::Credential::bearer(options.token.as_deref())?,
     });
     if let Some(addr) = options.health_listen {
         serve_health(addr, host.clone()).await?;
@@ -287,6 +293,7 @@ async fn session(
         .connect()
         .await
         .with_context(|| format!("cannot connect to {addr}"))?;
+    let channel = InterceptedService::new(channel, host.credential.clone());
     let mut client = WorkerServiceClient::new(channel).max_decoding_message_size(64 << 20);
     let (outbound, receiver) = mpsc::unbounded_channel();
     let _ = outbound.send(WorkerMessage { message: Some(Message::Hello(host.hello.clone())) });
@@ -450,6 +457,7 @@ async fn run_call(
         deadline,
         events,
         attempt: call.attempt,
+        principal: toolmesh_core::open_principal(),
     };
     let _cancel_on_drop = cancel.clone().drop_guard();
     let running = tokio::time::timeout_at(deadline, entry.backend.call(ctx, arguments));

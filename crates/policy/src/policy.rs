@@ -1,0 +1,536 @@
+//! The compiled policy and the decisions it makes for one principal.
+
+use std::{collections::BTreeMap, fmt, sync::Arc};
+
+use serde_json::{Value as Json, json};
+use sha2::{Digest as _, Sha256};
+use toolmesh_config::{Selector, glob};
+use toolmesh_core::{Principal, ToolSpec};
+
+use crate::{
+    AuditLog, PolicyError,
+    config::{BindingConfig, Effect, PolicyConfig},
+    limits::{LimitError, Limits, Permit, ResultLimit},
+};
+
+/// The principal attribute that names the agent a principal acts for.
+pub const AGENT_ATTRIBUTE: &str = "agent";
+
+/// The rule name decisions cite when no rule matched and the default decided.
+pub const DEFAULT_RULE: &str = "default";
+
+/// A compiled `[policy]`: rules, agent tool lists, profile bindings and the audit log.
+/// Cheap to share behind an [`Arc`]; a reload compiles a new one.
+pub struct Policy {
+    config: PolicyConfig,
+    /// Whether there is a `[policy]` at all: without one every tool is allowed and
+    /// nothing is audited.
+    active: bool,
+    version: String,
+    rules: Vec<Rule>,
+    agents: BTreeMap<String, (Arc<str>, Vec<Selector>)>,
+    env: Arc<cel::Env>,
+    audit: AuditLog,
+    limits: Limits,
+}
+
+impl fmt::Debug for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Policy")
+            .field("version", &self.version)
+            .field("rules", &self.rules.len())
+            .field("agents", &self.agents.len())
+            .finish_non_exhaustive()
+    }
+}
+
+struct Rule {
+    name: Arc<str>,
+    effect: Effect,
+    who: Who,
+    tools: Vec<Selector>,
+    when: Option<When>,
+    reason: Option<String>,
+}
+
+/// Whom a rule, a binding or a limit is for.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Who {
+    pub(crate) principals: Vec<String>,
+    pub(crate) roles: Vec<String>,
+    pub(crate) agents: Vec<String>,
+}
+
+impl Who {
+    pub(crate) fn matches(&self, principal: &Principal) -> bool {
+        (self.principals.is_empty() || self.principals.iter().any(|p| glob(p, &principal.name)))
+            && (self.roles.is_empty() || self.roles.iter().any(|r| principal.has_role(r)))
+            && (self.agents.is_empty()
+                || agent(principal).is_some_and(|a| self.agents.iter().any(|p| glob(p, a))))
+    }
+}
+
+fn agent(principal: &Principal) -> Option<&str> {
+    principal.attributes.get(AGENT_ATTRIBUTE).map(String::as_str)
+}
+
+struct When {
+    program: cel::Program,
+    /// Whether the expression reads `args`: then it is decided only at a call.
+    reads_args: bool,
+}
+
+impl Policy {
+    /// Returns the policy of a configuration without `[policy]`: every principal sees and
+    /// calls every tool, and nothing is audited.
+    pub fn open() -> Self {
+        Policy {
+            config: PolicyConfig::default(),
+            active: false,
+            version: String::new(),
+            rules: Vec::new(),
+            agents: BTreeMap::new(),
+            env: Arc::new(cel::Env::stdlib()),
+            audit: AuditLog::off(),
+            limits: Limits::none(),
+        }
+    }
+
+    /// Compiles `config`: every `when` expression is parsed, and the audit target opened.
+    /// A bad rule is an error naming its key (`rules[2].when`).
+    pub fn new(config: PolicyConfig) -> Result<Self, PolicyError> {
+        let env = Arc::new(cel::Env::stdlib());
+        let mut rules = Vec::with_capacity(config.rules.len());
+        let mut names = std::collections::HashSet::new();
+        for (i, rule) in config.rules.iter().enumerate() {
+            if rule.name.trim().is_empty() {
+                return Err(PolicyError::Rule {
+                    key: format!("rules[{i}].name"),
+                    reason: "must not be empty".into(),
+                });
+            }
+            if !names.insert(rule.name.as_str()) {
+                return Err(PolicyError::Rule {
+                    key: format!("rules[{i}].name"),
+                    reason: format!("another rule is named `{}`", rule.name),
+                });
+            }
+            let when = match &rule.when {
+                None => None,
+                Some(source) => {
+                    let program = env.compile(source).map_err(|error| PolicyError::Rule {
+                        key: format!("rules[{i}].when"),
+                        reason: format!("not a CEL expression: {error}"),
+                    })?;
+                    let reads_args = program.references().has_variable("args");
+                    // A name other than the three variables fails every evaluation: say so now.
+                    if let Err(cel::ExecutionError::UndeclaredReference(name)) =
+                        program.execute(&probe(&env))
+                    {
+                        return Err(PolicyError::Rule {
+                            key: format!("rules[{i}].when"),
+                            reason: format!(
+                                "`{name}` is not known: an expression reads `principal`, `tool` \
+                                 and `args`"
+                            ),
+                        });
+                    }
+                    Some(When { program, reads_args })
+                }
+            };
+            rules.push(Rule {
+                name: rule.name.as_str().into(),
+                effect: rule.effect,
+                who: Who {
+                    principals: rule.principals.clone(),
+                    roles: rule.roles.clone(),
+                    agents: rule.agents.clone(),
+                },
+                tools: rule.tools.clone(),
+                when,
+                reason: rule.reason.clone(),
+            });
+        }
+        let agents = config
+            .agents
+            .iter()
+            .map(|(id, agent)| {
+                (id.clone(), (Arc::from(format!("agents.{id}")), agent.tools.clone()))
+            })
+            .collect();
+        let limits = Limits::new(&config.limits)?;
+        let audit = AuditLog::open(&config.audit.target())?;
+        let version = {
+            let digest = Sha256::digest(format!("{config:?}").as_bytes());
+            digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+        };
+        Ok(Policy { config, active: true, version, rules, agents, env, audit, limits })
+    }
+
+    /// Returns the configuration the policy was compiled from.
+    pub fn config(&self) -> &PolicyConfig {
+        &self.config
+    }
+
+    /// Returns whether a `[policy]` is in force.
+    pub fn is_active(&self) -> bool {
+        self.active
+    }
+
+    /// Returns a digest of the configuration: audit events and approvals name the policy
+    /// they were decided by.
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// Returns the audit log.
+    pub fn audit(&self) -> &AuditLog {
+        &self.audit
+    }
+
+    /// Returns the routing profile `principal` is bound to, if a binding matches it.
+    pub fn bound_profile(&self, principal: &Principal) -> Option<&str> {
+        self.config
+            .profiles
+            .iter()
+            .find(|b| binding_who(b).matches(principal))
+            .map(|b| b.profile.as_str())
+    }
+
+    /// Returns the policy as it applies to `principal`: the rules written for it, and its
+    /// agent's tool list.
+    pub fn scope(self: &Arc<Self>, principal: Arc<Principal>) -> Scope {
+        if !self.active {
+            return Scope {
+                policy: self.clone(),
+                principal,
+                rules: Vec::new(),
+                agent: None,
+                principal_value: None,
+            };
+        }
+        let rules: Vec<usize> =
+            (0..self.rules.len()).filter(|&i| self.rules[i].who.matches(&principal)).collect();
+        let agent =
+            agent(&principal).and_then(|id| self.agents.get(id)).map(|(name, _)| name.clone());
+        // Built once per request, and only when a rule's condition may read it.
+        let principal_value = rules
+            .iter()
+            .any(|&i| self.rules[i].when.is_some())
+            .then(|| principal_value(&principal));
+        Scope { policy: self.clone(), principal, rules, agent, principal_value }
+    }
+}
+
+/// A context with every variable, empty, to find names an expression reads that are none of
+/// them.
+fn probe(env: &Arc<cel::Env>) -> cel::Context<'static, 'static> {
+    let mut context = cel::Context::with_env(env.clone());
+    context.add_variable_from_value("principal", principal_value(&Principal::anonymous("")));
+    let spec = ToolSpec::new("", "", json!({}), toolmesh_core::ToolSource::local(""));
+    context.add_variable_from_value("tool", tool_value(&spec));
+    context.add_variable_from_value("args", cel::to_value(json!({})).unwrap_or(cel::Value::Null));
+    context
+}
+
+fn binding_who(binding: &BindingConfig) -> Who {
+    Who {
+        principals: binding.principals.clone(),
+        roles: binding.roles.clone(),
+        agents: binding.agents.clone(),
+    }
+}
+
+/// What the policy decided for one call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// The call may go ahead; the rule that allowed it (`default` when none matched).
+    Allow {
+        /// The allowing rule.
+        rule: Arc<str>,
+    },
+    /// The principal may not see the tool: the call is answered as for an unknown tool.
+    Hidden {
+        /// The rule (or `agents.<id>`, or `default`) that hides it.
+        rule: Arc<str>,
+    },
+    /// The principal sees the tool but may not make this call (its arguments, its
+    /// context): `PERMISSION_DENIED`, citing the rule.
+    Refused {
+        /// The refusing rule.
+        rule: Arc<str>,
+        /// Why, for the caller.
+        reason: String,
+    },
+}
+
+impl Decision {
+    /// Returns the decision's name for audit and metrics: `allow`, `hide` or `deny`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Decision::Allow { .. } => "allow",
+            Decision::Hidden { .. } => "hide",
+            Decision::Refused { .. } => "deny",
+        }
+    }
+
+    /// Returns the rule that decided.
+    pub fn rule(&self) -> &str {
+        match self {
+            Decision::Allow { rule }
+            | Decision::Hidden { rule }
+            | Decision::Refused { rule, .. } => rule,
+        }
+    }
+}
+
+/// The policy for one principal, for the length of one request.
+pub struct Scope {
+    policy: Arc<Policy>,
+    principal: Arc<Principal>,
+    /// Indices of the rules written for this principal.
+    rules: Vec<usize>,
+    /// `agents.<id>` when the principal's agent has a tool list.
+    agent: Option<Arc<str>>,
+    principal_value: Option<cel::Value>,
+}
+
+impl fmt::Debug for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scope")
+            .field("principal", &self.principal.name)
+            .field("rules", &self.rules.len())
+            .field("agent", &self.agent)
+            .finish()
+    }
+}
+
+/// What one rule makes of a tool, at discovery or at a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Applies,
+    DoesNot,
+    /// Only a call can tell (the expression reads `args`).
+    Undecided,
+}
+
+impl Scope {
+    /// Returns the principal.
+    pub fn principal(&self) -> &Arc<Principal> {
+        &self.principal
+    }
+
+    /// Returns the largest arguments a call may carry, in bytes of JSON.
+    pub fn max_argument_bytes(&self) -> Option<usize> {
+        self.policy.limits.max_argument_bytes()
+    }
+
+    /// Returns the largest result `spec` may return, and whether a larger one is cut.
+    pub fn result_limit(&self, spec: &ToolSpec) -> Option<ResultLimit> {
+        self.policy.limits.result_limit(spec)
+    }
+
+    /// Admits a call of `spec` under the rate and concurrency limits: the permit holds the
+    /// principal's slot until it drops.
+    pub fn admit(&self, spec: &ToolSpec) -> Result<Permit, LimitError> {
+        self.policy.limits.admit(&self.principal, spec)
+    }
+
+    /// Returns the policy.
+    pub fn policy(&self) -> &Arc<Policy> {
+        &self.policy
+    }
+
+    /// Returns whether the principal may see `spec`: it is listed, counted, described and
+    /// returned by searches only then. A tool is seen unless the agent's list leaves it
+    /// out or a `deny` rule that does not read the arguments matches it; and then only when
+    /// an `allow` rule may match it or the default allows.
+    pub fn sees(&self, spec: &ToolSpec) -> bool {
+        self.hidden_by(spec).is_none()
+    }
+
+    /// Returns the rule that hides `spec` from the principal (`agents.<id>` for an agent's
+    /// tool list, `default` for the default); `None` when the principal sees it.
+    pub fn hidden_by(&self, spec: &ToolSpec) -> Option<Arc<str>> {
+        if !self.policy.active {
+            return None;
+        }
+        if let Some(agent) = &self.agent
+            && !self.agent_lists(spec)
+        {
+            return Some(agent.clone());
+        }
+        let mut allowed = false;
+        let mut tool = None;
+        for rule in self.matching(spec) {
+            match (rule.effect, self.evaluate(rule, spec, &mut tool)) {
+                (Effect::Deny, Outcome::Applies) => return Some(rule.name.clone()),
+                (Effect::Allow, Outcome::Applies | Outcome::Undecided) => allowed = true,
+                _ => {}
+            }
+        }
+        (!allowed && self.policy.config.default == Effect::Deny).then(|| DEFAULT_RULE.into())
+    }
+
+    /// Decides a call of `spec` with `arguments`: deny wins; a tool the principal does not
+    /// see is [`Decision::Hidden`]; one it sees but may not call so is
+    /// [`Decision::Refused`].
+    pub fn decide(&self, spec: &ToolSpec, arguments: &Json) -> Decision {
+        match self.hidden_by(spec) {
+            Some(rule) => Decision::Hidden { rule },
+            None => self.decide_visible(spec, arguments),
+        }
+    }
+
+    /// Decides a call of `spec`, which the principal sees ([`Scope::hidden_by`] said so),
+    /// with `arguments`: [`Decision::Allow`] or [`Decision::Refused`].
+    pub fn decide_visible(&self, spec: &ToolSpec, arguments: &Json) -> Decision {
+        if !self.policy.active {
+            return Decision::Allow { rule: DEFAULT_RULE.into() };
+        }
+        let mut tool = None;
+        let args = std::cell::OnceCell::new();
+        let mut allowed: Option<&Rule> = None;
+        let mut refused: Option<(&Rule, Option<String>)> = None;
+        for rule in self.matching(spec) {
+            let outcome = match &rule.when {
+                Some(when) if when.reads_args => {
+                    let args =
+                        args.get_or_init(|| cel::to_value(arguments).unwrap_or(cel::Value::Null));
+                    self.run(when, spec, &mut tool, Some(args))
+                }
+                _ => self.evaluate(rule, spec, &mut tool).into(),
+            };
+            match (rule.effect, outcome) {
+                (Effect::Deny, Evaluated::True) => {
+                    refused.get_or_insert((rule, None));
+                }
+                (Effect::Deny, Evaluated::Failed(error)) => {
+                    // A deny rule that cannot be evaluated refuses: policy fails closed.
+                    refused.get_or_insert((rule, Some(error)));
+                }
+                (Effect::Allow, Evaluated::True) => {
+                    allowed.get_or_insert(rule);
+                }
+                _ => {}
+            }
+        }
+        if let Some((rule, error)) = refused {
+            let reason = match (&rule.reason, error) {
+                (_, Some(error)) => format!("its condition could not be evaluated: {error}"),
+                (Some(reason), None) => reason.clone(),
+                (None, None) => "the call's arguments are not allowed".to_owned(),
+            };
+            return Decision::Refused { rule: rule.name.clone(), reason };
+        }
+        match allowed {
+            Some(rule) => Decision::Allow { rule: rule.name.clone() },
+            None if self.policy.config.default == Effect::Allow => {
+                Decision::Allow { rule: DEFAULT_RULE.into() }
+            }
+            None => Decision::Refused {
+                rule: DEFAULT_RULE.into(),
+                reason: "no rule allows the call with these arguments".into(),
+            },
+        }
+    }
+
+    fn agent_lists(&self, spec: &ToolSpec) -> bool {
+        let Some(id) = agent(&self.principal) else { return true };
+        self.policy.agents.get(id).is_none_or(|(_, tools)| tools.iter().any(|s| s.selects(spec)))
+    }
+
+    fn matching<'a>(&'a self, spec: &'a ToolSpec) -> impl Iterator<Item = &'a Rule> + 'a {
+        self.rules
+            .iter()
+            .map(|&i| &self.policy.rules[i])
+            .filter(move |rule| rule.tools.is_empty() || rule.tools.iter().any(|s| s.selects(spec)))
+    }
+
+    /// What `rule`'s condition makes of `spec` without the arguments.
+    fn evaluate(&self, rule: &Rule, spec: &ToolSpec, tool: &mut Option<cel::Value>) -> Outcome {
+        match &rule.when {
+            None => Outcome::Applies,
+            Some(when) if when.reads_args => Outcome::Undecided,
+            Some(when) => match self.run(when, spec, tool, None) {
+                Evaluated::True => Outcome::Applies,
+                Evaluated::False => Outcome::DoesNot,
+                // Unevaluable: a deny rule applies (fail closed), an allow rule does not.
+                Evaluated::Failed(_) => match rule.effect {
+                    Effect::Deny => Outcome::Applies,
+                    Effect::Allow => Outcome::DoesNot,
+                },
+            },
+        }
+    }
+
+    fn run(
+        &self,
+        when: &When,
+        spec: &ToolSpec,
+        tool: &mut Option<cel::Value>,
+        args: Option<&cel::Value>,
+    ) -> Evaluated {
+        let mut context = cel::Context::with_env(self.policy.env.clone());
+        let principal =
+            self.principal_value.clone().unwrap_or_else(|| principal_value(&self.principal));
+        context.add_variable_from_value("principal", principal);
+        context
+            .add_variable_from_value("tool", tool.get_or_insert_with(|| tool_value(spec)).clone());
+        if let Some(args) = args {
+            context.add_variable_from_value("args", args.clone());
+        }
+        match when.program.execute(&context) {
+            Ok(cel::Value::Bool(true)) => Evaluated::True,
+            Ok(cel::Value::Bool(false)) => Evaluated::False,
+            Ok(other) => Evaluated::Failed(format!(
+                "the expression gave {:?}, not a boolean",
+                other.type_of()
+            )),
+            Err(error) => Evaluated::Failed(error.to_string()),
+        }
+    }
+}
+
+enum Evaluated {
+    True,
+    False,
+    Failed(String),
+}
+
+impl From<Outcome> for Evaluated {
+    fn from(outcome: Outcome) -> Self {
+        match outcome {
+            Outcome::Applies => Evaluated::True,
+            Outcome::DoesNot | Outcome::Undecided => Evaluated::False,
+        }
+    }
+}
+
+fn principal_value(principal: &Principal) -> cel::Value {
+    cel::to_value(json!({
+        "name": principal.name,
+        "kind": principal.kind.as_str(),
+        "roles": principal.roles,
+        "attributes": principal.attributes,
+    }))
+    .unwrap_or(cel::Value::Null)
+}
+
+fn tool_value(spec: &ToolSpec) -> cel::Value {
+    let a = &spec.annotations;
+    cel::to_value(json!({
+        "name": spec.name,
+        "source": spec.source.name,
+        "kind": spec.source.kind.as_str(),
+        "toolkit": spec.toolkit.as_deref().unwrap_or_default(),
+        "tags": spec.tags,
+        "annotations": {
+            "read_only": a.read_only.unwrap_or(false),
+            "destructive": a.destructive.unwrap_or(true),
+            "idempotent": a.idempotent.unwrap_or(false),
+            "open_world": a.open_world.unwrap_or(true),
+        },
+    }))
+    .unwrap_or(cel::Value::Null)
+}

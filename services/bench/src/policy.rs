@@ -1,0 +1,225 @@
+//! `toolmesh-bench --policy`: the cost of the tool policy on the call path. Two toolmesh
+//! servers with the same ten API-key principals, one with a `[policy]` of fifty rules (49
+//! over principal and tool globs, roles and agents, one CEL condition on the arguments of
+//! the tool called, auditing every call to a file) and one without; the CallTool load of
+//! the plain benchmark against both, each caller a principal of its own connection,
+//! alternating rounds: throughput under a closed loop, then latency in an open loop at
+//! half of the server without policy's maximum.
+
+use anyhow::Context as _;
+use toolmesh_proto::v1::{CallToolRequest, tool_service_client::ToolServiceClient};
+
+use crate::load::{self, BenchOptions, Programs, RemoveOnDrop, Sample};
+
+/// The principals, one connection each.
+const PRINCIPALS: usize = 10;
+
+/// Figures of `toolmesh-bench --policy`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct PolicyReport {
+    /// Rules of the policy.
+    pub(crate) rules: usize,
+    /// Closed loop, without policy.
+    pub(crate) open: Sample,
+    /// Closed loop, with the policy.
+    pub(crate) governed: Sample,
+    /// Throughput with the policy over that without.
+    pub(crate) throughput_ratio: f64,
+    /// The open-loop rate: half of the maximum without policy.
+    pub(crate) half_rate: f64,
+    /// Half load, without policy.
+    pub(crate) open_half: Sample,
+    /// Half load, with the policy.
+    pub(crate) governed_half: Sample,
+    /// p99 at half load with the policy less that without, in ms.
+    pub(crate) p99_added_ms: f64,
+}
+
+/// The `[auth]` both servers share, and the keys of its principals.
+fn auth() -> (String, Vec<String>) {
+    let mut toml = String::new();
+    let mut keys = Vec::new();
+    for i in 0..PRINCIPALS {
+        let key = toolmesh_identity::new_key();
+        let admin = if i == 0 { ", \"admin\"" } else { "" };
+        toml.push_str(&format!(
+            "[[auth.api_keys]]\nprincipal = \"agent-{i}\"\nsha256 = \"{}\"\n\
+             roles = [\"team-{}\"{admin}]\nattributes = {{ agent = \"bot-{}\" }}\n\n",
+            toolmesh_identity::key_digest(&key),
+            i % 3,
+            i % 5,
+        ));
+        keys.push(key);
+    }
+    (toml, keys)
+}
+
+/// Fifty rules as a deployment writes them: most are about other tools and other
+/// principals (so each call looks at all of them), a few match the tool called, and one CEL
+/// condition on its arguments is evaluated at every call.
+fn rules(audit: &std::path::Path) -> (String, usize) {
+    let mut toml =
+        format!("[policy]\ndefault = \"deny\"\n\n[policy.audit]\nto = \"{}\"\n\n", audit.display());
+    let mut count = 0;
+    let mut rule = |toml: &mut String, body: String| {
+        count += 1;
+        toml.push_str(&format!("[[policy.rules]]\nname = \"rule-{count}\"\n{body}\n"));
+    };
+    for i in 0..12 {
+        rule(
+            &mut toml,
+            format!("effect = \"deny\"\ntools = [\"github_*_{i}\", \"tag:danger-{i}\"]\n"),
+        );
+        rule(
+            &mut toml,
+            format!(
+                "effect = \"allow\"\nroles = [\"team-{}\"]\ntools = [\"toolkit:kit-{i}\", \"source:mcp-{i}*\"]\n",
+                i % 3
+            ),
+        );
+        rule(
+            &mut toml,
+            format!("effect = \"deny\"\nprincipals = [\"intern-{i}*\"]\ntools = [\"*\"]\n"),
+        );
+        rule(
+            &mut toml,
+            format!(
+                "effect = \"allow\"\nagents = [\"bot-{}\"]\ntools = [\"kind:remote\", \"report_{i}_*\"]\n",
+                i % 5
+            ),
+        );
+    }
+    // 48 so far; the tool called is allowed by role, and its arguments checked in CEL.
+    rule(&mut toml, "effect = \"allow\"\nroles = [\"team-0\", \"team-1\", \"team-2\"]\ntools = [\"echo\", \"think\", \"analyze\"]\n".into());
+    rule(
+        &mut toml,
+        "effect = \"deny\"\ntools = [\"echo\"]\nwhen = 'size(args.message) > 4096 || args.message.startsWith(\"rm -rf\")'\n\
+         reason = \"messages are short and harmless\"\n"
+            .into(),
+    );
+    (toml, count)
+}
+
+/// Starts `toolmesh serve` with `config` (TOML) written to a temporary file.
+async fn serve(
+    programs: &Programs,
+    name: &str,
+    config: &str,
+) -> anyhow::Result<(load::ChildServer, RemoveOnDrop)> {
+    let path =
+        std::env::temp_dir().join(format!("toolmesh-bench-{name}-{}.toml", std::process::id()));
+    std::fs::write(&path, config)?;
+    let arg = path.display().to_string();
+    let child = load::start_child(
+        &programs.toolmesh,
+        &["serve", "--listen", "127.0.0.1:0", "--config", &arg],
+    )
+    .await?;
+    Ok((child, RemoveOnDrop(path)))
+}
+
+/// One connection per principal.
+async fn clients(
+    addr: &str,
+    keys: &[String],
+) -> anyhow::Result<Vec<ToolServiceClient<toolmesh::client::Connection>>> {
+    let mut clients = Vec::with_capacity(keys.len());
+    for key in keys {
+        clients.push(toolmesh::client::connect(addr, Some(key)).await?);
+    }
+    Ok(clients)
+}
+
+/// Runs the policy benchmark with `options`' load (concurrency, phases, rounds).
+pub(crate) async fn run(
+    options: &BenchOptions,
+    programs: &Programs,
+) -> anyhow::Result<PolicyReport> {
+    let (auth, keys) = auth();
+    let audit = RemoveOnDrop(
+        std::env::temp_dir().join(format!("toolmesh-bench-audit-{}.jsonl", std::process::id())),
+    );
+    let (rules, count) = rules(&audit.0);
+    let (open_server, _open_config) = serve(programs, "open", &auth).await?;
+    let (governed_server, _governed_config) =
+        serve(programs, "policy", &format!("{auth}\n{rules}")).await?;
+    let request = CallToolRequest {
+        name: options.tool.clone(),
+        arguments_json: options.arguments.clone(),
+        ..Default::default()
+    };
+    let targets = [
+        clients(&open_server.addr.to_string(), &keys).await?,
+        clients(&governed_server.addr.to_string(), &keys).await?,
+    ];
+    for clients in &targets {
+        for client in clients {
+            let probe = client.clone().call_tool(request.clone()).await.context("probe call")?;
+            anyhow::ensure!(!probe.get_ref().is_error, "probe call failed: {:?}", probe.get_ref());
+        }
+        load::closed_loop(clients, options.concurrency, options.warmup, &request).await;
+    }
+    let rounds = options.rounds.max(1);
+    let slice = options.duration / rounds as u32;
+    let mut closed: [Vec<Sample>; 2] = Default::default();
+    for _ in 0..rounds {
+        for (clients, samples) in targets.iter().zip(&mut closed) {
+            samples.push(load::closed_loop(clients, options.concurrency, slice, &request).await);
+        }
+    }
+    let [open, governed] = closed.map(load::median);
+    let half_rate = open.throughput / 2.0;
+    let mut half: [Vec<Sample>; 2] = Default::default();
+    for _ in 0..rounds {
+        for (clients, samples) in targets.iter().zip(&mut half) {
+            samples.push(load::open_loop(clients, half_rate, slice, &request).await);
+        }
+    }
+    let [open_half, governed_half] = half.map(load::median);
+    Ok(PolicyReport {
+        rules: count,
+        throughput_ratio: governed.throughput / open.throughput,
+        p99_added_ms: governed_half.p99_ms - open_half.p99_ms,
+        open,
+        governed,
+        half_rate,
+        open_half,
+        governed_half,
+    })
+}
+
+/// The report as a table.
+pub(crate) fn render(report: &PolicyReport) -> String {
+    let row = |name: &str, s: &Sample| {
+        format!(
+            "{name:<28} {:>10.0} {:>9.3} {:>9.3} {:>9.3} {:>7}\n",
+            s.throughput, s.p50_ms, s.p90_ms, s.p99_ms, s.errors
+        )
+    };
+    let mut out = format!(
+        "CallTool with and without a policy of {} rules, {PRINCIPALS} principals\n\
+         {:<28} {:>10} {:>9} {:>9} {:>9} {:>7}\n",
+        report.rules, "", "calls/s", "p50 ms", "p90 ms", "p99 ms", "errors"
+    );
+    out.push_str(&row("no policy, closed loop", &report.open));
+    out.push_str(&row("policy, closed loop", &report.governed));
+    out.push_str(&row(&format!("no policy, {:.0}/s", report.half_rate), &report.open_half));
+    out.push_str(&row(&format!("policy, {:.0}/s", report.half_rate), &report.governed_half));
+    out.push_str(&format!(
+        "throughput with policy: {:.3}x (goal >= 0.9); p99 added at half load: {:+.3} ms (goal <= 0.1)\n",
+        report.throughput_ratio, report.p99_added_ms
+    ));
+    if let Some(error) = report.open.first_error.as_ref().or(report.governed.first_error.as_ref()) {
+        out.push_str(&format!("first error: {error}\n"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_benchmark_policy_has_fifty_rules() {
+        let (_, count) = super::rules(std::path::Path::new("/tmp/audit.jsonl"));
+        assert_eq!(count, 50);
+    }
+}

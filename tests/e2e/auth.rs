@@ -1,0 +1,228 @@
+//! Authentication through the real gRPC API: API keys and JWTs from the configuration,
+//! `UNAUTHENTICATED` and nothing else without a valid credential, health open, the
+//! principal carried to the tool.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use serde_json::{Value, json};
+use tonic::{Code, Request};
+use tonic_health::pb::health_check_response::ServingStatus;
+use toolmesh::AppOptions;
+use toolmesh_e2e::{TestServer, tools::WhoAmITool};
+use toolmesh_proto::v1::{
+    CallToolClientMessage, CallToolRequest, ListCollectionsRequest, ListToolsRequest,
+    SearchToolsRequest, call_tool_client_message, knowledge_service_client::KnowledgeServiceClient,
+    tool_service_client::ToolServiceClient,
+};
+use toolmesh_workers::ToolLimits;
+
+const ISSUER: &str = "https://idp.test/";
+const AUDIENCE: &str = "toolmesh";
+
+/// A server requiring credentials: one API key (alice, role `admin`) and ES256 tokens
+/// verified with a public key file. Returns it with the key and the token signer.
+async fn secured(extra: &str) -> (TestServer, String, EncodingKey, tempfile::TempDir) {
+    let key = toolmesh_identity::new_key();
+    let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let public = dir.path().join("issuer.pem");
+    std::fs::write(&public, pair.public_key_pem()).unwrap();
+    let toml = format!(
+        r#"
+        [[auth.api_keys]]
+        principal = "alice"
+        sha256 = "{digest}"
+        roles = ["admin"]
+
+        [[auth.jwt]]
+        issuer = "{ISSUER}"
+        audiences = ["{AUDIENCE}"]
+        public_key_file = "{public}"
+        {extra}
+        "#,
+        digest = toolmesh_identity::key_digest(&key),
+        public = public.display(),
+    );
+    let tools = vec![(
+        std::sync::Arc::new(WhoAmITool) as std::sync::Arc<dyn toolmesh_workers::LocalTool>,
+        ToolLimits::default(),
+    )];
+    let server = TestServer::start(&toml, AppOptions { tools, ..Default::default() })
+        .await
+        .expect("server starts");
+    let signer = EncodingKey::from_ec_pem(pair.serialize_pem().as_bytes()).unwrap();
+    (server, key, signer, dir)
+}
+
+fn now() -> i64 {
+    i64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()).unwrap()
+}
+
+fn token(signer: &EncodingKey, claims: &Value) -> String {
+    jsonwebtoken::encode(&Header::new(Algorithm::ES256), claims, signer).unwrap()
+}
+
+fn claims(sub: &str) -> Value {
+    json!({"iss": ISSUER, "aud": AUDIENCE, "sub": sub, "exp": now() + 300, "roles": ["reader"]})
+}
+
+async fn client(
+    server: &TestServer,
+    token: Option<&str>,
+) -> ToolServiceClient<toolmesh::client::Connection> {
+    toolmesh::client::connect(&server.addr.to_string(), token).await.unwrap()
+}
+
+fn whoami() -> CallToolRequest {
+    CallToolRequest { name: "whoami".into(), arguments_json: "{}".into(), ..Default::default() }
+}
+
+/// Every RPC of the tool and knowledge services `token` may reach, each as its status code
+/// and message (`Ok` as `(Code::Ok, "")`).
+async fn every_rpc(server: &TestServer, token: Option<&str>) -> Vec<(&'static str, Code, String)> {
+    let mut tools = client(server, token).await;
+    let outcome = |name, result: Result<(), tonic::Status>| match result {
+        Ok(()) => (name, Code::Ok, String::new()),
+        Err(status) => (name, status.code(), status.message().to_owned()),
+    };
+    let mut out = vec![
+        outcome("ListTools", tools.list_tools(ListToolsRequest::default()).await.map(drop)),
+        outcome("CallTool", tools.call_tool(whoami()).await.map(drop)),
+        outcome(
+            "SearchTools",
+            tools
+                .search_tools(SearchToolsRequest { query: "who".into(), ..Default::default() })
+                .await
+                .map(drop),
+        ),
+    ];
+    let start =
+        CallToolClientMessage { message: Some(call_tool_client_message::Message::Start(whoami())) };
+    let stream = tools.stream_call_tool(tokio_stream::iter([start])).await;
+    let stream = match stream {
+        Ok(response) => {
+            let mut messages = response.into_inner();
+            let mut result = Ok(());
+            while let Some(message) = messages.message().await.transpose() {
+                if let Err(status) = message {
+                    result = Err(status);
+                }
+            }
+            result
+        }
+        Err(status) => Err(status),
+    };
+    out.push(outcome("StreamCallTool", stream));
+    let channel = toolmesh::client::channel(&server.addr.to_string(), token).await.unwrap();
+    let mut knowledge = KnowledgeServiceClient::new(channel);
+    out.push(outcome(
+        "ListCollections",
+        knowledge.list_collections(ListCollectionsRequest::default()).await.map(drop),
+    ));
+    out
+}
+
+#[tokio::test]
+async fn without_a_valid_credential_every_call_is_unauthenticated_and_nothing_is_listed() {
+    let (server, key, signer, _dir) = secured("").await;
+    let expired =
+        token(&signer, &json!({"iss": ISSUER, "aud": AUDIENCE, "sub": "bob", "exp": now() - 120}));
+    let early = token(
+        &signer,
+        &json!({"iss": ISSUER, "aud": AUDIENCE, "sub": "bob", "exp": now() + 600, "nbf": now() + 300}),
+    );
+    let audience = token(
+        &signer,
+        &json!({"iss": ISSUER, "aud": "someone-else", "sub": "bob", "exp": now() + 300}),
+    );
+    let foreign = {
+        let other = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let other = EncodingKey::from_ec_pem(other.serialize_pem().as_bytes()).unwrap();
+        token(&other, &claims("bob"))
+    };
+    let cases: [(Option<&str>, &str); 7] = [
+        (None, "requires a credential"),
+        (Some("tm_not-a-key-of-this-server"), "not valid"),
+        (Some(&key[..key.len() - 1]), "not valid"),
+        (Some(&expired), "expired"),
+        (Some(&early), "not valid yet"),
+        (Some(&audience), "audience"),
+        (Some(&foreign), "signature"),
+    ];
+    for (credential, reason) in cases {
+        for (rpc, code, message) in every_rpc(&server, credential).await {
+            assert_eq!(code, Code::Unauthenticated, "{rpc} with {credential:?}: {message}");
+            assert!(
+                message.contains(reason),
+                "{rpc} with {credential:?}: {message:?} names {reason:?}"
+            );
+        }
+    }
+    // Not a bearer credential at all.
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut basic = ToolServiceClient::new(channel);
+    let mut request = Request::new(ListToolsRequest::default());
+    request.metadata_mut().insert("authorization", "Basic YWxpY2U6c2VjcmV0".parse().unwrap());
+    let status = basic.list_tools(request).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unauthenticated);
+    assert!(status.message().contains("Bearer"), "{status:?}");
+
+    // Health stays reachable without a credential.
+    assert_eq!(server.health("").await, Some(ServingStatus::Serving));
+}
+
+#[tokio::test]
+async fn an_api_key_and_a_token_reach_every_rpc_and_the_tool_sees_the_principal() {
+    let (server, key, signer, _dir) = secured("").await;
+    let jwt = token(&signer, &claims("bob"));
+    for credential in [key.as_str(), jwt.as_str()] {
+        for (rpc, code, message) in every_rpc(&server, Some(credential)).await {
+            assert_eq!(code, Code::Ok, "{rpc}: {message}");
+        }
+    }
+    let mut as_alice = client(&server, Some(&key)).await;
+    let listed = as_alice.list_tools(ListToolsRequest::default()).await.unwrap().into_inner();
+    assert!(listed.tools.iter().any(|tool| tool.name == "whoami"));
+
+    let who = |response: toolmesh_proto::v1::CallToolResponse| -> Value {
+        serde_json::from_str(response.structured_json.as_deref().unwrap()).unwrap()
+    };
+    let alice = who(as_alice.call_tool(whoami()).await.unwrap().into_inner());
+    assert_eq!(alice, json!({"name": "alice", "kind": "api_key", "roles": ["admin"]}));
+    let mut as_bob = client(&server, Some(&jwt)).await;
+    let bob = who(as_bob.call_tool(whoami()).await.unwrap().into_inner());
+    assert_eq!(bob, json!({"name": "bob", "kind": "jwt", "roles": ["reader"]}));
+}
+
+#[tokio::test]
+async fn anonymous_callers_are_the_configured_principal_when_the_configuration_allows_them() {
+    let (server, key, _signer, _dir) =
+        secured("[auth]\nanonymous = \"guest\"\nanonymous_roles = [\"visitor\"]").await;
+    let mut anonymous = client(&server, None).await;
+    let response = anonymous.call_tool(whoami()).await.unwrap().into_inner();
+    let who: Value = serde_json::from_str(response.structured_json.as_deref().unwrap()).unwrap();
+    assert_eq!(who, json!({"name": "guest", "kind": "anonymous", "roles": ["visitor"]}));
+    // A credential that is present is still checked: a bad one is not downgraded.
+    let status = client(&server, Some("tm_wrong")).await.call_tool(whoami()).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unauthenticated);
+    let response =
+        client(&server, Some(&key)).await.call_tool(whoami()).await.unwrap().into_inner();
+    assert!(response.structured_json.unwrap().contains("alice"));
+}
+
+#[tokio::test]
+async fn without_an_auth_section_callers_are_the_open_anonymous_principal() {
+    let tools = vec![(
+        std::sync::Arc::new(WhoAmITool) as std::sync::Arc<dyn toolmesh_workers::LocalTool>,
+        ToolLimits::default(),
+    )];
+    let server = TestServer::start("", AppOptions { tools, ..Default::default() }).await.unwrap();
+    let response = client(&server, None).await.call_tool(whoami()).await.unwrap().into_inner();
+    let who: Value = serde_json::from_str(response.structured_json.as_deref().unwrap()).unwrap();
+    assert_eq!(who, json!({"name": "anonymous", "kind": "anonymous", "roles": []}));
+}
