@@ -657,6 +657,52 @@ async fn bench_measures_toolmesh_and_the_bare_echo_baseline() {
     assert!(report["toolmesh_half"].is_null(), "{report}");
 }
 
+/// A command tool that calls itself through `toolmesh call`: the depth its caller tells it
+/// (TOOLMESH_CALL_DEPTH) travels with each call, until the server refuses the one past
+/// `server.max_call_depth` (3 by default); the refusal comes back up the chain.
+#[tokio::test]
+async fn a_tool_calling_itself_is_stopped_at_the_maximum_depth() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger");
+    let address = dir.path().join("address");
+    let script = format!(
+        "echo \"$TOOLMESH_CALL_DEPTH $TOOLMESH_PARENT_CALL_ID\" >> {ledger}; \
+         out=$({toolmesh} call recurse --server \"$(cat {address})\" 2>&1) \
+         || {{ echo \"$out\" >&2; exit 1; }}; echo \"$out\"",
+        ledger = ledger.display(),
+        address = address.display(),
+        toolmesh = toolmesh_bin().display(),
+    );
+    let toml = format!(
+        "[[tools.command]]\nname = \"recurse\"\ndescription = \"calls itself\"\n\
+         command = \"/bin/sh\"\nargs = [\"-c\", {script:?}]\ntimeout_ms = 60000\n"
+    );
+    let server = BinaryServer::with_config(&toml, &[]).await.unwrap();
+    std::fs::write(&address, server.addr.to_string()).unwrap();
+
+    let output = run(&["call", "recurse", "--server", &server.addr.to_string()]).await;
+    let out = format!("{}{}", stdout(&output), stderr(&output));
+    assert_eq!(output.status.code(), Some(1), "the tool reports the refusal as its error: {out}");
+    assert!(out.contains("nested 4 deep"), "{out}");
+    assert!(out.contains("server.max_call_depth"), "{out}");
+    // The tool ran at depths 0 to 3, each told the depth of the calls it makes and its own
+    // call id; the call at depth 4 never ran.
+    let runs: Vec<(String, String)> = std::fs::read_to_string(&ledger)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (depth, parent) = l.split_once(' ').unwrap();
+            (depth.to_owned(), parent.to_owned())
+        })
+        .collect();
+    let depths: Vec<&str> = runs.iter().map(|(d, _)| d.as_str()).collect();
+    assert_eq!(depths, ["1", "2", "3", "4"]);
+    assert!(runs.iter().all(|(_, parent)| parent.len() == 36), "{runs:?}");
+    let mut parents: Vec<&str> = runs.iter().map(|(_, p)| p.as_str()).collect();
+    parents.dedup();
+    assert_eq!(parents.len(), 4, "each run has a call id of its own: {runs:?}");
+}
+
 #[tokio::test]
 async fn bench_policy_measures_calls_with_and_without_a_policy() {
     // This checks that the policy benchmark runs its fifty rules and reports; no speed.

@@ -1462,3 +1462,58 @@ async fn passage_ids(server: &TestServer, tool: &str, query: &str) -> Vec<String
     let response = server.call(tool, json!({ "query": query })).await.unwrap();
     toolmesh_e2e::passages(&response).into_iter().map(|(id, _)| id).collect()
 }
+
+/// A call's nesting comes in `x-toolmesh-call-depth` metadata: up to the maximum depth it
+/// runs (and an HTTP tool is told the depth of the calls it makes); past it, it is refused
+/// with FAILED_PRECONDITION naming the depth, the limit and the parent call.
+#[tokio::test]
+async fn calls_past_the_maximum_depth_are_refused() {
+    type Seen = std::sync::Arc<std::sync::Mutex<Vec<std::collections::HashMap<String, String>>>>;
+    let seen = Seen::default();
+    let recorded = seen.clone();
+    let app = axum::Router::new().route(
+        "/",
+        axum::routing::get(move |headers: axum::http::HeaderMap| {
+            let recorded = recorded.clone();
+            async move {
+                let headers = headers
+                    .iter()
+                    .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
+                    .collect();
+                recorded.lock().unwrap().push(headers);
+                "ok"
+            }
+        }),
+    );
+    let upstream = toolmesh_e2e::serve_http(app).await;
+    let config = format!(
+        "[[tools.http]]\nname = \"hook\"\ndescription = \"calls a service\"\nurl = \"http://{upstream}/\"\n\
+         allow_private_network = true\n"
+    );
+    let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
+    let mut client = server.client().await;
+    let call = |depth: &str, name: &str| {
+        let mut request = tonic::Request::new(CallToolRequest {
+            name: name.into(),
+            arguments_json: "{}".into(),
+            ..Default::default()
+        });
+        request.metadata_mut().insert("x-toolmesh-call-depth", depth.parse().unwrap());
+        request.metadata_mut().insert("x-toolmesh-parent-call-id", "parent-1".parse().unwrap());
+        request
+    };
+    assert!(!client.call_tool(call("3", "echo")).await.unwrap().into_inner().is_error);
+    let status = client.call_tool(call("4", "echo")).await.unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert!(status.message().contains("nested 4 deep"), "{}", status.message());
+    assert!(status.message().contains("parent-1"), "{}", status.message());
+    let status = client.call_tool(call("deep", "echo")).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{}", status.message());
+
+    // The HTTP tool's service is told the depth of the calls it would make.
+    let response = client.call_tool(call("2", "hook")).await.unwrap().into_inner();
+    assert!(!response.is_error, "{response:?}");
+    let headers = seen.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(headers.get("x-toolmesh-call-depth").map(String::as_str), Some("3"));
+    assert_eq!(headers.get("x-toolmesh-parent-call-id").map(String::len), Some(36));
+}

@@ -398,6 +398,8 @@ pub struct ServerConfig {
     pub keepalive_timeout: Duration,
     /// How calls whose connection broke are repeated.
     pub retry: RetryPolicy,
+    /// The deepest call nesting accepted: a tool calling back into toolmesh adds one.
+    pub max_call_depth: u32,
 }
 
 /// `[workers]`.
@@ -699,6 +701,7 @@ struct RawServer {
     retry_attempts: NonZeroU32,
     retry_backoff_ms: u64,
     retry_max_backoff_ms: u64,
+    max_call_depth: u32,
 }
 
 #[derive(Deserialize)]
@@ -890,6 +893,7 @@ impl Config {
                     &key_error,
                 )?,
             },
+            max_call_depth: raw.server.max_call_depth,
         };
         let telemetry = TelemetryConfig {
             log: raw.telemetry.log,

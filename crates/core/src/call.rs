@@ -310,4 +310,47 @@ pub struct CallContext {
     pub attempt: u32,
     /// Who is calling.
     pub principal: Arc<crate::Principal>,
+    /// How deep the call is nested: 0 for a caller's own call, one more for each tool
+    /// that called back into toolmesh. A backend tells its tool [`Nesting::of`] it, so
+    /// that the tool's own calls carry it.
+    pub depth: u32,
+}
+
+/// What a tool that calls back into toolmesh sends with its calls: the depth of the call
+/// it makes (its own depth plus one) and its own call id, as `x-toolmesh-call-depth` and
+/// `x-toolmesh-parent-call-id` gRPC metadata and HTTP headers, `TOOLMESH_CALL_DEPTH` and
+/// `TOOLMESH_PARENT_CALL_ID` environment variables of a command, and `_meta` keys of an
+/// MCP call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Nesting {
+    /// The depth of the calls the tool makes.
+    pub depth: u32,
+    /// The call id of the tool's own call.
+    pub parent_call_id: String,
+}
+
+impl Nesting {
+    /// The metadata key (and HTTP header) of the depth.
+    pub const DEPTH_HEADER: &str = "x-toolmesh-call-depth";
+    /// The metadata key (and HTTP header) of the parent call id.
+    pub const PARENT_HEADER: &str = "x-toolmesh-parent-call-id";
+    /// The environment variable of the depth.
+    pub const DEPTH_ENV: &str = "TOOLMESH_CALL_DEPTH";
+    /// The environment variable of the parent call id.
+    pub const PARENT_ENV: &str = "TOOLMESH_PARENT_CALL_ID";
+    /// The MCP `_meta` key of the depth.
+    pub const DEPTH_META: &str = "io.toolmesh/callDepth";
+    /// The MCP `_meta` key of the parent call id.
+    pub const PARENT_META: &str = "io.toolmesh/parentCallId";
+
+    /// Returns what the tool of `ctx` sends with the calls it makes.
+    pub fn of(ctx: &CallContext) -> Self {
+        Nesting { depth: ctx.depth.saturating_add(1), parent_call_id: ctx.call_id.clone() }
+    }
+
+    /// Returns the pairs of names and values to send, under the names `depth` and
+    /// `parent` give.
+    pub fn pairs<'a>(&self, depth: &'a str, parent: &'a str) -> [(&'a str, String); 2] {
+        [(depth, self.depth.to_string()), (parent, self.parent_call_id.clone())]
+    }
 }

@@ -27,7 +27,7 @@ pub mod vector;
 pub use backend::{Backend, RetryPolicy};
 pub use call::{
     CallContext, CallEvent, Elicitation, ElicitationAnswer, ElicitationPrompt, EventReceiver,
-    EventSink,
+    EventSink, Nesting,
 };
 pub use content::{ContentPart, ToolOutput};
 pub use error::{

@@ -10,7 +10,7 @@ use rmcp::{
     service::{Peer, PeerRequestOptions},
 };
 use serde_json::Value;
-use toolmesh_core::{Backend, BackendError, CallContext, ErrorCode, ToolOutput};
+use toolmesh_core::{Backend, BackendError, CallContext, ErrorCode, Nesting, ToolOutput};
 use tracing::{Instrument, info_span};
 
 use crate::{convert, shared::ServerShared};
@@ -142,6 +142,10 @@ impl McpBackend {
         for (key, value) in toolmesh_telemetry::context_headers(&tracing::Span::current()) {
             meta.0.0.insert(key, Value::String(value));
         }
+        // A server that calls back into toolmesh sends these with its calls.
+        let nesting = Nesting::of(ctx);
+        meta.0.0.insert(Nesting::DEPTH_META.into(), Value::from(nesting.depth));
+        meta.0.0.insert(Nesting::PARENT_META.into(), Value::String(nesting.parent_call_id));
         let mut options = PeerRequestOptions::default();
         options.meta = Some(meta);
         let handle = peer

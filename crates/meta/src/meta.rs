@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use toolmesh_config::{MAX_TOP_K, ProfileConfig, RoutingConfig};
 use toolmesh_core::{
     Backend, BackendError, CallContext, CallFailure, ContentPart, FailureDetail, FieldViolation,
-    ToolAnnotations, ToolOutput, ToolSource, ToolSpec,
+    Nesting, ToolAnnotations, ToolOutput, ToolSource, ToolSpec,
 };
 use toolmesh_policy::Scope;
 use toolmesh_registry::{Catalog, RegistryError, RegistryHandle, SourceUpdate, ToolEntry};
@@ -451,6 +451,9 @@ impl MetaTools {
             profile: profile_name.to_owned(),
             client_timeout: Some(ctx.deadline.saturating_duration_since(Instant::now())),
             principal: ctx.principal.clone(),
+            // The call callTool makes is the caller's, as deep as callTool's own.
+            nesting: (ctx.depth > 0)
+                .then(|| Nesting { depth: ctx.depth, parent_call_id: ctx.call_id.clone() }),
         };
         let cancel = ctx.cancel.child_token();
         let call =

@@ -116,6 +116,7 @@ impl Backend for RemoteBackend {
                 trace_context: trace_context.clone(),
                 session_id: ctx.session_id.clone().unwrap_or_default(),
                 attempt: ctx.attempt,
+                depth: ctx.depth,
             };
             // A session that ended before the call was sent never ran it: another worker may.
             let Some(pending) = link.start(call) else { continue };

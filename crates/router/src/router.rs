@@ -13,7 +13,7 @@ use tokio::{sync::Notify, time::Instant};
 use tokio_util::sync::CancellationToken;
 use toolmesh_core::{
     BackendError, CallContext, CallFailure, ContentPart, ErrorCode, EventSink, FailureDetail,
-    FieldViolation, Principal, RetryPolicy, ToolOutput, ToolSource,
+    FieldViolation, Nesting, Principal, RetryPolicy, ToolOutput, ToolSource,
 };
 use toolmesh_policy::{AGENT_ATTRIBUTE, AuditEvent, Decision, LimitError, ResultLimit};
 use toolmesh_registry::{RegistryHandle, ToolEntry};
@@ -33,6 +33,8 @@ pub struct RouterOptions {
     pub max_timeout: Duration,
     /// How calls of read-only and idempotent tools whose connection broke are repeated.
     pub retry: RetryPolicy,
+    /// The deepest call nesting accepted.
+    pub max_call_depth: u32,
 }
 
 impl Default for RouterOptions {
@@ -41,6 +43,7 @@ impl Default for RouterOptions {
             default_timeout: Duration::from_secs(60),
             max_timeout: Duration::from_secs(600),
             retry: RetryPolicy::default(),
+            max_call_depth: 3,
         }
     }
 }
@@ -62,6 +65,8 @@ pub struct CallRequest {
     pub client_timeout: Option<Duration>,
     /// Who is calling.
     pub principal: Arc<Principal>,
+    /// How deep the call is nested (0: a caller's own call), and the call that made it.
+    pub nesting: Option<Nesting>,
 }
 
 impl Default for CallRequest {
@@ -74,6 +79,7 @@ impl Default for CallRequest {
             profile: String::new(),
             client_timeout: None,
             principal: toolmesh_core::open_principal(),
+            nesting: None,
         }
     }
 }
@@ -209,6 +215,8 @@ impl Router {
             { names::GEN_AI_TOOL_CALL_ID } = %call_id,
             { names::GEN_AI_TOOL_TYPE } = "function",
             { names::TOOLMESH_SESSION_ID } = %request.session_id,
+            { names::TOOLMESH_CALL_DEPTH } = request.nesting.as_ref().map_or(0, |n| n.depth),
+            { names::TOOLMESH_CALL_PARENT_ID } = request.nesting.as_ref().map(|n| n.parent_call_id.as_str()),
             { names::ENDUSER_ID } = %request.principal.name,
             { names::TOOLMESH_SOURCE_KIND } = Empty,
             { names::TOOLMESH_SOURCE_NAME } = Empty,
@@ -278,6 +286,10 @@ impl Router {
         cancel: CancellationToken,
         seen: &mut Seen,
     ) -> Result<ToolOutput, RouterError> {
+        let depth = request.nesting.as_ref().map_or(0, |n| n.depth);
+        if depth > self.options.max_call_depth {
+            return Err(too_deep(&request, self.options.max_call_depth));
+        }
         request.profile = admission.profile_of(&request.principal, &request.profile)?;
         let scope = admission.scope(request.principal.clone());
         // Resolved once per call: here, or by callTool, which hands the entry over.
@@ -374,6 +386,7 @@ impl Router {
             events,
             attempt: 1,
             principal: request.principal.clone(),
+            depth,
         };
         let (outcome, attempts) = self.dispatch(&entry, ctx, arguments, deadline).await;
         let deadline_error = || RouterError::DeadlineExceeded {
@@ -487,6 +500,33 @@ impl Router {
             attempt += 1;
         }
     }
+}
+
+/// The refusal of a call nested deeper than `max`.
+fn too_deep(request: &CallRequest, max: u32) -> RouterError {
+    let nesting = request.nesting.as_ref();
+    let depth = nesting.map_or(0, |n| n.depth);
+    let parent = nesting.map_or("", |n| n.parent_call_id.as_str());
+    RouterError::Refused(Box::new(CallFailure {
+        code: ErrorCode::FailedPrecondition,
+        kind: "call_depth_exceeded",
+        message: format!(
+            "the call of {} is nested {depth} deep (its parent call is {}), deeper than the \
+             {max} this server allows (server.max_call_depth): a tool that calls tools must \
+             not recurse without end",
+            request.name,
+            if parent.is_empty() { "not named" } else { parent },
+        ),
+        detail: FailureDetail::Info {
+            reason: "CALL_DEPTH_EXCEEDED",
+            metadata: [
+                ("depth".to_owned(), depth.to_string()),
+                ("max_call_depth".to_owned(), max.to_string()),
+                ("parent_call_id".to_owned(), parent.to_owned()),
+            ]
+            .into(),
+        },
+    }))
 }
 
 /// The refusal of arguments larger than the limit.

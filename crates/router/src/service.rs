@@ -6,7 +6,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use toolmesh_core::{
-    ElicitationAnswer, ErrorCode, EventSink, HealthBoard, Principal, open_principal,
+    ElicitationAnswer, ErrorCode, EventSink, HealthBoard, Nesting, Principal, open_principal,
 };
 use toolmesh_proto::{
     convert,
@@ -98,6 +98,7 @@ fn call_request(
     message: CallToolRequest,
     client_timeout: Option<std::time::Duration>,
     principal: Arc<Principal>,
+    nesting: Option<Nesting>,
 ) -> CallRequest {
     CallRequest {
         name: message.name,
@@ -107,7 +108,30 @@ fn call_request(
         profile: message.profile,
         client_timeout,
         principal,
+        nesting,
     }
+}
+
+/// The nesting a tool that calls back into toolmesh sends: `x-toolmesh-call-depth` and
+/// `x-toolmesh-parent-call-id`; `None` for a caller's own call.
+fn nesting<T>(request: &Request<T>) -> Result<Option<Nesting>, Status> {
+    let metadata = request.metadata();
+    let Some(depth) = metadata.get(Nesting::DEPTH_HEADER) else { return Ok(None) };
+    let depth =
+        depth.to_str().ok().and_then(|d| d.trim().parse::<u32>().ok()).ok_or_else(|| {
+            RouterError::InvalidRequest {
+                field: "x-toolmesh-call-depth",
+                reason: "must be a whole number, the depth of the calling tool's call plus one"
+                    .into(),
+            }
+            .to_status()
+        })?;
+    let parent_call_id = metadata
+        .get(Nesting::PARENT_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| toolmesh_core::clip(v, toolmesh_core::ECHO_CHARS).into_owned())
+        .unwrap_or_default();
+    Ok(Some(Nesting { depth, parent_call_id }))
 }
 
 impl ToolServiceImpl {
@@ -249,7 +273,8 @@ impl ToolService for ToolServiceImpl {
         let span = rpc_span("CallTool", &request);
         let timeout = client_timeout(&request);
         let principal = principal(&request);
-        let call = call_request(request.into_inner(), timeout, principal);
+        let nesting = nesting(&request)?;
+        let call = call_request(request.into_inner(), timeout, principal, nesting);
         let result = self
             .router
             .call(call, EventSink::disabled(), CancellationToken::new())
@@ -279,6 +304,7 @@ impl ToolService for ToolServiceImpl {
         let span = rpc_span("StreamCallTool", &request);
         let timeout = client_timeout(&request);
         let principal = principal(&request);
+        let nesting = nesting(&request)?;
         let mut inbound = request.into_inner();
         let start = match inbound.message().await? {
             Some(CallToolClientMessage {
@@ -292,7 +318,7 @@ impl ToolService for ToolServiceImpl {
                 .to_status());
             }
         };
-        let mut call = call_request(start, timeout, principal);
+        let mut call = call_request(start, timeout, principal, nesting);
         if call.call_id.is_empty() {
             call.call_id = Router::new_call_id();
         }

@@ -97,3 +97,7 @@ pub const TOOLMESH_POLICY_DECISION: &str = "toolmesh.policy.decision";
 pub const TOOLMESH_POLICY_RULE: &str = "toolmesh.policy.rule";
 /// Where the policy decided: `call` or `discovery`.
 pub const TOOLMESH_POLICY_STAGE: &str = "toolmesh.policy.stage";
+/// How deep a call is nested (0: a caller's own call).
+pub const TOOLMESH_CALL_DEPTH: &str = "toolmesh.call.depth";
+/// The call id of the call whose tool made this call.
+pub const TOOLMESH_CALL_PARENT_ID: &str = "toolmesh.call.parent_id";

@@ -3,7 +3,7 @@ use std::process::Stdio;
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use toolmesh_config::CommandToolConfig;
-use toolmesh_core::{BackendError, CallContext, ToolOutput, ToolSource, ToolSpec};
+use toolmesh_core::{BackendError, CallContext, Nesting, ToolOutput, ToolSource, ToolSpec};
 use toolmesh_process::ProcessTag;
 use toolmesh_workers::LocalTool;
 use tracing::debug;
@@ -36,7 +36,7 @@ impl CommandTool {
         CommandTool { config }
     }
 
-    async fn run(&self, arguments: &Value) -> Result<ToolOutput, String> {
+    async fn run(&self, arguments: &Value, nesting: &Nesting) -> Result<ToolOutput, String> {
         let config = &self.config;
         let mut command = tokio::process::Command::new(&config.command);
         command
@@ -44,6 +44,8 @@ impl CommandTool {
             .env_clear()
             .envs(INHERITED_ENV.iter().filter_map(|k| std::env::var(k).ok().map(|v| (*k, v))))
             .envs(&config.env)
+            // A command that calls back into toolmesh (`toolmesh call`) sends these.
+            .envs(nesting.pairs(Nesting::DEPTH_ENV, Nesting::PARENT_ENV))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -186,7 +188,7 @@ impl LocalTool for CommandTool {
         spec
     }
 
-    async fn call(&self, _ctx: &CallContext, arguments: Value) -> Result<ToolOutput, BackendError> {
-        Ok(self.run(&arguments).await.unwrap_or_else(ToolOutput::error))
+    async fn call(&self, ctx: &CallContext, arguments: Value) -> Result<ToolOutput, BackendError> {
+        Ok(self.run(&arguments, &Nesting::of(ctx)).await.unwrap_or_else(ToolOutput::error))
     }
 }

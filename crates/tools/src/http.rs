@@ -5,7 +5,9 @@ use std::{
 
 use serde_json::Value;
 use toolmesh_config::{HttpMethod, HttpToolConfig};
-use toolmesh_core::{BackendError, CallContext, ToolAnnotations, ToolOutput, ToolSource, ToolSpec};
+use toolmesh_core::{
+    BackendError, CallContext, Nesting, ToolAnnotations, ToolOutput, ToolSource, ToolSpec,
+};
 use toolmesh_workers::LocalTool;
 
 use crate::{CONFIG_SOURCE, addresses::special_purpose, template};
@@ -109,7 +111,12 @@ impl HttpTool {
         }
     }
 
-    async fn request(&self, url: String, arguments: &Value) -> Result<ToolOutput, String> {
+    async fn request(
+        &self,
+        url: String,
+        arguments: &Value,
+        nesting: &Nesting,
+    ) -> Result<ToolOutput, String> {
         let mut url =
             reqwest::Url::parse(&url).map_err(|error| format!("invalid URL {url}: {error}"))?;
         let mut method = match self.config.method {
@@ -128,6 +135,10 @@ impl HttpTool {
             let mut request = self.client.request(method.clone(), url.clone());
             if with_headers {
                 for (name, value) in &self.config.headers {
+                    request = request.header(name, value);
+                }
+                // A service that calls back into toolmesh sends these with its calls.
+                for (name, value) in nesting.pairs(Nesting::DEPTH_HEADER, Nesting::PARENT_HEADER) {
                     request = request.header(name, value);
                 }
             }
@@ -226,10 +237,11 @@ impl LocalTool for HttpTool {
         spec
     }
 
-    async fn call(&self, _ctx: &CallContext, arguments: Value) -> Result<ToolOutput, BackendError> {
+    async fn call(&self, ctx: &CallContext, arguments: Value) -> Result<ToolOutput, BackendError> {
         let url = template::fill_url(&self.config.url, &arguments)
             .map_err(BackendError::InvalidArguments)?;
-        Ok(self.request(url, &arguments).await.unwrap_or_else(ToolOutput::error))
+        let nesting = Nesting::of(ctx);
+        Ok(self.request(url, &arguments, &nesting).await.unwrap_or_else(ToolOutput::error))
     }
 }
 

@@ -29,11 +29,19 @@ class ToolError(Exception):
 class Call:
     """One call as a tool function sees it."""
 
-    def __init__(self, call_id, deadline, send):
+    def __init__(self, call_id, deadline, send, depth=0):
         self.id = call_id
         self.deadline = deadline
+        self.depth = depth
         self.cancelled = threading.Event()
         self._send = send
+
+    def nesting(self):
+        """The gRPC metadata to send with calls this tool makes back into toolmesh: the
+        depth of those calls and this call's id. toolmesh refuses calls nested deeper than
+        its ``server.max_call_depth``, so a tool that calls tools cannot recurse forever."""
+        return [("x-toolmesh-call-depth", str(self.depth + 1)),
+                ("x-toolmesh-parent-call-id", self.id)]
 
     def remaining(self):
         """Seconds left before the call's deadline."""
@@ -184,7 +192,8 @@ class Worker:
             kind = message.WhichOneof("message")
             if kind == "call":
                 call = Call(message.call.call_id,
-                            time.monotonic() + message.call.timeout_ms / 1000, send)
+                            time.monotonic() + message.call.timeout_ms / 1000, send,
+                            depth=message.call.depth)
                 with lock:
                     calls[call.id] = call
                 future = pool.submit(self._execute, message.call, call, send)

@@ -177,6 +177,7 @@ impl App {
                 default_timeout: config.server.default_call_timeout,
                 max_timeout: config.server.max_call_timeout,
                 retry: config.server.retry,
+                max_call_depth: config.server.max_call_depth,
             },
         );
         let embedded = LocalTools { tools: options.tools, toolkits: options.toolkits };

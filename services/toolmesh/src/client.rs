@@ -1,6 +1,7 @@
 //! A small client of the API, behind `toolmesh tools list` and `toolmesh call`.
 
 use std::time::Duration;
+use toolmesh_core::Nesting;
 
 use tonic::{
     metadata::{AsciiMetadataValue, MetadataValue},
@@ -16,9 +17,12 @@ use toolmesh_proto::v1::{
 /// A channel to a toolmesh server that sends the caller's credential with every request.
 pub type Connection = InterceptedService<Channel, Credential>;
 
-/// The `authorization: Bearer …` metadata of every request; none when there is no token.
+/// The `authorization: Bearer …` metadata of every request (none when there is no token),
+/// and, inside a tool that calls back into toolmesh, the nesting its caller told it
+/// (`TOOLMESH_CALL_DEPTH` and `TOOLMESH_PARENT_CALL_ID` in the environment, sent as
+/// `x-toolmesh-call-depth` and `x-toolmesh-parent-call-id`).
 #[derive(Clone, Default)]
-pub struct Credential(Option<AsciiMetadataValue>);
+pub struct Credential(Option<AsciiMetadataValue>, Vec<(&'static str, AsciiMetadataValue)>);
 
 impl std::fmt::Debug for Credential {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -30,13 +34,23 @@ impl Credential {
     /// Returns the credential of `token` (an API key or a JWT); none when `token` is
     /// `None` or empty.
     pub fn bearer(token: Option<&str>) -> anyhow::Result<Self> {
+        let nesting = [
+            (Nesting::DEPTH_HEADER, Nesting::DEPTH_ENV),
+            (Nesting::PARENT_HEADER, Nesting::PARENT_ENV),
+        ]
+        .into_iter()
+        .filter_map(|(key, var)| {
+            let value = std::env::var(var).ok()?;
+            Some((key, MetadataValue::try_from(value.trim()).ok()?))
+        })
+        .collect();
         let Some(token) = token.map(str::trim).filter(|t| !t.is_empty()) else {
-            return Ok(Credential(None));
+            return Ok(Credential(None, nesting));
         };
         let mut value: AsciiMetadataValue = MetadataValue::try_from(format!("Bearer {token}"))
             .map_err(|_| anyhow::anyhow!("the token must be printable ASCII"))?;
         value.set_sensitive(true);
-        Ok(Credential(Some(value)))
+        Ok(Credential(Some(value), nesting))
     }
 }
 
@@ -47,6 +61,9 @@ impl Interceptor for Credential {
     ) -> Result<tonic::Request<()>, tonic::Status> {
         if let Some(value) = &self.0 {
             request.metadata_mut().insert("authorization", value.clone());
+        }
+        for (key, value) in &self.1 {
+            request.metadata_mut().insert(*key, value.clone());
         }
         Ok(request)
     }

@@ -458,6 +458,7 @@ async fn run_call(
         events,
         attempt: call.attempt,
         principal: toolmesh_core::open_principal(),
+        depth: call.depth,
     };
     let _cancel_on_drop = cancel.clone().drop_guard();
     let running = tokio::time::timeout_at(deadline, entry.backend.call(ctx, arguments));
