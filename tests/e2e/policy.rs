@@ -11,8 +11,9 @@ use tonic::{Code, Status};
 use toolmesh::AppOptions;
 use toolmesh_e2e::{TestServer, eventually, tools::ArgsTool};
 use toolmesh_proto::v1::{
-    CallToolClientMessage, CallToolRequest, CallToolResponse, ListToolsRequest, SearchToolsRequest,
-    call_tool_client_message, call_tool_server_message, tool_service_client::ToolServiceClient,
+    ApprovalAnswer, ApprovalRequest, CallToolClientMessage, CallToolRequest, CallToolResponse,
+    ListToolsRequest, SearchToolsRequest, call_tool_client_message, call_tool_server_message,
+    tool_service_client::ToolServiceClient,
 };
 use toolmesh_workers::{LocalTool, ToolLimits};
 
@@ -522,4 +523,161 @@ async fn rate_concurrency_and_size_limits_refuse_with_clear_errors() {
     probe.gate.add_permits(1);
     assert!(!running.await.unwrap().unwrap().is_error);
     assert!(!call(&mut bot, "ticket_open", json!({})).await.unwrap().is_error);
+}
+
+const APPROVALS: &str = r#"
+    [[policy.rules]]
+    name = "writes-need-approval"
+    effect = "approve"
+    tools = ["write_file"]
+    reason = "writing changes the disk"
+"#;
+
+/// Calls `name` over StreamCallTool, answering each approval request with what `answer`
+/// makes of it (no answer: `None`); returns the result and the approval requests seen.
+async fn stream_approving(
+    client: &mut Client,
+    name: &str,
+    arguments: Value,
+    mut answer: impl FnMut(&ApprovalRequest) -> Option<ApprovalAnswer>,
+) -> (Result<CallToolResponse, Status>, Vec<ApprovalRequest>) {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let start = CallToolRequest {
+        name: name.into(),
+        arguments_json: arguments.to_string(),
+        ..Default::default()
+    };
+    tx.send(CallToolClientMessage {
+        message: Some(call_tool_client_message::Message::Start(start)),
+    })
+    .await
+    .unwrap();
+    let mut asked = Vec::new();
+    let stream = client.stream_call_tool(tokio_stream::wrappers::ReceiverStream::new(rx)).await;
+    let mut messages = match stream {
+        Ok(response) => response.into_inner(),
+        Err(status) => return (Err(status), asked),
+    };
+    loop {
+        match messages.message().await {
+            Ok(Some(message)) => match message.message {
+                Some(call_tool_server_message::Message::Approval(request)) => {
+                    if let Some(reply) = answer(&request) {
+                        let reply = call_tool_client_message::Message::ApprovalAnswer(reply);
+                        tx.send(CallToolClientMessage { message: Some(reply) }).await.unwrap();
+                    }
+                    asked.push(request);
+                }
+                Some(call_tool_server_message::Message::Result(result)) => {
+                    return (Ok(result), asked);
+                }
+                _ => {}
+            },
+            Ok(None) => return (Err(Status::unavailable("no result")), asked),
+            Err(status) => return (Err(status), asked),
+        }
+    }
+}
+
+fn approve(request: &ApprovalRequest, approved: bool, note: &str) -> ApprovalAnswer {
+    ApprovalAnswer { approval_id: request.approval_id.clone(), approved, note: note.into() }
+}
+
+#[tokio::test]
+async fn a_call_that_needs_approval_waits_for_the_person_and_is_bound_to_its_arguments() {
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let (server, keys) = server(APPROVALS, &audit).await;
+    let mut bob = client(&server, &keys.bob).await;
+
+    // Listed as usual; a unary call cannot ask, so it is refused saying how to call it.
+    assert!(names(&mut bob, "").await.contains(&"write_file".to_owned()));
+    let status = call(&mut bob, "write_file", json!({"path": "/tmp/a"})).await.unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert!(status.message().contains("needs a person's approval"), "{}", status.message());
+    assert!(status.message().contains("StreamCallTool"), "{}", status.message());
+    // Other tools need none.
+    assert!(!call(&mut bob, "file_read", json!({"path": "/tmp/a"})).await.unwrap().is_error);
+
+    // Approved: the request shows the tool, the arguments, the rule and why; the call runs.
+    let (result, asked) =
+        stream_approving(&mut bob, "write_file", json!({"path": "/tmp/a"}), |r| {
+            Some(approve(r, true, "fine"))
+        })
+        .await;
+    let result = result.unwrap();
+    assert!(!result.is_error);
+    assert_eq!(asked.len(), 1);
+    let first = &asked[0];
+    assert_eq!(first.tool, "write_file");
+    assert_eq!(serde_json::from_str::<Value>(&first.arguments_json).unwrap()["path"], "/tmp/a");
+    assert_eq!(first.rule, "writes-need-approval");
+    assert_eq!(first.reason, "writing changes the disk");
+    let now_ms =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()
+            as i64;
+    assert!(first.expires_at_unix_ms > now_ms, "the default timeout leaves time to answer");
+
+    // Denied, with a note: PERMISSION_DENIED saying so.
+    let (result, _) = stream_approving(&mut bob, "write_file", json!({"path": "/tmp/b"}), |r| {
+        Some(approve(r, false, "not today"))
+    })
+    .await;
+    let status = result.unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied);
+    assert!(status.message().contains("not approved: not today"), "{}", status.message());
+
+    // The first approval replayed for other arguments is refused: it names its call.
+    let replayed = first.clone();
+    let (result, asked) =
+        stream_approving(&mut bob, "write_file", json!({"path": "/etc/x"}), |_| {
+            Some(approve(&replayed, true, "replay"))
+        })
+        .await;
+    let status = result.unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied);
+    assert!(status.message().contains("another call (arguments differs)"), "{}", status.message());
+    assert_ne!(asked[0].approval_id, first.approval_id);
+    // Nor does an id that was altered count.
+    let (result, _) = stream_approving(&mut bob, "write_file", json!({"path": "/tmp/c"}), |r| {
+        let mut forged = approve(r, true, "");
+        forged.approval_id.insert(3, 'x');
+        Some(forged)
+    })
+    .await;
+    assert!(result.unwrap_err().message().contains("not one this server issued"));
+
+    // Every decision is audited.
+    assert!(server.app.router().admission().policy().audit().flush(Duration::from_secs(5)));
+    let lines = audit_lines(&audit);
+    let approvals: Vec<(&str, &str)> = lines
+        .iter()
+        .filter(|l| l["event"] == "approval")
+        .map(|l| (l["decision"].as_str().unwrap(), l["note"].as_str().unwrap_or("")))
+        .collect();
+    assert_eq!(
+        approvals,
+        [("approved", "fine"), ("denied", "not today"), ("mismatch", "replay"), ("mismatch", "")]
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["event"] == "call" && l["decision"] == "approve" && l["outcome"] == "ok")
+    );
+}
+
+#[tokio::test]
+async fn an_approval_not_answered_in_time_is_a_refusal() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = format!("[policy]\napproval_timeout_ms = 300\n{APPROVALS}");
+    let (server, keys) = server(&policy, &dir.path().join("audit.jsonl")).await;
+    let mut bob = client(&server, &keys.bob).await;
+    let started = std::time::Instant::now();
+    let (result, asked) =
+        stream_approving(&mut bob, "write_file", json!({"path": "/tmp/a"}), |_| None).await;
+    let status = result.unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied);
+    assert!(status.message().contains("none came within 300 ms"), "{}", status.message());
+    assert_eq!(asked.len(), 1);
+    assert!(started.elapsed() < Duration::from_secs(10));
 }

@@ -57,6 +57,44 @@ pub struct ElicitationPrompt {
     pub reply: oneshot::Sender<ElicitationAnswer>,
 }
 
+/// A request for a person's consent to one call, which waits for it. Its id binds it to
+/// that call (principal, tool, a digest of the arguments, the policy version, an expiry).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Approval {
+    /// Names the request; the answer repeats it.
+    pub id: String,
+    /// The tool to be called.
+    pub tool: String,
+    /// Its arguments, as JSON.
+    pub arguments_json: String,
+    /// The policy rule that asks for consent.
+    pub rule: String,
+    /// Why, for the person.
+    pub reason: String,
+    /// After this the request is refused.
+    pub expires_at: std::time::SystemTime,
+}
+
+/// The answer to an [`Approval`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalAnswer {
+    /// The id of the approval answered.
+    pub id: String,
+    /// Whether the call may go ahead.
+    pub approved: bool,
+    /// A note from the person, for the audit log and a refusal.
+    pub note: String,
+}
+
+/// An [`Approval`] on its way to the caller, with the port for the answer.
+#[derive(Debug)]
+pub struct ApprovalPrompt {
+    /// The request.
+    pub approval: Approval,
+    /// Where the answer goes.
+    pub reply: oneshot::Sender<ApprovalAnswer>,
+}
+
 /// Events a stream holds for a reader that lags: partial outputs wait (the tool's
 /// `partial` does not return) once this many are queued.
 const QUEUED_EVENTS: usize = 16;
@@ -96,6 +134,7 @@ impl EventQueue {
 pub struct EventSink {
     queue: Option<Arc<EventQueue>>,
     elicit: Option<mpsc::Sender<ElicitationPrompt>>,
+    approve: Option<mpsc::Sender<ApprovalPrompt>>,
 }
 
 /// The reading end of an [`EventSink`]; dropping it tells the tool nobody listens.
@@ -142,7 +181,8 @@ impl EventSink {
     /// Returns a sink whose events arrive, in order, on the returned receiver.
     pub fn channel() -> (Self, EventReceiver) {
         let queue = Arc::new(EventQueue::default());
-        (EventSink { queue: Some(queue.clone()), elicit: None }, EventReceiver { queue })
+        let sink = EventSink { queue: Some(queue.clone()), elicit: None, approve: None };
+        (sink, EventReceiver { queue })
     }
 
     /// Returns this sink able to ask the caller questions, which arrive on the receiver.
@@ -152,9 +192,33 @@ impl EventSink {
         (self, rx)
     }
 
+    /// Returns this sink able to ask the caller for approvals, which arrive on the receiver.
+    pub fn with_approvals(mut self) -> (Self, mpsc::Receiver<ApprovalPrompt>) {
+        let (tx, rx) = mpsc::channel(4);
+        self.approve = Some(tx);
+        (self, rx)
+    }
+
+    /// Returns whether the caller can answer approvals (a streamed call).
+    pub fn can_approve(&self) -> bool {
+        self.approve.as_ref().is_some_and(|tx| !tx.is_closed())
+    }
+
+    /// Asks the caller to approve; `None` when the caller cannot answer or has gone, or no
+    /// answer came within `timeout`.
+    pub async fn approve(&self, approval: Approval, timeout: Duration) -> Option<ApprovalAnswer> {
+        let tx = self.approve.as_ref()?;
+        let (reply, answer) = oneshot::channel();
+        let asked = async {
+            tx.send(ApprovalPrompt { approval, reply }).await.ok()?;
+            answer.await.ok()
+        };
+        tokio::time::timeout(timeout, asked).await.ok().flatten()
+    }
+
     /// Returns a sink that drops every event.
     pub fn disabled() -> Self {
-        EventSink { queue: None, elicit: None }
+        EventSink { queue: None, elicit: None, approve: None }
     }
 
     /// Returns whether the caller can answer elicitations.

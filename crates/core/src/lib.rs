@@ -26,8 +26,8 @@ pub mod vector;
 
 pub use backend::{Backend, RetryPolicy};
 pub use call::{
-    CallContext, CallEvent, Elicitation, ElicitationAnswer, ElicitationPrompt, EventReceiver,
-    EventSink, Nesting,
+    Approval, ApprovalAnswer, ApprovalPrompt, CallContext, CallEvent, Elicitation,
+    ElicitationAnswer, ElicitationPrompt, EventReceiver, EventSink, Nesting,
 };
 pub use content::{ContentPart, ToolOutput};
 pub use error::{

@@ -15,7 +15,7 @@ use crate::{PolicyError, config::AuditTarget};
 /// One audit event.
 #[derive(Debug, Clone, Serialize)]
 pub struct AuditEvent<'a> {
-    /// `call` or `discovery`.
+    /// `call`, `discovery` or `approval`.
     pub event: &'static str,
     /// The principal's name.
     pub principal: &'a str,
@@ -44,6 +44,9 @@ pub struct AuditEvent<'a> {
     pub trace_id: &'a str,
     /// The policy version that decided.
     pub policy: &'a str,
+    /// For an approval: the person's note.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<&'a str>,
 }
 
 enum Line {

@@ -7,7 +7,7 @@ use toolmesh_config::Selector;
 
 /// `[policy]`. Without the section every principal sees and calls every tool, and nothing
 /// is audited.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct PolicyConfig {
     /// What a call of a tool no rule matches gets: `allow` (the default) or `deny`.
@@ -30,6 +30,28 @@ pub struct PolicyConfig {
     /// Rate, concurrency and size limits.
     #[serde(default)]
     pub limits: LimitsConfig,
+    /// How long a call that needs approval waits for the answer (bounded by the call's
+    /// deadline); no answer in time is a refusal.
+    #[serde(default = "default_approval_timeout_ms")]
+    pub approval_timeout_ms: u64,
+}
+
+fn default_approval_timeout_ms() -> u64 {
+    300_000
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            default: Effect::default(),
+            rules: Vec::new(),
+            agents: BTreeMap::new(),
+            profiles: Vec::new(),
+            audit: AuditConfig::default(),
+            limits: LimitsConfig::default(),
+            approval_timeout_ms: default_approval_timeout_ms(),
+        }
+    }
 }
 
 /// `[policy.limits]`: how often, how much at once and how large.
@@ -107,6 +129,9 @@ pub enum Effect {
     Allow,
     /// The call is refused.
     Deny,
+    /// The call waits for a person's approval, asked of the caller on `StreamCallTool`
+    /// (unless a `deny` rule matches too); as a `default`, every call does.
+    Approve,
 }
 
 impl Effect {
@@ -115,6 +140,7 @@ impl Effect {
         match self {
             Effect::Allow => "allow",
             Effect::Deny => "deny",
+            Effect::Approve => "approve",
         }
     }
 }
@@ -129,7 +155,7 @@ impl Effect {
 pub struct RuleConfig {
     /// The rule's name: audit events and refusals cite it.
     pub name: String,
-    /// `allow` or `deny`.
+    /// `allow`, `deny` or `approve`.
     pub effect: Effect,
     /// Principal names (`*` globs).
     #[serde(default)]

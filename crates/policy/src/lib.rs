@@ -12,6 +12,7 @@
 //! bounds how often a principal or a tool is called (token buckets), how many calls a
 //! principal runs at once, and how large arguments and results may be.
 
+mod approval;
 mod audit;
 mod config;
 mod limits;
@@ -19,6 +20,7 @@ mod policy;
 #[cfg(test)]
 mod tests;
 
+pub use approval::ApprovalMismatch;
 pub use audit::{AuditEvent, AuditLog};
 pub use config::{
     AgentConfig, AuditConfig, AuditTarget, BindingConfig, Effect, LimitsConfig, PolicyConfig,

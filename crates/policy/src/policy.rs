@@ -9,6 +9,7 @@ use toolmesh_core::{Principal, ToolSpec};
 
 use crate::{
     AuditLog, PolicyError,
+    approval::{ApprovalMismatch, ApprovalSigner},
     config::{BindingConfig, Effect, PolicyConfig},
     limits::{LimitError, Limits, Permit, ResultLimit},
 };
@@ -32,6 +33,7 @@ pub struct Policy {
     env: Arc<cel::Env>,
     audit: AuditLog,
     limits: Limits,
+    signer: ApprovalSigner,
 }
 
 impl fmt::Debug for Policy {
@@ -93,6 +95,7 @@ impl Policy {
             env: Arc::new(cel::Env::stdlib()),
             audit: AuditLog::off(),
             limits: Limits::none(),
+            signer: ApprovalSigner::new(&random_key()),
         }
     }
 
@@ -164,7 +167,8 @@ impl Policy {
             let digest = Sha256::digest(format!("{config:?}").as_bytes());
             digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
         };
-        Ok(Policy { config, active: true, version, rules, agents, env, audit, limits })
+        let signer = ApprovalSigner::new(&random_key());
+        Ok(Policy { config, active: true, version, rules, agents, env, audit, limits, signer })
     }
 
     /// Returns the configuration the policy was compiled from.
@@ -186,6 +190,38 @@ impl Policy {
     /// Returns the audit log.
     pub fn audit(&self) -> &AuditLog {
         &self.audit
+    }
+
+    /// Returns how long a call waits for its approval.
+    pub fn approval_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.config.approval_timeout_ms)
+    }
+
+    /// Returns the approval request of a call of `tool` with `arguments_json` by
+    /// `principal`, which `rule` asks for: its id is bound to exactly this call and this
+    /// policy version, and expires after `ttl`.
+    pub fn approval(
+        &self,
+        principal: &Principal,
+        tool: &str,
+        arguments_json: &str,
+        rule: &str,
+        reason: &str,
+        ttl: std::time::Duration,
+    ) -> toolmesh_core::Approval {
+        self.signer.request(&principal.name, tool, arguments_json, &self.version, rule, reason, ttl)
+    }
+
+    /// Checks that the approval `id` was issued by this policy for exactly this call, and is
+    /// still valid.
+    pub fn check_approval(
+        &self,
+        id: &str,
+        principal: &Principal,
+        tool: &str,
+        arguments_json: &str,
+    ) -> Result<(), ApprovalMismatch> {
+        self.signer.check(id, &principal.name, tool, arguments_json, &self.version)
     }
 
     /// Returns the routing profile `principal` is bound to, if a binding matches it.
@@ -233,6 +269,12 @@ fn probe(env: &Arc<cel::Env>) -> cel::Context<'static, 'static> {
     context
 }
 
+fn random_key() -> [u8; 32] {
+    let mut key = [0; 32];
+    getrandom::fill(&mut key).expect("the operating system's random source");
+    key
+}
+
 fn binding_who(binding: &BindingConfig) -> Who {
     Who {
         principals: binding.principals.clone(),
@@ -262,6 +304,13 @@ pub enum Decision {
         /// Why, for the caller.
         reason: String,
     },
+    /// The call may go ahead once a person approves it.
+    Approve {
+        /// The rule that asks for approval.
+        rule: Arc<str>,
+        /// Why, for the person.
+        reason: String,
+    },
 }
 
 impl Decision {
@@ -271,6 +320,7 @@ impl Decision {
             Decision::Allow { .. } => "allow",
             Decision::Hidden { .. } => "hide",
             Decision::Refused { .. } => "deny",
+            Decision::Approve { .. } => "approve",
         }
     }
 
@@ -279,7 +329,8 @@ impl Decision {
         match self {
             Decision::Allow { rule }
             | Decision::Hidden { rule }
-            | Decision::Refused { rule, .. } => rule,
+            | Decision::Refused { rule, .. }
+            | Decision::Approve { rule, .. } => rule,
         }
     }
 }
@@ -365,7 +416,9 @@ impl Scope {
         for rule in self.matching(spec) {
             match (rule.effect, self.evaluate(rule, spec, &mut tool)) {
                 (Effect::Deny, Outcome::Applies) => return Some(rule.name.clone()),
-                (Effect::Allow, Outcome::Applies | Outcome::Undecided) => allowed = true,
+                (Effect::Allow | Effect::Approve, Outcome::Applies | Outcome::Undecided) => {
+                    allowed = true;
+                }
                 _ => {}
             }
         }
@@ -392,6 +445,7 @@ impl Scope {
         let args = std::cell::OnceCell::new();
         let mut allowed: Option<&Rule> = None;
         let mut refused: Option<(&Rule, Option<String>)> = None;
+        let mut approval: Option<&Rule> = None;
         for rule in self.matching(spec) {
             let outcome = match &rule.when {
                 Some(when) if when.reads_args => {
@@ -412,6 +466,10 @@ impl Scope {
                 (Effect::Allow, Evaluated::True) => {
                     allowed.get_or_insert(rule);
                 }
+                // A condition that cannot be evaluated asks for approval: fails closed.
+                (Effect::Approve, Evaluated::True | Evaluated::Failed(_)) => {
+                    approval.get_or_insert(rule);
+                }
                 _ => {}
             }
         }
@@ -423,12 +481,20 @@ impl Scope {
             };
             return Decision::Refused { rule: rule.name.clone(), reason };
         }
-        match allowed {
-            Some(rule) => Decision::Allow { rule: rule.name.clone() },
-            None if self.policy.config.default == Effect::Allow => {
-                Decision::Allow { rule: DEFAULT_RULE.into() }
-            }
-            None => Decision::Refused {
+        if let Some(rule) = approval {
+            let reason = rule.reason.clone().unwrap_or_else(|| {
+                format!("policy rule {} asks a person to approve this call", rule.name)
+            });
+            return Decision::Approve { rule: rule.name.clone(), reason };
+        }
+        match (allowed, self.policy.config.default) {
+            (Some(rule), _) => Decision::Allow { rule: rule.name.clone() },
+            (None, Effect::Allow) => Decision::Allow { rule: DEFAULT_RULE.into() },
+            (None, Effect::Approve) => Decision::Approve {
+                rule: DEFAULT_RULE.into(),
+                reason: "every call not allowed by a rule needs a person's approval".into(),
+            },
+            (None, Effect::Deny) => Decision::Refused {
                 rule: DEFAULT_RULE.into(),
                 reason: "no rule allows the call with these arguments".into(),
             },
@@ -457,7 +523,7 @@ impl Scope {
                 Evaluated::False => Outcome::DoesNot,
                 // Unevaluable: a deny rule applies (fail closed), an allow rule does not.
                 Evaluated::Failed(_) => match rule.effect {
-                    Effect::Deny => Outcome::Applies,
+                    Effect::Deny | Effect::Approve => Outcome::Applies,
                     Effect::Allow => Outcome::DoesNot,
                 },
             },

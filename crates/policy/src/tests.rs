@@ -3,7 +3,10 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 use serde_json::json;
 use toolmesh_core::{Principal, PrincipalKind, SourceKind, ToolSource, ToolSpec};
 
-use crate::{AuditEvent, Decision, LimitError, Policy, PolicyConfig, PolicyError, ResultLimit};
+use crate::{
+    ApprovalMismatch, AuditEvent, Decision, LimitError, Policy, PolicyConfig, PolicyError,
+    ResultLimit,
+};
 
 fn policy(toml_text: &str) -> Arc<Policy> {
     Arc::new(Policy::new(parse(toml_text)).expect("the policy compiles"))
@@ -304,6 +307,7 @@ fn the_audit_log_appends_one_json_line_per_event() {
             duration_ms: 1.5,
             trace_id: "",
             policy: policy.version(),
+            note: None,
         });
     }
     assert!(policy.audit().flush(Duration::from_secs(5)));
@@ -429,4 +433,57 @@ fn bad_limits_are_refused_naming_their_key() {
         Policy::new(parse("[[limits.tools]]\ntools = [\"x\"]\nrate_per_s = 1.0\nburst = 0"))
             .unwrap_err();
     assert!(error.to_string().contains("burst must be at least 1"), "{error}");
+}
+
+#[test]
+fn an_approve_rule_lists_the_tool_and_asks_at_the_call_while_deny_still_wins() {
+    let policy = policy(
+        r#"
+        [[rules]]
+        name = "big-transfers"
+        effect = "approve"
+        tools = ["transfer"]
+        when = 'args.amount > 100'
+        [[rules]]
+        name = "no-interns"
+        effect = "deny"
+        roles = ["intern"]
+        tools = ["transfer"]
+        when = 'args.amount > 1000'
+        "#,
+    );
+    let user = policy.scope(who("u", &[], None));
+    assert!(user.sees(&tool("transfer")));
+    assert_eq!(user.decide(&tool("transfer"), &json!({"amount": 5})).as_str(), "allow");
+    assert_eq!(user.decide(&tool("transfer"), &json!({"amount": 500})).as_str(), "approve");
+    let intern = policy.scope(who("i", &["intern"], None));
+    assert_eq!(intern.decide(&tool("transfer"), &json!({"amount": 5000})).as_str(), "deny");
+}
+
+#[test]
+fn an_approval_id_holds_for_its_own_call_only() {
+    let policy = policy("");
+    let bob = who("bob", &[], None);
+    let approval =
+        policy.approval(&bob, "t", r#"{"a": 1, "b": 2}"#, "r", "why", Duration::from_secs(60));
+    // The same arguments written another way are the same call.
+    assert_eq!(policy.check_approval(&approval.id, &bob, "t", r#"{"b":2,"a":1}"#), Ok(()));
+    assert_eq!(
+        policy.check_approval(&approval.id, &bob, "t", r#"{"a":1,"b":3}"#),
+        Err(ApprovalMismatch::OtherCall("arguments"))
+    );
+    assert_eq!(
+        policy.check_approval(&approval.id, &who("eve", &[], None), "t", r#"{"a":1,"b":2}"#),
+        Err(ApprovalMismatch::OtherCall("principal"))
+    );
+    assert_eq!(
+        policy.check_approval(&approval.id, &bob, "u", r#"{"a":1,"b":2}"#),
+        Err(ApprovalMismatch::OtherCall("tool"))
+    );
+    let expired = policy.approval(&bob, "t", "{}", "r", "why", Duration::ZERO);
+    std::thread::sleep(Duration::from_millis(5));
+    assert_eq!(policy.check_approval(&expired.id, &bob, "t", "{}"), Err(ApprovalMismatch::Expired));
+    // Another policy (another version, another key) does not know it.
+    let other = self::policy("[[rules]]\nname = \"x\"\neffect = \"allow\"");
+    assert_eq!(other.check_approval(&approval.id, &bob, "t", "{}"), Err(ApprovalMismatch::Forged));
 }

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use toolmesh_core::{
-    CallEvent, ContentPart, Elicitation, ElicitationAnswer, ErrorCode, SourceKind, ToolAnnotations,
-    ToolOutput, ToolSource, ToolSpec, Toolkit,
+    Approval, ApprovalAnswer, CallEvent, ContentPart, Elicitation, ElicitationAnswer, ErrorCode,
+    SourceKind, ToolAnnotations, ToolOutput, ToolSource, ToolSpec, Toolkit,
 };
 
 use crate::v1;
@@ -92,6 +92,30 @@ pub fn event(event: CallEvent) -> v1::CallToolServerMessage {
         CallEvent::Partial(part) => Message::Partial(content_part(part)),
     };
     v1::CallToolServerMessage { message: Some(message) }
+}
+
+/// The stream message asking the caller to approve a call.
+pub fn approval(approval: Approval) -> v1::CallToolServerMessage {
+    use v1::call_tool_server_message::Message;
+    let expires_at_unix_ms = approval
+        .expires_at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    v1::CallToolServerMessage {
+        message: Some(Message::Approval(v1::ApprovalRequest {
+            approval_id: approval.id,
+            tool: approval.tool,
+            arguments_json: approval.arguments_json,
+            rule: approval.rule,
+            reason: approval.reason,
+            expires_at_unix_ms,
+        })),
+    }
+}
+
+/// Returns the core form of a client's approval answer.
+pub fn approval_answer(answer: v1::ApprovalAnswer) -> ApprovalAnswer {
+    ApprovalAnswer { id: answer.approval_id, approved: answer.approved, note: answer.note }
 }
 
 /// The stream message of an elicitation, named `id`.

@@ -15,7 +15,7 @@ use toolmesh_core::{
     BackendError, CallContext, CallFailure, ContentPart, ErrorCode, EventSink, FailureDetail,
     FieldViolation, Nesting, Principal, RetryPolicy, ToolOutput, ToolSource,
 };
-use toolmesh_policy::{AGENT_ATTRIBUTE, AuditEvent, Decision, LimitError, ResultLimit};
+use toolmesh_policy::{AGENT_ATTRIBUTE, AuditEvent, Decision, LimitError, ResultLimit, Scope};
 use toolmesh_registry::{RegistryHandle, ToolEntry};
 use toolmesh_telemetry::{names, span_ids};
 use tracing::{Instrument, Span, field::Empty, info_span, warn};
@@ -269,6 +269,7 @@ impl Router {
                 duration_ms: started.elapsed().as_secs_f64() * 1e3,
                 trace_id: &trace_id,
                 policy: policy.version(),
+                note: None,
             });
         }
         result.map(|output| (call_id, output))
@@ -346,6 +347,9 @@ impl Router {
                 Decision::Refused { rule, reason } => {
                     Some(policy_refusal(&request.name, rule, reason))
                 }
+                Decision::Approve { rule, reason } if !events.can_approve() => {
+                    Some(approval_required(&request.name, rule, reason))
+                }
                 _ => None,
             };
             seen.decision = Some(decision);
@@ -371,6 +375,9 @@ impl Router {
             .unwrap_or(self.options.default_timeout)
             .min(self.options.max_timeout);
         let deadline = Instant::now() + timeout;
+        if let Some(Decision::Approve { rule, reason }) = &seen.decision {
+            self.approved(&scope, &request, rule, reason, &events, deadline).await?;
+        }
 
         // The call's token: cancelled by the caller, by the deadline, or when this future is
         // dropped (a client that went away), whichever comes first.
@@ -448,6 +455,99 @@ impl Router {
 }
 
 impl Router {
+    /// Asks the caller to approve the call, and waits for the answer until the approval
+    /// timeout or the deadline, whichever is sooner. The answer must name this call's
+    /// approval, whose id binds principal, tool, arguments and policy version. Every
+    /// outcome is audited.
+    async fn approved(
+        &self,
+        scope: &Scope,
+        request: &CallRequest,
+        rule: &str,
+        reason: &str,
+        events: &EventSink,
+        deadline: Instant,
+    ) -> Result<(), RouterError> {
+        let policy = scope.policy();
+        let wait =
+            policy.approval_timeout().min(deadline.saturating_duration_since(Instant::now()));
+        let principal = &request.principal;
+        let approval =
+            policy.approval(principal, &request.name, &request.arguments_json, rule, reason, wait);
+        let started = std::time::Instant::now();
+        let answer = events.approve(approval, wait).await;
+        let (outcome, note, result) = match answer {
+            None => (
+                "timed_out",
+                String::new(),
+                Err(approval_refusal(
+                    "approval_timed_out",
+                    format!(
+                        "the call of {} needs a person's approval (policy rule {rule}) and none \
+                         came within {} ms: it was not made",
+                        request.name,
+                        wait.as_millis()
+                    ),
+                )),
+            ),
+            Some(answer) => {
+                let checked = policy.check_approval(
+                    &answer.id,
+                    principal,
+                    &request.name,
+                    &request.arguments_json,
+                );
+                match (checked, answer.approved) {
+                    (Err(mismatch), _) => (
+                        "mismatch",
+                        answer.note,
+                        Err(approval_refusal(
+                            "approval_mismatch",
+                            format!(
+                                "the answer does not approve this call of {}: {mismatch}",
+                                request.name
+                            ),
+                        )),
+                    ),
+                    (Ok(()), false) => {
+                        let said = if answer.note.is_empty() {
+                            String::new()
+                        } else {
+                            format!(": {}", answer.note)
+                        };
+                        let message =
+                            format!("the call of {} was not approved{said}", request.name);
+                        ("denied", answer.note, Err(approval_refusal("approval_denied", message)))
+                    }
+                    (Ok(()), true) => ("approved", answer.note, Ok(())),
+                }
+            }
+        };
+        crate::metrics::policy_decided(
+            if result.is_ok() { "approved" } else { "not_approved" },
+            "approval",
+            1,
+        );
+        if policy.audit().is_on() {
+            policy.audit().record(&AuditEvent {
+                event: "approval",
+                principal: &principal.name,
+                agent: principal.attributes.get(AGENT_ATTRIBUTE).map(String::as_str),
+                tool: &request.name,
+                call_id: &request.call_id,
+                decision: outcome,
+                rule,
+                hidden: None,
+                outcome: if result.is_ok() { "ok" } else { "refused" },
+                duration_ms: started.elapsed().as_secs_f64() * 1e3,
+                trace_id: &current_trace_id(),
+                policy: policy.version(),
+                note: Some(&note).filter(|n| !n.is_empty()).map(String::as_str),
+            });
+        }
+        result
+    }
+
     /// Hands the call to its backend, within the deadline; a call whose connection broke
     /// is repeated while the tool is read-only or idempotent, the policy allows another
     /// attempt, and its wait ends before the deadline. The repetitions are recorded on the
@@ -500,6 +600,28 @@ impl Router {
             attempt += 1;
         }
     }
+}
+
+/// The refusal of a unary call of a tool that needs approval.
+fn approval_required(tool: &str, rule: &str, reason: &str) -> RouterError {
+    RouterError::Refused(Box::new(CallFailure {
+        code: ErrorCode::FailedPrecondition,
+        kind: "approval_required",
+        message: format!(
+            "the call of {tool} needs a person's approval (policy rule {rule}: {reason}); call it \
+             with StreamCallTool, which asks the caller for it"
+        ),
+        detail: FailureDetail::Info {
+            reason: "APPROVAL_REQUIRED",
+            metadata: [("tool".to_owned(), tool.to_owned()), ("rule".to_owned(), rule.to_owned())]
+                .into(),
+        },
+    }))
+}
+
+/// The refusal of a call that was not approved.
+fn approval_refusal(kind: &'static str, message: String) -> RouterError {
+    RouterError::Refused(Box::new(CallFailure::new(ErrorCode::PermissionDenied, kind, message)))
 }
 
 /// The refusal of a call nested deeper than `max`.

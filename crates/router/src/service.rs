@@ -6,7 +6,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use toolmesh_core::{
-    ElicitationAnswer, ErrorCode, EventSink, HealthBoard, Nesting, Principal, open_principal,
+    ApprovalAnswer, ElicitationAnswer, ErrorCode, EventSink, HealthBoard, Nesting, Principal,
+    open_principal,
 };
 use toolmesh_proto::{
     convert,
@@ -352,12 +353,15 @@ async fn run_stream(
     let cancel = CancellationToken::new();
     let (events, mut event_rx) = EventSink::channel();
     let (events, mut prompts) = events.with_elicitation();
+    let (events, mut approvals) = events.with_approvals();
     let run = router.call(call, events, cancel.clone());
     tokio::pin!(run);
     let mut inbound_open = true;
     let mut reader = true;
     let mut askable = true;
     let mut questions: HashMap<String, oneshot::Sender<ElicitationAnswer>> = HashMap::new();
+    let mut approvable = true;
+    let mut pending: HashMap<String, oneshot::Sender<ApprovalAnswer>> = HashMap::new();
     let mut next_question = 0u64;
     let result = loop {
         tokio::select! {
@@ -391,6 +395,21 @@ async fn run_stream(
                     cancel.cancel();
                 }
             },
+            asked = async {
+                let permit = tx.reserve().await?;
+                Ok::<_, mpsc::error::SendError<()>>((permit, approvals.recv().await))
+            }, if reader && approvable => match asked {
+                Ok((permit, Some(prompt))) => {
+                    let id = prompt.approval.id.clone();
+                    permit.send(Ok(convert::approval(prompt.approval)));
+                    pending.insert(id, prompt.reply);
+                }
+                Ok((_, None)) => approvable = false,
+                Err(_) => {
+                    reader = false;
+                    cancel.cancel();
+                }
+            },
             message = inbound.message(), if inbound_open => match message {
                 Ok(Some(CallToolClientMessage { message: Some(call_tool_client_message::Message::Cancel(c)) })) => {
                     debug!(reason = %c.reason, "client cancelled the call");
@@ -402,6 +421,24 @@ async fn run_stream(
                             let _ = reply.send(convert::elicitation_answer(&answer));
                         }
                         None => debug!(id = %answer.elicitation_id, "answer to an unknown or expired elicitation"),
+                    }
+                }
+                Ok(Some(CallToolClientMessage { message: Some(call_tool_client_message::Message::ApprovalAnswer(answer)) })) => {
+                    // An answer goes to the approval it names; one naming another while a
+                    // single approval waits goes to that one, which refuses it as given for
+                    // another call.
+                    let key = if pending.contains_key(&answer.approval_id) {
+                        Some(answer.approval_id.clone())
+                    } else if pending.len() == 1 {
+                        pending.keys().next().cloned()
+                    } else {
+                        None
+                    };
+                    match key.and_then(|key| pending.remove(&key)) {
+                        Some(reply) => {
+                            let _ = reply.send(convert::approval_answer(answer));
+                        }
+                        None => debug!(id = %answer.approval_id, "answer to no pending approval"),
                     }
                 }
                 // A second `start` or an empty message: nothing to do.
@@ -482,6 +519,7 @@ impl Hidden {
             duration_ms: started.elapsed().as_secs_f64() * 1e3,
             trace_id: &crate::router::current_trace_id(),
             policy: policy.version(),
+            note: None,
         });
     }
 }

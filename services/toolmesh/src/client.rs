@@ -9,9 +9,9 @@ use tonic::{
     transport::Channel,
 };
 use toolmesh_proto::v1::{
-    CallToolClientMessage, CallToolRequest, CallToolResponse, ElicitationAction, ElicitationAnswer,
-    ListToolsRequest, Tool, Toolkit, call_tool_client_message, call_tool_server_message,
-    content_part::Part, tool_service_client::ToolServiceClient,
+    ApprovalAnswer, CallToolClientMessage, CallToolRequest, CallToolResponse, ElicitationAction,
+    ElicitationAnswer, ListToolsRequest, Tool, Toolkit, call_tool_client_message,
+    call_tool_server_message, content_part::Part, tool_service_client::ToolServiceClient,
 };
 
 /// A channel to a toolmesh server that sends the caller's credential with every request.
@@ -171,6 +171,22 @@ pub async fn call_streaming(
                 };
                 let answer = CallToolClientMessage {
                     message: Some(call_tool_client_message::Message::ElicitationAnswer(answer)),
+                };
+                let _ = outbound.send(answer).await;
+            }
+            Some(Message::Approval(approval)) => {
+                on_progress(&format!(
+                    "approval of {} asked by policy rule {} (answered no; toolmesh call is not \
+                     interactive): {}",
+                    approval.tool, approval.rule, approval.reason
+                ));
+                let answer = ApprovalAnswer {
+                    approval_id: approval.approval_id,
+                    approved: false,
+                    note: "toolmesh call cannot ask a person".into(),
+                };
+                let answer = CallToolClientMessage {
+                    message: Some(call_tool_client_message::Message::ApprovalAnswer(answer)),
                 };
                 let _ = outbound.send(answer).await;
             }
