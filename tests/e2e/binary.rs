@@ -657,6 +657,53 @@ async fn bench_measures_toolmesh_and_the_bare_echo_baseline() {
     assert!(report["toolmesh_half"].is_null(), "{report}");
 }
 
+/// Credentials never show: not in the debug log, not in the exported spans, not in the
+/// audit log, not in ListTools — neither an accepted API key nor a refused one.
+#[tokio::test]
+async fn credentials_appear_in_no_log_span_audit_line_or_listing() {
+    let (receiver, otlp) = Receiver::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let key = toolmesh_identity::new_key();
+    let unknown = toolmesh_identity::new_key();
+    let toml = format!(
+        "[[auth.api_keys]]\nprincipal = \"alice\"\nsha256 = \"{}\"\n\n[policy.audit]\nto = \"{}\"\n",
+        toolmesh_identity::key_digest(&key),
+        audit.display()
+    );
+    let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()), ("RUST_LOG", "debug")];
+    let mut server = BinaryServer::with_config(&toml, &env).await.unwrap();
+    let addr = server.addr.to_string();
+    let mut client = toolmesh::client::connect(&addr, Some(&key)).await.unwrap();
+    let listed = client.list_tools(ListToolsRequest::default()).await.unwrap().into_inner();
+    let request = CallToolRequest {
+        name: "echo".into(),
+        arguments_json: r#"{"message":"hi"}"#.into(),
+        ..Default::default()
+    };
+    assert!(!client.call_tool(request.clone()).await.unwrap().into_inner().is_error);
+    let mut refused = toolmesh::client::connect(&addr, Some(&unknown)).await.unwrap();
+    let status = refused.call_tool(request).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unauthenticated);
+    assert!(!status.message().contains(&unknown), "{}", status.message());
+
+    let spans = receiver.spans_after_stop(&mut server, "execute_tool echo").await;
+    let logs = server.logs();
+    assert!(logs.contains("DEBUG"), "the log is at debug level: {logs}");
+    let audit = std::fs::read_to_string(&audit).unwrap();
+    assert!(audit.contains("\"principal\":\"alice\""), "{audit}");
+    let spans = format!("{spans:?}");
+    assert!(spans.contains("alice"), "the principal is on the spans");
+    for secret in [&key, &unknown] {
+        // The key, and any long piece of it.
+        let piece = &secret[secret.len() - 16..];
+        assert!(!logs.contains(piece), "a credential in the log:\n{logs}");
+        assert!(!spans.contains(piece), "a credential in a span");
+        assert!(!audit.contains(piece), "a credential in the audit log");
+        assert!(!format!("{listed:?}").contains(piece), "a credential in ListTools");
+    }
+}
+
 /// A command tool that calls itself through `toolmesh call`: the depth its caller tells it
 /// (TOOLMESH_CALL_DEPTH) travels with each call, until the server refuses the one past
 /// `server.max_call_depth` (3 by default); the refusal comes back up the chain.
