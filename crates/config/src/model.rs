@@ -190,20 +190,23 @@ impl Selector {
     }
 }
 
-/// Matches `text` against `pattern`, where `*` stands for any run of characters.
+/// Matches `text` against `pattern`, where `*` stands for any run of characters. Allocates
+/// nothing: policy rules match on every call.
 pub fn glob(pattern: &str, text: &str) -> bool {
-    let mut parts = pattern.split('*');
-    let first = parts.next().unwrap_or_default();
-    let Some(mut rest) = text.strip_prefix(first) else { return false };
-    let parts: Vec<&str> = parts.collect();
-    let Some((last, middle)) = parts.split_last() else { return rest.is_empty() };
-    for part in middle {
+    let Some((first, after)) = pattern.split_once('*') else { return pattern == text };
+    let (middle, last) = after.rsplit_once('*').unwrap_or(("", after));
+    if text.len() < first.len() + last.len() || !text.starts_with(first) || !text.ends_with(last) {
+        return false;
+    }
+    // What lies between the fixed prefix and suffix must hold the middle parts, in order.
+    let mut rest = &text[first.len()..text.len() - last.len()];
+    for part in middle.split('*').filter(|p| !p.is_empty()) {
         match rest.find(part) {
             Some(at) => rest = &rest[at + part.len()..],
             None => return false,
         }
     }
-    rest.len() >= last.len() && rest.ends_with(last)
+    true
 }
 
 /// `[search]`.

@@ -229,6 +229,14 @@ fn globs_match_whole_names() {
     assert!(name("g*_*h", "github_search"));
     assert!(!name("g*_*x", "github_search"));
     assert!(!name("ab*ba", "aba"));
+    assert!(name("*ab*b", "abb"));
+    assert!(!name("a*b*b", "ab"));
+    assert!(name("a**b", "ab"));
+    assert!(name("*", ""));
+    assert!(!name("a*", ""));
+    assert!(name("*delete*", "file_delete_all"));
+    assert!(name("x*y*z", "xyz"));
+    assert!(!name("x*y*z", "xz"));
 }
 
 #[test]

@@ -1,10 +1,10 @@
-//! The audit log: one JSON line per call and per discovery that hid tools, written off the
-//! call path by a thread of its own.
+//! The audit log: one JSON line per call, per approval and per discovery that hid tools,
+//! written off the call path by a thread of its own, in batches.
 
 use std::{
     fs::OpenOptions,
     io::{BufWriter, Write},
-    sync::mpsc,
+    sync::{Arc, Condvar, Mutex, PoisonError, mpsc},
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
@@ -49,22 +49,58 @@ pub struct AuditEvent<'a> {
     pub note: Option<&'a str>,
 }
 
-enum Line {
-    Event(String),
-    Flush(mpsc::SyncSender<()>),
+/// How long the writer lets lines gather before it writes them: one wake-up and one write
+/// per batch instead of per call.
+const BATCH: Duration = Duration::from_millis(20);
+
+/// Lines waiting for the writer, and callers waiting for them to be written.
+#[derive(Default)]
+struct Queue {
+    lines: Vec<String>,
+    flushes: Vec<mpsc::SyncSender<()>>,
+    closed: bool,
 }
 
-/// Where audit events go. Writing one never blocks the caller: lines are queued to a
-/// writer thread, which flushes whenever its queue is empty.
+struct Shared {
+    queue: Mutex<Queue>,
+    /// Told when the queue stops being empty, or closes.
+    ready: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Where audit events go. Recording one never blocks the caller on I/O: lines are queued,
+/// and a writer thread of its own writes them in batches.
 #[derive(Debug)]
 pub struct AuditLog {
-    tx: Option<mpsc::Sender<Line>>,
+    shared: Option<Arc<SharedHandle>>,
+}
+
+/// Closes the queue when the log is dropped, so that the writer writes what is left and
+/// ends.
+struct SharedHandle(Arc<Shared>);
+
+impl std::fmt::Debug for SharedHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AuditQueue")
+    }
+}
+
+impl Drop for SharedHandle {
+    fn drop(&mut self) {
+        self.0.lock().closed = true;
+        self.0.ready.notify_one();
+    }
 }
 
 impl AuditLog {
     /// Returns a log that writes nothing.
     pub fn off() -> Self {
-        AuditLog { tx: None }
+        AuditLog { shared: None }
     }
 
     /// Opens `target` (a file is created if needed and appended to).
@@ -79,22 +115,23 @@ impl AuditLog {
                 )?)
             }
         };
-        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared { queue: Mutex::default(), ready: Condvar::new() });
+        let writer = shared.clone();
         std::thread::Builder::new()
             .name("toolmesh-audit".into())
-            .spawn(move || write_lines(rx, BufWriter::new(out)))
+            .spawn(move || write_lines(&writer, BufWriter::new(out)))
             .map_err(|error| PolicyError::Audit { path: "(writer thread)".into(), error })?;
-        Ok(AuditLog { tx: Some(tx) })
+        Ok(AuditLog { shared: Some(Arc::new(SharedHandle(shared))) })
     }
 
     /// Returns whether events are written anywhere.
     pub fn is_on(&self) -> bool {
-        self.tx.is_some()
+        self.shared.is_some()
     }
 
     /// Queues `event` as one JSON line, stamped with the time.
     pub fn record(&self, event: &AuditEvent<'_>) {
-        let Some(tx) = &self.tx else { return };
+        let Some(shared) = &self.shared else { return };
         #[derive(Serialize)]
         struct Stamped<'a> {
             ts: f64,
@@ -103,7 +140,14 @@ impl AuditLog {
         let ts = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs_f64();
         match serde_json::to_string(&Stamped { ts, audit: event }) {
             Ok(line) => {
-                let _ = tx.send(Line::Event(line));
+                let mut queue = shared.0.lock();
+                let was_empty = queue.lines.is_empty();
+                queue.lines.push(line);
+                drop(queue);
+                // The writer waits only on an empty queue: one wake-up per batch.
+                if was_empty {
+                    shared.0.ready.notify_one();
+                }
             }
             Err(error) => tracing::error!(%error, "an audit event could not be written"),
         }
@@ -111,34 +155,45 @@ impl AuditLog {
 
     /// Waits, up to `timeout`, until every event recorded so far is written out.
     pub fn flush(&self, timeout: Duration) -> bool {
-        let Some(tx) = &self.tx else { return true };
+        let Some(shared) = &self.shared else { return true };
         let (done, wait) = mpsc::sync_channel(1);
-        tx.send(Line::Flush(done)).is_ok() && wait.recv_timeout(timeout).is_ok()
+        shared.0.lock().flushes.push(done);
+        shared.0.ready.notify_one();
+        wait.recv_timeout(timeout).is_ok()
     }
 }
 
-fn write_lines(rx: mpsc::Receiver<Line>, mut out: BufWriter<Box<dyn Write + Send>>) {
+fn write_lines(shared: &Shared, mut out: BufWriter<Box<dyn Write + Send>>) {
     let mut failed = false;
-    let mut write = |out: &mut BufWriter<_>, line: Line| match line {
-        Line::Event(text) => {
-            if let Err(error) = writeln!(out, "{text}")
+    loop {
+        let mut queue = shared.lock();
+        while queue.lines.is_empty() && queue.flushes.is_empty() && !queue.closed {
+            queue = shared.ready.wait(queue).unwrap_or_else(PoisonError::into_inner);
+        }
+        // Let a batch gather, unless someone waits for it or the log is closing.
+        if queue.flushes.is_empty() && !queue.closed {
+            drop(queue);
+            std::thread::sleep(BATCH);
+            queue = shared.lock();
+        }
+        let lines = std::mem::take(&mut queue.lines);
+        let flushes = std::mem::take(&mut queue.flushes);
+        let closed = queue.closed;
+        drop(queue);
+        for line in &lines {
+            if let Err(error) = writeln!(out, "{line}")
                 && !failed
             {
                 failed = true;
                 tracing::error!(%error, "cannot write the audit log");
             }
         }
-        Line::Flush(done) => {
-            let _ = out.flush();
+        let _ = out.flush();
+        for done in flushes {
             let _ = done.send(());
         }
-    };
-    while let Ok(line) = rx.recv() {
-        write(&mut out, line);
-        while let Ok(line) = rx.try_recv() {
-            write(&mut out, line);
+        if closed {
+            return;
         }
-        let _ = out.flush();
     }
-    let _ = out.flush();
 }

@@ -80,6 +80,9 @@ struct When {
     program: cel::Program,
     /// Whether the expression reads `args`: then it is decided only at a call.
     reads_args: bool,
+    /// Whether it reads `principal` and `tool`: only what it reads is built for it.
+    reads_principal: bool,
+    reads_tool: bool,
 }
 
 impl Policy {
@@ -125,7 +128,10 @@ impl Policy {
                         key: format!("rules[{i}].when"),
                         reason: format!("not a CEL expression: {error}"),
                     })?;
-                    let reads_args = program.references().has_variable("args");
+                    let references = program.references();
+                    let reads_args = references.has_variable("args");
+                    let reads_principal = references.has_variable("principal");
+                    let reads_tool = references.has_variable("tool");
                     // A name other than the three variables fails every evaluation: say so now.
                     if let Err(cel::ExecutionError::UndeclaredReference(name)) =
                         program.execute(&probe(&env))
@@ -138,7 +144,7 @@ impl Policy {
                             ),
                         });
                     }
-                    Some(When { program, reads_args })
+                    Some(When { program, reads_args, reads_principal, reads_tool })
                 }
             };
             rules.push(Rule {
@@ -249,10 +255,10 @@ impl Policy {
             (0..self.rules.len()).filter(|&i| self.rules[i].who.matches(&principal)).collect();
         let agent =
             agent(&principal).and_then(|id| self.agents.get(id)).map(|(name, _)| name.clone());
-        // Built once per request, and only when a rule's condition may read it.
+        // Built once per request, and only when a rule's condition reads it.
         let principal_value = rules
             .iter()
-            .any(|&i| self.rules[i].when.is_some())
+            .any(|&i| self.rules[i].when.as_ref().is_some_and(|w| w.reads_principal))
             .then(|| principal_value(&principal));
         Scope { policy: self.clone(), principal, rules, agent, principal_value }
     }
@@ -538,11 +544,15 @@ impl Scope {
         args: Option<&cel::Value>,
     ) -> Evaluated {
         let mut context = cel::Context::with_env(self.policy.env.clone());
-        let principal =
-            self.principal_value.clone().unwrap_or_else(|| principal_value(&self.principal));
-        context.add_variable_from_value("principal", principal);
-        context
-            .add_variable_from_value("tool", tool.get_or_insert_with(|| tool_value(spec)).clone());
+        if when.reads_principal {
+            let principal =
+                self.principal_value.clone().unwrap_or_else(|| principal_value(&self.principal));
+            context.add_variable_from_value("principal", principal);
+        }
+        if when.reads_tool {
+            let tool = tool.get_or_insert_with(|| tool_value(spec)).clone();
+            context.add_variable_from_value("tool", tool);
+        }
         if let Some(args) = args {
             context.add_variable_from_value("args", args.clone());
         }
