@@ -226,3 +226,50 @@ async fn without_an_auth_section_callers_are_the_open_anonymous_principal() {
     let who: Value = serde_json::from_str(response.structured_json.as_deref().unwrap()).unwrap();
     assert_eq!(who, json!({"name": "anonymous", "kind": "anonymous", "roles": []}));
 }
+
+#[tokio::test]
+async fn only_the_writer_role_ingests_and_deletes_documents() {
+    let writer = toolmesh_identity::new_key();
+    let extra = format!(
+        "[[auth.api_keys]]\nprincipal = \"docs-bot\"\nsha256 = \"{}\"\nroles = [\"knowledge-writer\"]\n\n\
+         [[knowledge.collections]]\nname = \"docs\"\ndescription = \"The handbook.\"\n",
+        toolmesh_identity::key_digest(&writer)
+    );
+    let (server, admin, _, _dir) = secured(&extra).await;
+    let knowledge = |token: String| {
+        let addr = server.addr.to_string();
+        async move {
+            let channel = toolmesh::client::channel(&addr, Some(&token)).await.unwrap();
+            KnowledgeServiceClient::new(channel)
+        }
+    };
+    let document = toolmesh_proto::v1::Document {
+        id: "install.md".into(),
+        text: "Install with the package manager.".into(),
+        ..Default::default()
+    };
+    let ingest =
+        toolmesh_proto::v1::IngestRequest { collection: "docs".into(), documents: vec![document] };
+    let delete = toolmesh_proto::v1::DeleteRequest {
+        collection: "docs".into(),
+        document_ids: vec!["install.md".into()],
+    };
+
+    // An admin of tools is not a writer of documents: refused, the role named; reading
+    // stays open to it.
+    let mut reader = knowledge(admin).await;
+    let refused = reader.ingest(tokio_stream::iter([ingest.clone()])).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert!(refused.message().contains("knowledge-writer"), "{}", refused.message());
+    let refused = reader.delete(delete.clone()).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    let listed = reader.list_collections(ListCollectionsRequest::default()).await.unwrap();
+    assert_eq!(listed.into_inner().collections[0].documents, 0, "nothing was written");
+
+    // The writer role ingests and deletes.
+    let mut writing = knowledge(writer).await;
+    let ingested = writing.ingest(tokio_stream::iter([ingest])).await.unwrap().into_inner();
+    assert!(ingested.results.iter().all(|r| r.error.is_empty()), "{ingested:?}");
+    let deleted = writing.delete(delete).await.unwrap().into_inner();
+    assert!(deleted.deleted_chunks > 0, "{deleted:?}");
+}

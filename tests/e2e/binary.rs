@@ -33,6 +33,8 @@ mod auth_binary;
 mod deploy;
 #[path = "remote.rs"]
 mod remote;
+#[path = "tls_binary.rs"]
+mod tls_binary;
 
 async fn run(args: &[&str]) -> Output {
     run_program(toolmesh_bin(), args).await
@@ -658,7 +660,9 @@ async fn bench_measures_toolmesh_and_the_bare_echo_baseline() {
 }
 
 /// Credentials never show: not in the debug log, not in the exported spans, not in the
-/// audit log, not in ListTools — neither an accepted API key nor a refused one.
+/// audit log, not in ListTools — neither an accepted API key nor a refused one, nor the
+/// upstream secret an HTTP tool sends for alice (nor alice's key, which another HTTP tool
+/// passes on).
 #[tokio::test]
 async fn credentials_appear_in_no_log_span_audit_line_or_listing() {
     let (receiver, otlp) = Receiver::start().await;
@@ -666,10 +670,35 @@ async fn credentials_appear_in_no_log_span_audit_line_or_listing() {
     let audit = dir.path().join("audit.jsonl");
     let key = toolmesh_identity::new_key();
     let unknown = toolmesh_identity::new_key();
+    let upstream_secret = "upstream-secret-of-alice-5f1e2d3c4b5a";
+    let secret_file = dir.path().join("alice-svc");
+    std::fs::write(&secret_file, upstream_secret).unwrap();
+    let received = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let log = received.clone();
+    let upstream = toolmesh_e2e::serve_http(axum::Router::new().route(
+        "/svc",
+        axum::routing::get(move |headers: axum::http::HeaderMap| {
+            let log = log.clone();
+            async move {
+                for value in headers.get_all("authorization") {
+                    log.lock().unwrap().push(value.to_str().unwrap().to_owned());
+                }
+                "ok"
+            }
+        }),
+    ))
+    .await;
     let toml = format!(
-        "[[auth.api_keys]]\nprincipal = \"alice\"\nsha256 = \"{}\"\n\n[policy.audit]\nto = \"{}\"\n",
+        "[[auth.api_keys]]\nprincipal = \"alice\"\nsha256 = \"{}\"\n\n[policy.audit]\nto = \"{}\"\n\n\
+         [credentials.svc]\nprincipals.alice = {{ file = {:?} }}\n\
+         [credentials.caller]\npass_caller_token = true\n\
+         [[tools.http]]\nname = \"svc\"\ndescription = \"a service\"\nurl = \"http://{upstream}/svc\"\n\
+         allow_private_network = true\ncredentials = [\"svc\"]\n\
+         [[tools.http]]\nname = \"svc_as_caller\"\ndescription = \"a service\"\n\
+         url = \"http://{upstream}/svc\"\nallow_private_network = true\ncredentials = [\"caller\"]\n",
         toolmesh_identity::key_digest(&key),
-        audit.display()
+        audit.display(),
+        secret_file.display().to_string(),
     );
     let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()), ("RUST_LOG", "debug")];
     let mut server = BinaryServer::with_config(&toml, &env).await.unwrap();
@@ -682,6 +711,15 @@ async fn credentials_appear_in_no_log_span_audit_line_or_listing() {
         ..Default::default()
     };
     assert!(!client.call_tool(request.clone()).await.unwrap().into_inner().is_error);
+    for tool in ["svc", "svc_as_caller"] {
+        let call = CallToolRequest { name: tool.into(), ..request.clone() };
+        assert!(!client.call_tool(call).await.unwrap().into_inner().is_error, "{tool}");
+    }
+    assert_eq!(
+        *received.lock().unwrap(),
+        [format!("Bearer {upstream_secret}"), format!("Bearer {key}")],
+        "the upstream got them"
+    );
     let mut refused = toolmesh::client::connect(&addr, Some(&unknown)).await.unwrap();
     let status = refused.call_tool(request).await.unwrap_err();
     assert_eq!(status.code(), Code::Unauthenticated);
@@ -694,7 +732,7 @@ async fn credentials_appear_in_no_log_span_audit_line_or_listing() {
     assert!(audit.contains("\"principal\":\"alice\""), "{audit}");
     let spans = format!("{spans:?}");
     assert!(spans.contains("alice"), "the principal is on the spans");
-    for secret in [&key, &unknown] {
+    for secret in [key.as_str(), unknown.as_str(), upstream_secret] {
         // The key, and any long piece of it.
         let piece = &secret[secret.len() - 16..];
         assert!(!logs.contains(piece), "a credential in the log:\n{logs}");

@@ -27,6 +27,8 @@ use toolmesh_workers::{LocalToolInstall, ToolLimits};
 
 #[path = "auth.rs"]
 mod auth;
+#[path = "credentials.rs"]
+mod credentials;
 #[path = "policy.rs"]
 mod policy;
 

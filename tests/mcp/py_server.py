@@ -9,11 +9,13 @@ Tools:
 - ask(): asks the caller for a name (an elicitation);
 - trace(): the W3C traceparent that arrived in the request's `_meta`;
 - http_trace(): the traceparent HTTP header of the request (streamable HTTP);
+- http_authorization(): the SHA-256 of the request's authorization header (streamable HTTP);
 - fail(): a tool-level error (isError);
 - a tool whose name is longer than model APIs accept, which toolmesh publishes shortened.
 """
 
 import asyncio
+import hashlib
 import os
 import sys
 
@@ -78,6 +80,13 @@ def http_trace(ctx: Context) -> str:
     """Returns the traceparent HTTP header of the request (empty on stdio)."""
     headers = ctx.headers or {}
     return str(headers.get("traceparent", ""))
+
+
+@server.tool()
+def http_authorization(ctx: Context) -> str:
+    """Returns the SHA-256 (hex) of the request's authorization HTTP header, or "none"."""
+    value = (ctx.headers or {}).get("authorization")
+    return hashlib.sha256(value.encode()).hexdigest() if value else "none"
 
 
 @server.tool()

@@ -71,9 +71,27 @@ class Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor
         return continuation(self._details(details), requests)
 
 
+def _read(variable: str):
+    path = os.environ.get(variable)
+    if not path:
+        return None
+    with open(path, "rb") as file:
+        return file.read()
+
+
 def connect(addr: str) -> grpc.Channel:
-    """A channel to `addr`, with the token of `TOOLMESH_TOKEN` when it is set."""
-    channel = grpc.insecure_channel(addr)
+    """A channel to `addr`, with the token of `TOOLMESH_TOKEN` when it is set. With
+    `TOOLMESH_CA_CERT` (a router with `[tls]`) the channel is TLS, verified by that CA; with
+    `TOOLMESH_CLIENT_CERT` and `TOOLMESH_CLIENT_KEY` too, it is mutual TLS."""
+    ca = _read("TOOLMESH_CA_CERT")
+    if ca is None:
+        channel = grpc.insecure_channel(addr)
+    else:
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=ca,
+            private_key=_read("TOOLMESH_CLIENT_KEY"),
+            certificate_chain=_read("TOOLMESH_CLIENT_CERT"))
+        channel = grpc.secure_channel(addr, credentials)
     token = os.environ.get("TOOLMESH_TOKEN")
     return grpc.intercept_channel(channel, Bearer(token)) if token else channel
 

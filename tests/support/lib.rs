@@ -2,6 +2,7 @@
 //! binary as a child process, and local tools with scripted behaviour.
 
 mod binary;
+pub mod pki;
 mod server;
 pub mod tools;
 mod upstream;

@@ -9,10 +9,10 @@ mod model;
 
 pub use error::ConfigError;
 pub use model::{
-    BuiltinConfig, CommandToolConfig, Config, ConnectMode, DEFAULT_PROFILE, Fusion, HttpMethod,
-    HttpToolConfig, MAX_TOP_K, McpConfig, McpServerConfig, McpTransport, PrefixMode, ProfileConfig,
-    RoutingConfig, SearchConfig, Selector, ServerConfig, TelemetryConfig, ToolCommon, ToolsConfig,
-    WorkersConfig, glob,
+    BuiltinConfig, CommandToolConfig, Config, ConnectMode, CredentialConfig, CredentialSource,
+    DEFAULT_PROFILE, Fusion, HttpMethod, HttpToolConfig, MAX_TOP_K, McpConfig, McpServerConfig,
+    McpTransport, PrefixMode, ProfileConfig, RoutingConfig, SearchConfig, Selector, ServerConfig,
+    TelemetryConfig, ToolCommon, ToolsConfig, UpstreamCredentials, WorkersConfig, glob,
 };
 
 use std::{collections::HashMap, path::Path};

@@ -12,7 +12,7 @@ use std::{
 use serde::Deserialize;
 use serde_json::Value as Json;
 use toml::Table;
-use toolmesh_core::{RetryPolicy, ToolAnnotations};
+use toolmesh_core::{Principal, RetryPolicy, Secret, ToolAnnotations};
 
 use crate::ConfigError;
 
@@ -35,6 +35,8 @@ pub struct Config {
     pub search: SearchConfig,
     /// The meta-tools `searchTools` and `callTool`, and routing profiles.
     pub routing: RoutingConfig,
+    /// Upstream credentials, by name: what HTTP tools and MCP servers send for a caller.
+    pub credentials: BTreeMap<String, CredentialConfig>,
     /// The sections this model does not define, layered like the rest, for the providers
     /// that define them ([`Config::section`]).
     sections: BTreeMap<String, toml::Value>,
@@ -43,8 +45,17 @@ pub struct Config {
 }
 
 /// The sections the core model defines; any other belongs to a provider.
-const CORE_SECTIONS: [&str; 8] =
-    ["server", "workers", "telemetry", "builtin", "tools", "mcp", "search", "routing"];
+const CORE_SECTIONS: [&str; 9] = [
+    "server",
+    "workers",
+    "telemetry",
+    "builtin",
+    "tools",
+    "mcp",
+    "search",
+    "routing",
+    "credentials",
+];
 
 impl Config {
     /// Parses section `[name]` into the provider's own type `T` (its defaults are the
@@ -367,6 +378,82 @@ pub struct McpServerConfig {
     /// restart lists its tools at once (unavailable until the server is connected) and a
     /// lazy server is not started only to learn them.
     pub remember_tools: bool,
+    /// Upstream credentials (`credentials`, names of `[credentials.<name>]`) sent with
+    /// each caller's calls: streamable HTTP servers only.
+    pub credentials: UpstreamCredentials,
+}
+
+/// `[credentials.<name>]`: a secret an upstream (an HTTP tool, an MCP server over HTTP)
+/// receives in a header on behalf of the caller: each principal's own secret (bring your
+/// own key), or, where the operator opts in, the caller's own bearer token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CredentialConfig {
+    /// The header it is sent in (lowercase), `authorization` unless configured.
+    pub header: String,
+    /// Put before the secret, `Bearer ` unless configured.
+    pub prefix: String,
+    /// Where the secret comes from.
+    pub source: CredentialSource,
+}
+
+/// Where a credential's secret comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CredentialSource {
+    /// Each principal's own, by principal name; `default` for the others (none: they are
+    /// refused).
+    Principals {
+        /// The secrets by principal name, read from their environment variables or files.
+        secrets: BTreeMap<String, Secret>,
+        /// The secret of principals without their own.
+        default: Option<Secret>,
+    },
+    /// The bearer token the caller authenticated with.
+    CallerToken,
+}
+
+impl CredentialConfig {
+    /// Returns the header value to send for `principal`: `None` when it has no secret.
+    pub fn value_for(&self, principal: &Principal) -> Option<Secret> {
+        let secret = match &self.source {
+            CredentialSource::Principals { secrets, default } => {
+                secrets.get(&principal.name).or(default.as_ref())?
+            }
+            CredentialSource::CallerToken => principal.credential.as_ref()?,
+        };
+        Some(Secret::new(format!("{}{}", self.prefix, secret.expose())))
+    }
+}
+
+/// The credentials an upstream sends for its callers, with their names.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct UpstreamCredentials(Vec<(String, CredentialConfig)>);
+
+impl UpstreamCredentials {
+    /// Returns whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Returns the headers (name, value) to send for `principal`. `Err` says which
+    /// credential it has no secret of; it never holds a secret.
+    pub fn headers(&self, principal: &Principal) -> Result<Vec<(String, Secret)>, String> {
+        self.0
+            .iter()
+            .map(|(name, credential)| match credential.value_for(principal) {
+                Some(value) => Ok((credential.header.clone(), value)),
+                None if credential.source == CredentialSource::CallerToken => Err(format!(
+                    "the credential `{name}` passes the caller's own token on, and principal \
+                     {:?} did not authenticate with one",
+                    principal.name
+                )),
+                None => Err(format!(
+                    "principal {:?} has no secret of the credential `{name}` this tool sends \
+                     ([credentials.{name}])",
+                    principal.name
+                )),
+            })
+            .collect()
+    }
 }
 
 /// `[server]`.
@@ -524,6 +611,9 @@ pub struct HttpToolConfig {
     /// The HTTP proxy requests go through; `None`: direct (proxy variables of the
     /// environment are ignored).
     pub proxy: Option<String>,
+    /// Upstream credentials (`credentials`, names of `[credentials.<name>]`) sent for
+    /// each caller.
+    pub credentials: UpstreamCredentials,
 }
 
 /// `[[tools.command]]`: a tool that runs an executable with the arguments on stdin.
@@ -558,6 +648,38 @@ struct RawConfig {
     mcp: RawMcp,
     search: RawSearch,
     routing: RawRouting,
+    #[serde(default)]
+    credentials: BTreeMap<String, RawCredential>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCredential {
+    #[serde(default = "default_credential_header")]
+    header: String,
+    #[serde(default = "default_credential_prefix")]
+    prefix: String,
+    #[serde(default)]
+    pass_caller_token: bool,
+    #[serde(default)]
+    principals: BTreeMap<String, RawSecret>,
+    default: Option<RawSecret>,
+}
+
+/// Where a secret is read: an environment variable or a file, never the file itself.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSecret {
+    env: Option<String>,
+    file: Option<PathBuf>,
+}
+
+fn default_credential_header() -> String {
+    "authorization".into()
+}
+
+fn default_credential_prefix() -> String {
+    "Bearer ".into()
 }
 
 #[derive(Deserialize)]
@@ -665,6 +787,8 @@ struct RawMcpServer {
     max_concurrency: NonZeroUsize,
     #[serde(default = "default_remember_tools")]
     remember_tools: bool,
+    #[serde(default)]
+    credentials: Vec<String>,
 }
 
 fn default_remember_tools() -> bool {
@@ -779,6 +903,8 @@ struct RawHttpTool {
     #[serde(default)]
     allow_private_network: bool,
     proxy: Option<String>,
+    #[serde(default)]
+    credentials: Vec<String>,
 }
 
 fn default_method() -> HttpMethod {
@@ -915,6 +1041,26 @@ impl Config {
             Ok(())
         };
 
+        let mut credentials = BTreeMap::new();
+        for (name, raw) in raw.credentials {
+            let key = format!("credentials.{name}");
+            credentials.insert(name, credential(&key, raw, env, &key_error)?);
+        }
+        let upstream =
+            |names: Vec<String>, key: &str| -> Result<UpstreamCredentials, ConfigError> {
+                let mut named = Vec::new();
+                for name in names {
+                    let Some(credential) = credentials.get(&name) else {
+                        return Err(key_error(
+                            format!("{key}.credentials"),
+                            format!("no [credentials.{name}] section"),
+                        ));
+                    };
+                    named.push((name, credential.clone()));
+                }
+                Ok(UpstreamCredentials(named))
+            };
+
         let mut http = Vec::new();
         for (index, raw) in raw.tools.http.into_iter().enumerate() {
             let key = format!("tools.http[{index}]");
@@ -942,6 +1088,7 @@ impl Config {
                     .map_err(|reason| key_error(format!("{key}.headers.{name}"), reason))?;
                 headers.insert(name, resolved);
             }
+            let tool_credentials = upstream(raw.credentials, &key)?;
             let body = raw
                 .body
                 .map(to_json)
@@ -967,6 +1114,7 @@ impl Config {
                     }
                     proxy => proxy,
                 },
+                credentials: tool_credentials,
             });
         }
 
@@ -1038,6 +1186,17 @@ impl Config {
                 }
                 Ok(url)
             };
+            let server_credentials = upstream(raw.credentials, &key)?;
+            if !server_credentials.is_empty()
+                && !matches!(raw.transport, RawMcpTransport::Http | RawMcpTransport::StreamableHttp)
+            {
+                return Err(key_error(
+                    format!("{key}.credentials"),
+                    "only a server over streamable HTTP (transport = \"http\" or \"streamable-http\") \
+                     can be sent a credential per caller"
+                        .into(),
+                ));
+            }
             let transport = match raw.transport {
                 RawMcpTransport::Stdio => McpTransport::Stdio {
                     command: raw.command.filter(|c| !c.as_os_str().is_empty()).ok_or_else(
@@ -1074,6 +1233,7 @@ impl Config {
                     .then(|| Duration::from_millis(raw.ping_interval_ms)),
                 max_concurrency: raw.max_concurrency,
                 remember_tools: raw.remember_tools,
+                credentials: server_credentials,
             });
         }
 
@@ -1170,10 +1330,72 @@ impl Config {
             telemetry,
             builtin: BuiltinConfig { reasoning: raw.builtin.reasoning, echo: raw.builtin.echo },
             tools: ToolsConfig { http, command },
+            credentials,
             sections,
             origin: origin.to_owned(),
         })
     }
+}
+
+/// Validates `[credentials.<name>]` (at `key`) and reads its secrets.
+fn credential(
+    key: &str,
+    raw: RawCredential,
+    env: &HashMap<String, String>,
+    key_error: &impl Fn(String, String) -> ConfigError,
+) -> Result<CredentialConfig, ConfigError> {
+    let header = raw.header.trim().to_ascii_lowercase();
+    let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    if header.is_empty() || !header.bytes().all(token) {
+        return Err(key_error(format!("{key}.header"), format!("{header:?} is not a header name")));
+    }
+    if raw.prefix.bytes().any(|b| b.is_ascii_control()) {
+        return Err(key_error(format!("{key}.prefix"), "must not hold control characters".into()));
+    }
+    let read = |raw: RawSecret, at: String| -> Result<Secret, ConfigError> {
+        let value = match (raw.env, raw.file) {
+            (Some(variable), None) => env.get(&variable).cloned().ok_or_else(|| {
+                key_error(at.clone(), format!("environment variable {variable} is not set"))
+            })?,
+            (None, Some(file)) => std::fs::read_to_string(&file).map_err(|error| {
+                key_error(at.clone(), format!("cannot read {}: {error}", file.display()))
+            })?,
+            _ => return Err(key_error(at, "give exactly one of `env` and `file`".into())),
+        };
+        // A file's trailing newline is not part of the secret.
+        let value = value.trim();
+        if value.is_empty() || value.bytes().any(|b| b.is_ascii_control()) {
+            return Err(key_error(at, "the secret is empty or holds control characters".into()));
+        }
+        Ok(Secret::new(value))
+    };
+    let source = if raw.pass_caller_token {
+        if !raw.principals.is_empty() || raw.default.is_some() {
+            return Err(key_error(
+                format!("{key}.pass_caller_token"),
+                "either the caller's token or secrets of principals, not both".into(),
+            ));
+        }
+        CredentialSource::CallerToken
+    } else {
+        if raw.principals.is_empty() && raw.default.is_none() {
+            return Err(key_error(
+                key.to_owned(),
+                "give `principals` (each principal's secret), `default`, or \
+                 `pass_caller_token = true`"
+                    .into(),
+            ));
+        }
+        let mut secrets = BTreeMap::new();
+        for (principal, secret) in raw.principals {
+            let at = format!("{key}.principals.{principal}");
+            secrets.insert(principal, read(secret, at)?);
+        }
+        let default =
+            raw.default.map(|secret| read(secret, format!("{key}.default"))).transpose()?;
+        CredentialSource::Principals { secrets, default }
+    };
+    Ok(CredentialConfig { header, prefix: raw.prefix, source })
 }
 
 fn positive_ms(

@@ -278,3 +278,56 @@ fn a_misspelt_core_section_is_still_refused() {
     let err = config.check_sections(&[]).unwrap_err().to_string();
     assert!(err.contains("serch") && err.contains("search"), "names it and the known: {err}");
 }
+
+#[test]
+fn upstream_credentials_read_their_secrets_and_name_the_key_that_is_wrong() {
+    let tool = "[[tools.http]]\nname = \"t\"\ndescription = \"d\"\nurl = \"https://x.test/\"\n";
+    let file = format!(
+        "[credentials.svc]\nprincipals.alice = {{ env = \"ALICE\" }}\ndefault = {{ env = \"SHARED\" }}\n\
+         [credentials.caller]\nheader = \"X-Token\"\nprefix = \"\"\npass_caller_token = true\n\
+         {tool}credentials = [\"svc\", \"caller\"]\n"
+    );
+    let vars = env(&[("ALICE", "alice-secret\n"), ("SHARED", "shared-secret")]);
+    let config = load_str(Some(("f.toml", &file)), &vars).unwrap();
+    let credentials = &config.tools.http[0].credentials;
+    let alice = toolmesh_core::Principal {
+        credential: Some(toolmesh_core::Secret::new("tm_alice")),
+        ..toolmesh_core::Principal::anonymous("alice")
+    };
+    let headers: Vec<(String, String)> = credentials
+        .headers(&alice)
+        .unwrap()
+        .into_iter()
+        .map(|(name, value)| (name, value.expose().to_owned()))
+        .collect();
+    assert_eq!(
+        headers,
+        [
+            ("authorization".to_owned(), "Bearer alice-secret".to_owned()),
+            ("x-token".to_owned(), "tm_alice".to_owned())
+        ]
+    );
+    // Bob has no secret of his own: the default; and no token to pass on: refused, and
+    // the refusal holds no secret.
+    let bob = toolmesh_core::Principal::anonymous("bob");
+    let refused = credentials.headers(&bob).unwrap_err();
+    assert!(refused.contains("caller") && refused.contains("bob"), "{refused}");
+    assert!(!refused.contains("secret"), "{refused}");
+    assert!(!format!("{config:?}").contains("alice-secret"), "secrets are redacted in Debug");
+
+    let error = |text: &str| load_str(Some(("f.toml", text)), &vars).unwrap_err().to_string();
+    let unknown = error(&format!("{tool}credentials = [\"nope\"]\n"));
+    assert!(unknown.contains("tools.http[0].credentials") && unknown.contains("nope"), "{unknown}");
+    let unset = error("[credentials.svc]\nprincipals.bob = { env = \"UNSET\" }\n");
+    assert!(unset.contains("credentials.svc.principals.bob") && unset.contains("UNSET"), "{unset}");
+    let both = error("[credentials.svc]\ndefault = { env = \"SHARED\", file = \"/x\" }\n");
+    assert!(both.contains("credentials.svc.default"), "{both}");
+    let mixed =
+        error("[credentials.svc]\npass_caller_token = true\nprincipals.a = { env = \"ALICE\" }\n");
+    assert!(mixed.contains("credentials.svc.pass_caller_token"), "{mixed}");
+    let stdio = error(
+        "[credentials.svc]\npass_caller_token = true\n[[mcp.servers]]\nname = \"s\"\n\
+         transport = \"stdio\"\ncommand = \"x\"\ncredentials = [\"svc\"]\n",
+    );
+    assert!(stdio.contains("mcp.servers[0].credentials"), "{stdio}");
+}

@@ -89,8 +89,34 @@ impl AuthError {
 /// The identity a mutual-TLS client certificate shows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CertificateIdentity {
-    /// The certificate's first DNS name, or else its subject's common name.
+    /// The certificate's first DNS name, or else its first URI (a SPIFFE ID such as
+    /// `spiffe://example.org/ns/agents/sa/support`), or else its subject's common name.
     pub name: String,
+}
+
+impl CertificateIdentity {
+    /// Returns the identity of the DER certificate `der` (which the TLS handshake has
+    /// verified); `None` when it is not a certificate or names nobody.
+    pub fn from_der(der: &[u8]) -> Option<Self> {
+        use x509_parser::prelude::{FromDer as _, GeneralName, X509Certificate};
+        let (_, certificate) = X509Certificate::from_der(der).ok()?;
+        let alternative = certificate.subject_alternative_name().ok().flatten();
+        let names = alternative.iter().flat_map(|extension| &extension.value.general_names);
+        let dns = names.clone().find_map(|name| match name {
+            GeneralName::DNSName(dns) => Some(*dns),
+            _ => None,
+        });
+        let uri = || {
+            names.clone().find_map(|name| match name {
+                GeneralName::URI(uri) => Some(*uri),
+                _ => None,
+            })
+        };
+        let common_name =
+            || certificate.subject().iter_common_name().next().and_then(|cn| cn.as_str().ok());
+        let name = dns.or_else(uri).or_else(common_name)?.trim();
+        (!name.is_empty()).then(|| CertificateIdentity { name: name.to_owned() })
+    }
 }
 
 /// Authenticates requests by the `[auth]` configuration. Cheap to share behind an `Arc`.

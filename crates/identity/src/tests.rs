@@ -318,3 +318,58 @@ async fn a_bad_section_names_its_key() {
     let (key, _) = bad(AuthConfig { jwt: vec![file], ..AuthConfig::default() }).await;
     assert_eq!(key, "jwt[0].jwks_file");
 }
+
+/// A certificate with `names` as subject alternative names (DNS, or URI with a scheme) and
+/// `common_name` as its subject's CN, in DER.
+fn certificate(names: &[&str], common_name: Option<&str>) -> Vec<u8> {
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    for name in names {
+        params.subject_alt_names.push(if name.contains("://") {
+            rcgen::SanType::URI((*name).try_into().expect("an URI"))
+        } else {
+            rcgen::SanType::DnsName((*name).try_into().expect("a DNS name"))
+        });
+    }
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    if let Some(cn) = common_name {
+        params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+    }
+    let key = rcgen::KeyPair::generate().expect("a key");
+    params.self_signed(&key).expect("signed").der().to_vec()
+}
+
+#[test]
+fn a_client_certificate_names_its_principal_by_dns_name_then_uri_then_common_name() {
+    let name = |der: Vec<u8>| CertificateIdentity::from_der(&der).map(|id| id.name);
+    let spiffe = "spiffe://example.org/ns/agents/sa/support";
+    assert_eq!(
+        name(certificate(&[spiffe, "agent.example", "other.example"], Some("cn"))).as_deref(),
+        Some("agent.example"),
+        "the first DNS name, wherever it stands"
+    );
+    assert_eq!(name(certificate(&[spiffe], Some("cn"))).as_deref(), Some(spiffe));
+    assert_eq!(name(certificate(&[], Some("support-bot"))).as_deref(), Some("support-bot"));
+    assert_eq!(name(certificate(&[], None)), None, "a certificate naming nobody");
+    assert_eq!(name(b"not a certificate".to_vec()), None);
+}
+
+#[tokio::test]
+async fn a_certificate_principal_takes_the_roles_of_its_name() {
+    let config = AuthConfig {
+        certificates: Some(CertificatesConfig {
+            roles: vec!["client".into()],
+            principals: [("agent.example".to_owned(), vec!["admin".to_owned()])].into(),
+        }),
+        ..AuthConfig::default()
+    };
+    let auth = authenticator(config).await;
+    let agent = CertificateIdentity { name: "agent.example".into() };
+    let principal = auth.authenticate(None, Some(&agent)).await.expect("accepted");
+    assert_eq!(principal.name, "agent.example");
+    assert_eq!(principal.kind, PrincipalKind::Certificate);
+    assert_eq!(principal.roles, ["client", "admin"]);
+    let other = CertificateIdentity { name: "other.example".into() };
+    assert_eq!(auth.authenticate(None, Some(&other)).await.expect("accepted").roles, ["client"]);
+    // Without a certificate and without anonymous access: refused.
+    assert_eq!(auth.authenticate(None, None).await, Err(AuthError::Missing));
+}

@@ -14,16 +14,26 @@ pub struct KnowledgeConfig {
     pub collections: Vec<CollectionConfig>,
     /// The longest document accepted, in bytes.
     pub max_document_bytes: usize,
+    /// The role a principal needs to ingest and delete documents when callers
+    /// authenticate (`[auth]`): writing into shared collections is a trust that reading
+    /// them does not grant.
+    pub writer_role: String,
 }
 
 impl KnowledgeConfig {
     /// The default of `max_document_bytes`: 2 MiB, well inside one gRPC message.
     pub const MAX_DOCUMENT_BYTES: usize = 2 << 20;
+    /// The default of `writer_role`.
+    pub const WRITER_ROLE: &str = "knowledge-writer";
 }
 
 impl Default for KnowledgeConfig {
     fn default() -> Self {
-        KnowledgeConfig { collections: Vec::new(), max_document_bytes: Self::MAX_DOCUMENT_BYTES }
+        KnowledgeConfig {
+            collections: Vec::new(),
+            max_document_bytes: Self::MAX_DOCUMENT_BYTES,
+            writer_role: Self::WRITER_ROLE.into(),
+        }
     }
 }
 
@@ -120,6 +130,9 @@ impl KnowledgeConfig {
             if c.top_k == 0 || c.top_k > MAX_TOP_K {
                 return Err((key("top_k"), format!("must be 1 to {MAX_TOP_K}")));
             }
+        }
+        if self.writer_role.trim().is_empty() {
+            return Err(("knowledge.writer_role".into(), "must not be empty".into()));
         }
         if self.max_document_bytes == 0 {
             return Err(("knowledge.max_document_bytes".into(), "must be more than 0".into()));

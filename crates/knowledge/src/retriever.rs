@@ -158,6 +158,8 @@ pub(crate) struct Shared {
     pub(crate) embedder: Option<Arc<dyn Embedder>>,
     pub(crate) collections: ArcSwap<BTreeMap<String, Arc<Collection>>>,
     pub(crate) max_document_bytes: std::sync::atomic::AtomicUsize,
+    /// The role that ingests and deletes (`writer_role`).
+    pub(crate) writer_role: ArcSwap<String>,
     /// Collections the store could not make, with the reason.
     pub(crate) failed: Mutex<BTreeMap<String, String>>,
     pub(crate) changed: tokio::sync::Notify,
@@ -203,6 +205,11 @@ pub struct RetrieverActor {
 }
 
 impl KnowledgeHandle {
+    /// Returns the role that ingests and deletes documents when callers authenticate.
+    pub fn writer_role(&self) -> Arc<String> {
+        self.shared.writer_role.load_full()
+    }
+
     /// Starts the retriever over `stores` (each collection in the one its config chooses),
     /// publishing tools into `registry`.
     pub async fn start(
@@ -215,6 +222,7 @@ impl KnowledgeHandle {
             embedder,
             collections: ArcSwap::default(),
             max_document_bytes: KnowledgeConfig::MAX_DOCUMENT_BYTES.into(),
+            writer_role: ArcSwap::from_pointee(KnowledgeConfig::WRITER_ROLE.to_owned()),
             failed: Mutex::default(),
             changed: tokio::sync::Notify::new(),
         });
@@ -543,6 +551,7 @@ impl RetrieverActor {
         self.shared
             .max_document_bytes
             .store(config.max_document_bytes, std::sync::atomic::Ordering::Release);
+        self.shared.writer_role.store(Arc::new(config.writer_role.clone()));
         let embedder = self.shared.embedder.as_deref();
         let old = self.shared.collections.load_full();
         let mut next = BTreeMap::new();

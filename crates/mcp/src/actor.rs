@@ -488,8 +488,9 @@ async fn connect(
                 http.custom_headers.insert(name, value);
             }
             http.max_concurrent_requests = 256;
-            let transport =
-                StreamableHttpClientTransport::with_client(TracingHttpClient::default(), http);
+            let client =
+                TracingHttpClient::new(reqwest::Client::default(), shared.call_headers.clone());
+            let transport = StreamableHttpClientTransport::with_client(client, http);
             match handler.serve_with_lifecycle(transport, lifecycle()).await {
                 Ok(connection) => connection,
                 Err(error) if *sse_fallback => {

@@ -134,6 +134,7 @@ impl McpBackend {
         params: CallToolRequestParams,
         ctx: &CallContext,
         lost: &tokio_util::sync::CancellationToken,
+        headers: Option<u64>,
     ) -> Result<ServerResult, BackendError> {
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
         // The W3C trace context rides in `params._meta`, so the server's spans join the
@@ -146,6 +147,9 @@ impl McpBackend {
         let nesting = Nesting::of(ctx);
         meta.0.0.insert(Nesting::DEPTH_META.into(), Value::from(nesting.depth));
         meta.0.0.insert(Nesting::PARENT_META.into(), Value::String(nesting.parent_call_id));
+        if let Some(ticket) = headers {
+            meta.0.0.insert(crate::http_client::HEADERS_META.into(), Value::from(ticket));
+        }
         let mut options = PeerRequestOptions::default();
         options.meta = Some(meta);
         let handle = peer
@@ -242,6 +246,33 @@ impl McpBackend {
         }
     }
 
+    /// Lends the headers of the server's upstream credentials for the caller of `ctx` to
+    /// the call's requests; `None` when the server sends none.
+    fn call_headers(
+        &self,
+        ctx: &CallContext,
+    ) -> Result<Option<crate::http_client::HeadersTicket>, BackendError> {
+        let credentials = &self.shared.config.credentials;
+        if credentials.is_empty() {
+            return Ok(None);
+        }
+        let refused = |message: String| BackendError::Remote {
+            code: ErrorCode::FailedPrecondition,
+            message: format!("mcp server {}: {message}", self.shared.name()),
+        };
+        let mut headers = Vec::new();
+        for (name, secret) in credentials.headers(&ctx.principal).map_err(refused)? {
+            let name = http::HeaderName::try_from(name.as_str())
+                .map_err(|_| refused(format!("{name} is not a header name")))?;
+            let mut value = http::HeaderValue::from_str(secret.expose()).map_err(|_| {
+                refused(format!("the credential of header {name} is not a header value"))
+            })?;
+            value.set_sensitive(true);
+            headers.push((name, value));
+        }
+        Ok(Some(self.shared.call_headers.lend(headers)))
+    }
+
     /// The current connection, unless it has been declared lost.
     fn connected(&self) -> Option<Arc<Peer<RoleClient>>> {
         let peer = self.shared.peer.load_full()?;
@@ -278,6 +309,9 @@ impl McpBackend {
 #[async_trait::async_trait]
 impl Backend for McpBackend {
     async fn call(&self, ctx: CallContext, arguments: Value) -> Result<ToolOutput, BackendError> {
+        // The caller's upstream credentials, lent to this call's requests; a caller without
+        // one is refused before a lazy server is started for it.
+        let headers = self.call_headers(&ctx)?;
         // A full server refuses at once, as a full local tool does: waiting callers would
         // pile up without bound behind a slow server.
         let _slot = self.shared.slots.clone().try_acquire_owned().map_err(|_| {
@@ -326,7 +360,8 @@ impl Backend for McpBackend {
             // On protocol 2026-07-28 a server asks for input by answering with an
             // InputRequiredResult; the call is then sent again with the answers.
             for _ in 0..MAX_INPUT_ROUNDS {
-                match self.round(&peer, params.clone(), &ctx, &lost).await? {
+                let ticket = headers.as_ref().map(|ticket| ticket.id());
+                match self.round(&peer, params.clone(), &ctx, &lost, ticket).await? {
                     ServerResult::CallToolResult(result) => return Ok(convert::output(result)),
                     ServerResult::InputRequiredResult(required) => {
                         if required.input_requests.as_ref().is_none_or(|r| r.is_empty())

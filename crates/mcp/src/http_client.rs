@@ -10,8 +10,19 @@
 //! request: the request would wait for its timeout and the session would never be
 //! renewed. Such an answer to a message sent in a session is taken here for the expired
 //! session it is.
+//!
+//! A call may carry headers of its own beyond the connection's: the caller's upstream
+//! credentials. The backend lends them to [`CallHeaders`] for the call's lifetime and puts
+//! the ticket in `_meta`; the ticket is taken out of the message here and the headers, marked
+//! sensitive, go with that request only (and with its repetition after a renewed session).
 
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicU64, Ordering},
+    },
+};
 
 use futures::stream::BoxStream;
 use http::{HeaderName, HeaderValue};
@@ -27,16 +38,75 @@ use sse_stream::{Error as SseError, Sse};
 /// Trace-context keys copied from `_meta` to HTTP headers.
 const TRACE_KEYS: [&str; 2] = ["traceparent", "tracestate"];
 
-/// reqwest's client for streamable HTTP, with trace headers.
-#[derive(Clone, Default)]
-pub struct TracingHttpClient(pub reqwest::Client);
+/// The `_meta` key of the ticket of a call's own headers.
+pub(crate) const HEADERS_META: &str = "io.toolmesh/headers";
 
-fn with_trace(
-    message: &ClientJsonRpcMessage,
+/// reqwest's client for streamable HTTP, with trace headers and each call's own headers.
+#[derive(Clone, Default)]
+pub struct TracingHttpClient {
+    client: reqwest::Client,
+    call_headers: CallHeaders,
+}
+
+impl TracingHttpClient {
+    /// Returns the client that adds the headers lent to `call_headers` to the requests
+    /// whose ticket they carry.
+    pub fn new(client: reqwest::Client, call_headers: CallHeaders) -> Self {
+        TracingHttpClient { client, call_headers }
+    }
+}
+
+/// Headers of one call's requests.
+type Headers = Vec<(HeaderName, HeaderValue)>;
+
+/// The headers of the calls in flight, by ticket.
+#[derive(Clone, Default)]
+pub struct CallHeaders {
+    lent: Arc<Mutex<HashMap<u64, Headers>>>,
+    next: Arc<AtomicU64>,
+}
+
+impl CallHeaders {
+    /// Lends `headers` to the request that carries the returned ticket, until it is dropped.
+    pub(crate) fn lend(&self, headers: Headers) -> HeadersTicket {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.lent().insert(id, headers);
+        HeadersTicket { desk: self.clone(), id }
+    }
+
+    fn lent(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Headers>> {
+        self.lent.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A call's claim on its headers; they are forgotten when it is dropped.
+pub(crate) struct HeadersTicket {
+    desk: CallHeaders,
+    id: u64,
+}
+
+impl HeadersTicket {
+    /// The ticket's `_meta` value.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+impl Drop for HeadersTicket {
+    fn drop(&mut self) {
+        self.desk.lent().remove(&self.id);
+    }
+}
+
+/// Copies the trace context of `message` into `headers`, and the call's own headers whose
+/// ticket it carries (taking the ticket out of its `_meta`).
+fn prepare(
+    call_headers: &CallHeaders,
+    mut message: ClientJsonRpcMessage,
     mut headers: HashMap<HeaderName, HeaderValue>,
-) -> HashMap<HeaderName, HeaderValue> {
-    if let JsonRpcMessage::Request(request) = message {
-        let meta = request.request.get_meta();
+) -> (ClientJsonRpcMessage, HashMap<HeaderName, HeaderValue>) {
+    if let JsonRpcMessage::Request(request) = &mut message {
+        let meta = request.request.get_meta_mut();
         for key in TRACE_KEYS {
             if let Some(serde_json::Value::String(value)) = meta.0.0.get(key)
                 && let Ok(value) = HeaderValue::from_str(value)
@@ -44,8 +114,15 @@ fn with_trace(
                 headers.insert(HeaderName::from_static(key), value);
             }
         }
+        if let Some(ticket) = meta.0.0.remove(HEADERS_META).and_then(|v| v.as_u64())
+            && let Some(lent) = call_headers.lent().get(&ticket)
+        {
+            for (name, value) in lent {
+                headers.insert(name.clone(), value.clone());
+            }
+        }
     }
-    headers
+    (message, headers)
 }
 
 type PostResult = Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>>;
@@ -77,10 +154,11 @@ impl StreamableHttpClient for TracingHttpClient {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> impl Future<Output = PostResult> + Send + '_ {
-        let headers = with_trace(&message, custom_headers);
+        let (message, headers) = prepare(&self.call_headers, message, custom_headers);
         let in_session = session_id.is_some();
         async move {
-            let result = self.0.post_message(uri, message, session_id, auth_header, headers).await;
+            let result =
+                self.client.post_message(uri, message, session_id, auth_header, headers).await;
             session_refused(in_session, result)
         }
     }
@@ -94,11 +172,11 @@ impl StreamableHttpClient for TracingHttpClient {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> impl Future<Output = PostResult> + Send + '_ {
-        let headers = with_trace(&message, custom_headers);
+        let (message, headers) = prepare(&self.call_headers, message, custom_headers);
         let in_session = session_id.is_some();
         async move {
             let result = self
-                .0
+                .client
                 .post_message_with_max_sse_event_size(
                     uri,
                     message,
@@ -121,11 +199,11 @@ impl StreamableHttpClient for TracingHttpClient {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         limits: StreamableHttpResponseLimits,
     ) -> impl Future<Output = PostResult> + Send + '_ {
-        let headers = with_trace(&message, custom_headers);
+        let (message, headers) = prepare(&self.call_headers, message, custom_headers);
         let in_session = session_id.is_some();
         async move {
             let result = self
-                .0
+                .client
                 .post_message_with_response_limits(
                     uri,
                     message,
@@ -146,7 +224,7 @@ impl StreamableHttpClient for TracingHttpClient {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> impl Future<Output = Result<(), StreamableHttpError<Self::Error>>> + Send + '_ {
-        self.0.delete_session(uri, session_id, auth_header, custom_headers)
+        self.client.delete_session(uri, session_id, auth_header, custom_headers)
     }
 
     fn get_stream(
@@ -157,7 +235,7 @@ impl StreamableHttpClient for TracingHttpClient {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> impl Future<Output = StreamResult> + Send + '_ {
-        self.0.get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
+        self.client.get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
     }
 
     fn get_stream_with_max_sse_event_size(
@@ -169,7 +247,7 @@ impl StreamableHttpClient for TracingHttpClient {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> impl Future<Output = StreamResult> + Send + '_ {
-        self.0.get_stream_with_max_sse_event_size(
+        self.client.get_stream_with_max_sse_event_size(
             uri,
             session_id,
             last_event_id,

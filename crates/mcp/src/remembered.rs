@@ -177,6 +177,7 @@ mod tests {
             ping_interval: None,
             max_concurrency: std::num::NonZeroUsize::new(1).unwrap(),
             remember_tools: true,
+            credentials: Default::default(),
         }
     }
 

@@ -71,6 +71,8 @@ pub(crate) struct ServerShared {
     /// Where the server's last listing is kept, unless it is not (`remember_tools = false`,
     /// or no data directory).
     pub(crate) remembered: Option<Arc<crate::remembered::Remembered>>,
+    /// The headers of each call's own (its caller's upstream credentials), by ticket.
+    pub(crate) call_headers: crate::http_client::CallHeaders,
 }
 
 impl ServerShared {
@@ -86,6 +88,7 @@ impl ServerShared {
             .map(|dir| Arc::new(crate::remembered::Remembered::new(dir, &config)));
         Arc::new(ServerShared {
             remembered,
+            call_headers: Default::default(),
             peer: ArcSwapOption::empty(),
             lost: ArcSwap::from_pointee(CancellationToken::new()),
             health: ArcSwap::from_pointee(ServerHealth::Connecting),

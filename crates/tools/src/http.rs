@@ -6,7 +6,8 @@ use std::{
 use serde_json::Value;
 use toolmesh_config::{HttpMethod, HttpToolConfig};
 use toolmesh_core::{
-    BackendError, CallContext, Nesting, ToolAnnotations, ToolOutput, ToolSource, ToolSpec,
+    BackendError, CallContext, ErrorCode, Nesting, Secret, ToolAnnotations, ToolOutput, ToolSource,
+    ToolSpec,
 };
 use toolmesh_workers::LocalTool;
 
@@ -42,6 +43,11 @@ impl HttpToolError {
 /// proxy, resolved and checked before the request. Environment proxies are ignored.
 /// Redirects are followed by the tool itself, each hop checked the same way, and a redirect
 /// to another origin drops the configured headers, so secrets stay with their host.
+///
+/// The upstream credentials the tool names (`credentials`) go with each call as headers:
+/// the calling principal's own secret, or its bearer token where the credential passes it
+/// on. A caller without one is refused before any request, and the headers are marked
+/// sensitive, so that no log shows them.
 #[derive(Debug)]
 pub struct HttpTool {
     config: HttpToolConfig,
@@ -116,6 +122,7 @@ impl HttpTool {
         url: String,
         arguments: &Value,
         nesting: &Nesting,
+        credentials: &[(String, Secret)],
     ) -> Result<ToolOutput, String> {
         let mut url =
             reqwest::Url::parse(&url).map_err(|error| format!("invalid URL {url}: {error}"))?;
@@ -135,6 +142,14 @@ impl HttpTool {
             let mut request = self.client.request(method.clone(), url.clone());
             if with_headers {
                 for (name, value) in &self.config.headers {
+                    request = request.header(name, value);
+                }
+                for (name, secret) in credentials {
+                    let mut value = reqwest::header::HeaderValue::from_str(secret.expose())
+                        .map_err(|_| {
+                            format!("the credential of header {name} is not a header value")
+                        })?;
+                    value.set_sensitive(true);
                     request = request.header(name, value);
                 }
                 // A service that calls back into toolmesh sends these with its calls.
@@ -241,7 +256,11 @@ impl LocalTool for HttpTool {
         let url = template::fill_url(&self.config.url, &arguments)
             .map_err(BackendError::InvalidArguments)?;
         let nesting = Nesting::of(ctx);
-        Ok(self.request(url, &arguments, &nesting).await.unwrap_or_else(ToolOutput::error))
+        let credentials = self.config.credentials.headers(&ctx.principal).map_err(|message| {
+            BackendError::Remote { code: ErrorCode::FailedPrecondition, message }
+        })?;
+        let output = self.request(url, &arguments, &nesting, &credentials).await;
+        Ok(output.unwrap_or_else(ToolOutput::error))
     }
 }
 

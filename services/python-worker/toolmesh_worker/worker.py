@@ -56,6 +56,27 @@ class Call:
         self._send(worker_pb2.WorkerMessage(event=event))
 
 
+def _read(variable):
+    path = os.environ.get(variable)
+    if not path:
+        return None
+    with open(path, "rb") as file:
+        return file.read()
+
+
+def _channel(router):
+    """A channel to ``router``: TLS verified by the CA of ``TOOLMESH_CA_CERT`` when it is set
+    (a router with ``[tls]``), mutual TLS with ``TOOLMESH_CLIENT_CERT`` and
+    ``TOOLMESH_CLIENT_KEY`` too; plaintext otherwise."""
+    ca = _read("TOOLMESH_CA_CERT")
+    if ca is None:
+        return grpc.insecure_channel(router)
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=ca, private_key=_read("TOOLMESH_CLIENT_KEY"),
+        certificate_chain=_read("TOOLMESH_CLIENT_CERT"))
+    return grpc.secure_channel(router, credentials)
+
+
 class Worker:
     """Serves the tools registered with ``tool`` to the routers of ``run``."""
 
@@ -133,7 +154,7 @@ class Worker:
         send(worker_pb2.WorkerMessage(hello=hello))
         calls = {}
         lock = threading.Lock()
-        with grpc.insecure_channel(router) as channel, \
+        with _channel(router) as channel, \
                 ThreadPoolExecutor(max_workers=self.capacity) as pool:
             stub = worker_pb2_grpc.WorkerServiceStub(channel)
             responses = stub.Connect(requests(), metadata=self._metadata)

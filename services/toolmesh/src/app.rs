@@ -8,6 +8,8 @@ use tokio_util::sync::CancellationToken;
 use toolmesh_config::Config;
 use toolmesh_core::{HealthBoard, Provider, Toolkit};
 use toolmesh_identity::Authenticator;
+
+use crate::tls::ListenerTls;
 use toolmesh_knowledge::{KnowledgeHandle, KnowledgeProvider, unknown_store};
 use toolmesh_mcp::McpManager;
 use toolmesh_meta::MetaTools;
@@ -63,6 +65,8 @@ pub struct App {
     children: Arc<Children>,
     /// Who requests run as (`[auth]`), replaced on reload.
     identity: Arc<ArcSwap<Authenticator>>,
+    /// The listener's TLS (`[tls]`), replaced on reload.
+    tls: ListenerTls,
 }
 
 impl std::fmt::Debug for App {
@@ -79,6 +83,7 @@ pub const SECTIONS: &[&str] = &[
     toolmesh_remote::SECTION,
     toolmesh_identity::SECTION,
     toolmesh_policy::SECTION,
+    crate::tls::SECTION,
 ];
 
 /// Parses and checks the sections of [`SECTIONS`], as `toolmesh config check` and a start
@@ -89,6 +94,7 @@ pub fn check_sections(config: &Config) -> anyhow::Result<()> {
     let knowledge = KnowledgeProvider::section(config)?;
     RemoteWorkers::section(config)?;
     config.section::<toolmesh_identity::AuthConfig>(toolmesh_identity::SECTION)?;
+    crate::tls::load(config)?;
     policy_config(config)?;
     let stores: Vec<&str> = std::iter::once(toolmesh_core::VectorStores::DEFAULT)
         .chain(vector.stores.keys().map(String::as_str))
@@ -169,6 +175,7 @@ impl App {
     /// health.
     pub async fn start(config: &Config, options: AppOptions) -> anyhow::Result<Self> {
         let identity = Arc::new(ArcSwap::from_pointee(crate::auth::authenticator(config).await?));
+        let tls = ListenerTls::new(crate::tls::load(config)?);
         let registry = RegistryHandle::start().await.context("starting the registry")?;
         let router = Router::new(
             registry.clone(),
@@ -239,6 +246,7 @@ impl App {
             root,
             children,
             identity,
+            tls,
         };
         config.check_sections(&app.sections())?;
         for provider in app.providers.iter() {
@@ -262,8 +270,12 @@ impl App {
     /// failure is returned.
     pub async fn reload(&self, config: &Config) -> anyhow::Result<()> {
         config.check_sections(&self.sections())?;
-        // Who may call: a bad [auth] fails the reload before anything changed.
-        self.identity.store(Arc::new(crate::auth::authenticator(config).await?));
+        // Who may call, and the listener's certificates read again (a rotation): a bad
+        // [auth] or [tls] fails the reload before anything changed.
+        let authenticator = crate::auth::authenticator(config).await?;
+        let tls = crate::tls::load(config)?;
+        self.identity.store(Arc::new(authenticator));
+        self.tls.replace(tls);
         // The routing profiles and the tool policy, through the front door.
         self.front.reload(config.routing.clone(), policy(config)?).await?;
         let mut failure = None;
@@ -281,7 +293,7 @@ impl App {
         self.providers
             .iter()
             .filter_map(|p| p.section())
-            .chain([toolmesh_identity::SECTION, toolmesh_policy::SECTION])
+            .chain([toolmesh_identity::SECTION, toolmesh_policy::SECTION, crate::tls::SECTION])
             .collect()
     }
 
@@ -334,6 +346,11 @@ impl App {
     /// and their actors now.
     pub fn actors(&self) -> Vec<(&'static str, ractor::ActorCell)> {
         self.children.actors()
+    }
+
+    /// Returns the listener's TLS in force, replaced on reload.
+    pub fn tls(&self) -> &ListenerTls {
+        &self.tls
     }
 
     /// Returns the authenticator in force, replaced on reload.

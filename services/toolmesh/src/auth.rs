@@ -13,7 +13,7 @@ use std::{
 use arc_swap::ArcSwap;
 use tonic::body::Body;
 use toolmesh_config::Config;
-use toolmesh_identity::{AuthConfig, Authenticator, CertificateIdentity};
+use toolmesh_identity::{AuthConfig, Authenticator};
 use tracing::debug;
 
 /// Returns the authenticator of `config`'s `[auth]`: the open one without the section.
@@ -97,7 +97,9 @@ where
                     return Ok(refused(&toolmesh_identity::AuthError::NotBearer));
                 }
             };
-            let certificate = request.extensions().get::<CertificateIdentity>();
+            // The client certificate the listener's TLS handshake verified.
+            let connection = request.extensions().get::<crate::ConnectionInfo>();
+            let certificate = connection.and_then(|info| info.certificate.as_ref());
             match authenticator.authenticate(authorization, certificate).await {
                 Ok(principal) => {
                     request.extensions_mut().insert(principal);

@@ -1,6 +1,8 @@
 //! A small client of the API, behind `toolmesh tools list` and `toolmesh call`.
 
-use std::time::Duration;
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::Context as _;
 use toolmesh_core::Nesting;
 
 use tonic::{
@@ -69,27 +71,134 @@ impl Interceptor for Credential {
     }
 }
 
+/// How a client speaks TLS to a server whose listener has `[tls]`: the options of every
+/// command that connects to one. Any of them, or an `https://` address, means TLS.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ClientTls {
+    /// PEM file with the CA certificates that verify the server's certificate (TLS;
+    /// without it an https:// address is verified with the system's roots).
+    #[arg(long = "ca-cert", env = "TOOLMESH_CA_CERT", value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
+    /// PEM file with this client's certificate chain, for mutual TLS (with --key).
+    #[arg(long = "cert", env = "TOOLMESH_CLIENT_CERT", value_name = "FILE", requires = "key")]
+    pub cert: Option<PathBuf>,
+    /// PEM file with the private key of --cert.
+    #[arg(long = "key", env = "TOOLMESH_CLIENT_KEY", value_name = "FILE", requires = "cert")]
+    pub key: Option<PathBuf>,
+}
+
+impl ClientTls {
+    /// Returns whether a file is given: then the connection is TLS whatever the address.
+    pub fn is_set(&self) -> bool {
+        self.ca_cert.is_some() || self.cert.is_some()
+    }
+
+    /// Returns the URL of `addr` (`host:port` or a URL): `https://` when TLS is asked for.
+    pub fn url(&self, addr: &str) -> String {
+        match addr.split_once("://") {
+            Some(("http", rest)) if self.is_set() => format!("https://{rest}"),
+            Some(_) => addr.to_owned(),
+            None if self.is_set() => format!("https://{addr}"),
+            None => format!("http://{addr}"),
+        }
+    }
+
+    /// Returns tonic's TLS configuration for a server named `domain` (its certificate must
+    /// name it: a DNS name, or an IP address).
+    pub fn config(&self, domain: &str) -> anyhow::Result<tonic::transport::ClientTlsConfig> {
+        use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+        let read = |path: &PathBuf, what: &str| {
+            std::fs::read(path).with_context(|| format!("cannot read {what} {}", path.display()))
+        };
+        let mut config = ClientTlsConfig::new().domain_name(domain);
+        config = match &self.ca_cert {
+            Some(path) => config.ca_certificate(Certificate::from_pem(read(path, "--ca-cert")?)),
+            None => config.with_native_roots(),
+        };
+        if let (Some(cert), Some(key)) = (&self.cert, &self.key) {
+            config =
+                config.identity(Identity::from_pem(read(cert, "--cert")?, read(key, "--key")?));
+        }
+        Ok(config)
+    }
+
+    /// Returns an endpoint of `url` (http or https) that speaks TLS to `domain` for https.
+    pub fn endpoint(&self, url: &str, domain: &str) -> anyhow::Result<tonic::transport::Endpoint> {
+        let endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
+            .with_context(|| format!("not a server address: {url}"))?
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true);
+        if !url.starts_with("https://") {
+            return Ok(endpoint);
+        }
+        endpoint.tls_config(self.config(domain)?).context("the client's TLS configuration")
+    }
+}
+
 /// Connects to a toolmesh server at `addr` (`host:port` or a URL), sending `token` (an API
 /// key or a JWT) with every request.
 pub async fn connect(
     addr: &str,
     token: Option<&str>,
 ) -> anyhow::Result<ToolServiceClient<Connection>> {
-    Ok(ToolServiceClient::new(channel(addr, token).await?))
+    connect_with(addr, token, &ClientTls::default()).await
+}
+
+/// [`connect`] with the TLS options `tls`.
+pub async fn connect_with(
+    addr: &str,
+    token: Option<&str>,
+    tls: &ClientTls,
+) -> anyhow::Result<ToolServiceClient<Connection>> {
+    Ok(ToolServiceClient::new(channel_with(addr, token, tls).await?))
 }
 
 /// Opens a channel to a toolmesh server at `addr` (`host:port` or a URL) that sends `token`
 /// (an API key or a JWT) with every request.
 pub async fn channel(addr: &str, token: Option<&str>) -> anyhow::Result<Connection> {
+    channel_with(addr, token, &ClientTls::default()).await
+}
+
+/// [`channel`] with the TLS options `tls`.
+pub async fn channel_with(
+    addr: &str,
+    token: Option<&str>,
+    tls: &ClientTls,
+) -> anyhow::Result<Connection> {
     let credential = Credential::bearer(token)?;
-    let url = if addr.contains("://") { addr.to_owned() } else { format!("http://{addr}") };
-    let channel = tonic::transport::Endpoint::from_shared(url.clone())?
-        .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true)
-        .connect()
-        .await
-        .map_err(|error| anyhow::anyhow!("cannot connect to toolmesh at {url}: {error}"))?;
+    let url = tls.url(addr);
+    let endpoint = tls.endpoint(&url, &host(&url))?;
+    let channel = endpoint.connect().await.map_err(|error| {
+        anyhow::anyhow!("cannot connect to toolmesh at {url}: {}", causes(&error))
+    })?;
     Ok(InterceptedService::new(channel, credential))
+}
+
+/// The host of `url` (`scheme://host:port/…`), without the brackets of an IPv6 address.
+pub fn host(url: &str) -> String {
+    let authority = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = authority.split('/').next().unwrap_or_default();
+    let host = match authority.rsplit_once(':') {
+        Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => host,
+        _ => authority,
+    };
+    host.trim_start_matches('[').trim_end_matches(']').to_owned()
+}
+
+/// `error` and its sources, for a message that says why (a TLS failure is a few sources
+/// down from tonic's "transport error").
+fn causes(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut next = error.source();
+    while let Some(cause) = next {
+        let message = cause.to_string();
+        if !text.contains(&message) {
+            text.push_str(": ");
+            text.push_str(&message);
+        }
+        next = cause.source();
+    }
+    text
 }
 
 /// Lists every tool and toolkit, following pages.

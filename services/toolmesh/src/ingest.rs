@@ -159,16 +159,19 @@ impl Progress {
     }
 }
 
-/// Ingests `files` into `collection` on the server at `addr`, authenticated by `token`.
+/// Ingests `files` into `collection` on the server at `addr`, authenticated by `token`,
+/// over TLS as `tls` says.
 pub async fn ingest(
     addr: &str,
     token: Option<&str>,
+    tls: &crate::client::ClientTls,
     collection: &str,
     files: &[SourceFile],
     max_bytes: u64,
 ) -> anyhow::Result<IngestSummary> {
-    let mut client = KnowledgeServiceClient::new(crate::client::channel(addr, token).await?)
-        .max_decoding_message_size(16 << 20);
+    let mut client =
+        KnowledgeServiceClient::new(crate::client::channel_with(addr, token, tls).await?)
+            .max_decoding_message_size(16 << 20);
     let mut summary = IngestSummary::default();
     let mut progress = Progress::new(files.len() as u64);
     let mut batch: Vec<Document> = Vec::new();

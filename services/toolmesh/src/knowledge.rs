@@ -3,6 +3,7 @@
 
 use serde_json::Value;
 use tonic::{Request, Response, Status, Streaming};
+use toolmesh_core::Principal;
 use toolmesh_knowledge::{Document, DocumentResult, KnowledgeError, KnowledgeHandle};
 use toolmesh_proto::v1::{
     CollectionInfo, DeleteRequest, DeleteResponse, DocumentFormat, IngestRequest, IngestResponse,
@@ -81,10 +82,28 @@ fn rpc_span<T>(method: &'static str, request: &Request<T>) -> tracing::Span {
 const SERVICE: &str = "toolmesh.v1.KnowledgeService";
 
 impl KnowledgeServiceImpl {
+    /// Refuses a request whose principal may not write: with `[auth]`, Ingest and Delete
+    /// need `[knowledge] writer_role`.
+    fn may_write<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        let Some(principal) = request.extensions().get::<std::sync::Arc<Principal>>() else {
+            return Ok(());
+        };
+        let role = self.knowledge.writer_role();
+        if toolmesh_core::is_open(principal) || principal.has_role(&role) {
+            return Ok(());
+        }
+        Err(Status::permission_denied(format!(
+            "principal {:?} may not ingest or delete documents: that needs the role {role:?} \
+             ([knowledge] writer_role)",
+            principal.name
+        )))
+    }
+
     async fn serve_ingest(
         &self,
         request: Request<Streaming<IngestRequest>>,
     ) -> Result<Response<IngestResponse>, Status> {
+        self.may_write(&request)?;
         let mut stream = request.into_inner();
         let mut collection: Option<String> = None;
         let mut results: Vec<DocumentResult> = Vec::new();
@@ -151,6 +170,7 @@ impl KnowledgeServiceImpl {
         &self,
         request: Request<DeleteRequest>,
     ) -> Result<Response<DeleteResponse>, Status> {
+        self.may_write(&request)?;
         let request = request.into_inner();
         let (deleted_chunks, not_found) = self
             .knowledge

@@ -14,7 +14,8 @@
 //!   [`TrackCallsLayer`] counts each connection's calls; [`MessageLimitLayer`] refuses
 //!   oversized messages at their header; [`AuthLayer`] answers `UNAUTHENTICATED` to a
 //!   request without an accepted credential (`[auth]`; health and reflection stay public)
-//!   and hands the others' principal to the services.
+//!   and hands the others' principal to the services. With `[tls]` ([`tls`]) the listener
+//!   speaks TLS, and mutual TLS with a client CA: a client certificate names a principal.
 //!
 //! The actors:
 //!
@@ -47,6 +48,7 @@ mod knowledge;
 mod listener;
 mod server;
 mod supervisor;
+pub mod tls;
 mod transport;
 pub mod worker;
 

@@ -5,8 +5,9 @@
 //! - at most `max_connections` at once. At the cap, the oldest connection that has not yet
 //!   sent the HTTP/2 preface makes room for the new one; when every connection is past its
 //!   handshake, the new one is closed at once (its client sees `UNAVAILABLE` and may retry);
-//! - a connection that has not sent the 24-byte HTTP/2 preface within `handshake_timeout`
-//!   is closed, so idle sockets cannot hold slots;
+//! - a connection that has not finished its TLS handshake (with `[tls]`) and sent the
+//!   24-byte HTTP/2 preface within `handshake_timeout` is closed, so idle sockets cannot
+//!   hold slots;
 //! - a connection with no call in flight for `idle_timeout` is closed (the calls of a
 //!   connection are counted by [`TrackCallsLayer`]);
 //! - when `accept` fails for want of descriptors or memory, accepting pauses with backoff
@@ -33,9 +34,13 @@ use tokio::{
     sync::mpsc,
     time::{Instant, Sleep},
 };
+use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{body::Body, transport::server::Connected};
+use toolmesh_identity::CertificateIdentity;
 use tracing::{Instrument, debug, info, warn};
+
+use crate::tls::ListenerTls;
 
 /// The client's first bytes on an HTTP/2 connection (RFC 9113, section 3.4).
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -88,10 +93,11 @@ pub struct Listener {
 }
 
 impl Listener {
-    /// Starts accepting on `listener` within `limits`.
-    pub fn new(listener: TcpListener, limits: ConnectionLimits) -> Self {
+    /// Starts accepting on `listener` within `limits`, with the TLS of `tls` in force
+    /// when each connection is accepted.
+    pub fn new(listener: TcpListener, limits: ConnectionLimits, tls: ListenerTls) -> Self {
         let (tx, ready) = mpsc::channel(64);
-        tokio::spawn(accept(listener, limits, tx).instrument(tracing::info_span!("listener")));
+        tokio::spawn(accept(listener, limits, tls, tx).instrument(tracing::info_span!("listener")));
         Listener { ready }
     }
 }
@@ -111,7 +117,12 @@ fn out_of_resources(error: &io::Error) -> bool {
     matches!(error.raw_os_error(), Some(code) if [EMFILE, ENFILE, ENOBUFS, ENOMEM].contains(&code))
 }
 
-async fn accept(listener: TcpListener, limits: ConnectionLimits, ready: mpsc::Sender<Connection>) {
+async fn accept(
+    listener: TcpListener,
+    limits: ConnectionLimits,
+    tls: ListenerTls,
+    ready: mpsc::Sender<Connection>,
+) {
     let slots = Arc::new(Slots::default());
     let mut backoff = FIRST_BACKOFF;
     let mut starved = false;
@@ -170,12 +181,18 @@ async fn accept(listener: TcpListener, limits: ConnectionLimits, ready: mpsc::Se
         let evicted = CancellationToken::new();
         slots.handshaking().insert(id, evicted.clone());
         let (slots, ready) = (slots.clone(), ready.clone());
+        let acceptor = tls.acceptor();
+        let tls_on = acceptor.is_some();
         tokio::spawn(async move {
             let greeted = tokio::select! {
                 () = evicted.cancelled() => Err("closed to make room for a new connection".to_owned()),
-                read = tokio::time::timeout(limits.handshake_timeout, read_preface(stream)) => {
-                    read.map_err(|_| format!("no HTTP/2 preface within {:?}", limits.handshake_timeout))
-                        .and_then(|read| read.map_err(|e| e.to_string()))
+                read = tokio::time::timeout(limits.handshake_timeout, handshake(stream, acceptor)) => {
+                    read.map_err(|_| format!(
+                        "no {}HTTP/2 preface within {:?}",
+                        if tls_on { "TLS handshake and " } else { "" },
+                        limits.handshake_timeout,
+                    ))
+                    .and_then(|read| read)
                 }
             };
             slots.handshaking().remove(&id);
@@ -190,14 +207,109 @@ async fn accept(listener: TcpListener, limits: ConnectionLimits, ready: mpsc::Se
     }
 }
 
-/// Reads the HTTP/2 preface; a connection that sends anything else is refused.
-async fn read_preface(mut stream: TcpStream) -> io::Result<TcpStream> {
+/// Completes the TLS handshake where `acceptor` is given, then reads the HTTP/2 preface;
+/// a connection that sends anything else is refused.
+async fn handshake(
+    stream: TcpStream,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+) -> Result<Stream, String> {
+    let mut stream = match acceptor {
+        None => Stream::Plain(stream),
+        Some(acceptor) => {
+            let stream = acceptor
+                .accept(stream)
+                .await
+                .map_err(|error| format!("TLS handshake failed: {error}"))?;
+            Stream::Tls(Box::new(stream))
+        }
+    };
     let mut preface = [0; PREFACE.len()];
-    stream.read_exact(&mut preface).await?;
+    stream.read_exact(&mut preface).await.map_err(|error| error.to_string())?;
     if &preface != PREFACE {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "not an HTTP/2 connection"));
+        return Err("not an HTTP/2 connection".into());
     }
     Ok(stream)
+}
+
+/// A connection's byte stream: plain TCP, or TLS over it.
+#[derive(Debug)]
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl Stream {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Stream::Plain(stream) => stream,
+            Stream::Tls(stream) => stream.get_ref().0,
+        }
+    }
+
+    /// The identity of the client certificate the handshake verified.
+    fn certificate(&self) -> Option<CertificateIdentity> {
+        let Stream::Tls(stream) = self else { return None };
+        let leaf = stream.get_ref().1.peer_certificates()?.first()?;
+        CertificateIdentity::from_der(leaf)
+    }
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(stream) => Pin::new(stream).poll_read(cx, buf),
+            Stream::Tls(stream) => Pin::new(stream.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(stream) => Pin::new(stream).poll_write(cx, buf),
+            Stream::Tls(stream) => Pin::new(stream.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(stream) => Pin::new(stream).poll_flush(cx),
+            Stream::Tls(stream) => Pin::new(stream.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(stream) => Pin::new(stream).poll_shutdown(cx),
+            Stream::Tls(stream) => Pin::new(stream.as_mut()).poll_shutdown(cx),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(stream) => Pin::new(stream).poll_write_vectored(cx, bufs),
+            Stream::Tls(stream) => Pin::new(stream.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Stream::Plain(stream) => stream.is_write_vectored(),
+            Stream::Tls(stream) => stream.is_write_vectored(),
+        }
+    }
 }
 
 /// The calls in flight on one connection, and when the last one ended.
@@ -247,14 +359,16 @@ impl Drop for CallInFlight {
 pub struct ConnectionInfo {
     /// The client's address.
     pub remote: SocketAddr,
+    /// The identity of the client certificate of a mutual-TLS connection.
+    pub certificate: Option<CertificateIdentity>,
     activity: Arc<Activity>,
 }
 
-/// One accepted connection past its handshake: the TCP stream with the preface put back in
-/// front, closed once idle.
+/// One accepted connection past its handshake: the stream (TLS or not) with the preface
+/// put back in front, closed once idle.
 #[derive(Debug)]
 pub struct Connection {
-    stream: TcpStream,
+    stream: Stream,
     /// Bytes of the preface not yet handed to the HTTP/2 server.
     replay: usize,
     info: ConnectionInfo,
@@ -265,19 +379,15 @@ pub struct Connection {
 }
 
 impl Connection {
-    fn new(
-        stream: TcpStream,
-        remote: SocketAddr,
-        slot: Slot,
-        idle_timeout: Option<Duration>,
-    ) -> Self {
-        let _ = stream.set_nodelay(true);
+    fn new(stream: Stream, remote: SocketAddr, slot: Slot, idle_timeout: Option<Duration>) -> Self {
+        let _ = stream.tcp().set_nodelay(true);
         let activity = Arc::new(Activity::new());
         activity.touch();
+        let certificate = stream.certificate();
         Connection {
             stream,
             replay: 0,
-            info: ConnectionInfo { remote, activity },
+            info: ConnectionInfo { remote, certificate, activity },
             idle_timeout,
             idle: idle_timeout.map(|t| Box::pin(tokio::time::sleep(t))),
             closed: false,
@@ -441,9 +551,114 @@ mod tests {
     }
 
     async fn listening(limits: ConnectionLimits) -> (Listener, std::net::SocketAddr) {
+        listening_with(limits, ListenerTls::default()).await
+    }
+
+    async fn listening_with(
+        limits: ConnectionLimits,
+        tls: ListenerTls,
+    ) -> (Listener, std::net::SocketAddr) {
         let socket = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = socket.local_addr().unwrap();
-        (Listener::new(socket, limits), addr)
+        (Listener::new(socket, limits, tls), addr)
+    }
+
+    /// A CA, a server certificate for 127.0.0.1 and a client certificate for
+    /// `agent.example`, as files in `dir`; returns the listener's TLS (mutual) and a
+    /// client that trusts the CA and shows its certificate.
+    fn pki(dir: &std::path::Path) -> (ListenerTls, tokio_rustls::TlsConnector) {
+        use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+        let leaf = |name: &str| {
+            let key = KeyPair::generate().unwrap();
+            let cert = CertificateParams::new(vec![name.to_owned()])
+                .unwrap()
+                .signed_by(&key, &*ca)
+                .unwrap();
+            (cert, key)
+        };
+        let (server, server_key) = leaf("127.0.0.1");
+        let (client, client_key) = leaf("agent.example");
+        let write = |name: &str, pem: String| {
+            let path = dir.join(name);
+            std::fs::write(&path, pem).unwrap();
+            path
+        };
+        let config = crate::tls::TlsConfig {
+            cert: write("server.pem", server.pem()),
+            key: write("server-key.pem", server_key.serialize_pem()),
+            client_ca: Some(write("ca.pem", ca.pem())),
+            client_auth: crate::tls::ClientAuth::Required,
+        };
+        let tls = ListenerTls::new(Some(crate::tls::Loaded::read(config).unwrap()));
+
+        use tokio_rustls::rustls;
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca.der().clone()).unwrap();
+        let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let mut client_config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_client_auth_cert(
+                vec![client.der().clone()],
+                rustls_pki_types::PrivateKeyDer::try_from(client_key.serialize_der()).unwrap(),
+            )
+            .unwrap();
+        client_config.alpn_protocols = vec![b"h2".to_vec()];
+        (tls, tokio_rustls::TlsConnector::from(std::sync::Arc::new(client_config)))
+    }
+
+    #[tokio::test]
+    async fn a_tls_connection_is_handed_on_with_its_client_certificate() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tls, connector) = pki(dir.path());
+        let (mut listener, addr) = listening_with(shipped(), tls).await;
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
+        let mut client = connector.connect(name, tcp).await.unwrap();
+        assert_eq!(client.get_ref().1.alpn_protocol(), Some(&b"h2"[..]), "h2 by ALPN");
+        client.write_all(PREFACE).await.unwrap();
+        client.write_all(b"frames").await.unwrap();
+        client.flush().await.unwrap();
+
+        let mut connection = listener.next().await.unwrap().unwrap();
+        let certificate = connection.connect_info().certificate.map(|c| c.name);
+        assert_eq!(certificate.as_deref(), Some("agent.example"));
+        let mut read = [0; PREFACE.len() + 6];
+        connection.read_exact(&mut read).await.unwrap();
+        assert_eq!(&read[..PREFACE.len()], PREFACE, "the preface is handed on");
+        assert_eq!(&read[PREFACE.len()..], b"frames", "then the client's bytes, decrypted");
+    }
+
+    /// On tokio's paused clock: a TCP connection that never starts its TLS handshake is
+    /// closed at the shipped handshake timeout, and a plaintext HTTP/2 client is refused.
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_that_never_starts_its_tls_handshake_is_closed_in_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tls, _) = pki(dir.path());
+        let limits = shipped();
+        let (mut listener, addr) = listening_with(limits, tls).await;
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        let started = Instant::now();
+        let mut byte = [0; 1];
+        let read = tokio::time::timeout(limits.handshake_timeout * 2, silent.read(&mut byte))
+            .await
+            .expect("closed by the server, not left open");
+        assert!(matches!(read, Ok(0) | Err(_)), "closed: {read:?}");
+        let waited = started.elapsed();
+        assert!(waited >= limits.handshake_timeout, "not before the timeout: {waited:?}");
+
+        let mut plaintext = TcpStream::connect(addr).await.unwrap();
+        plaintext.write_all(PREFACE).await.unwrap();
+        let read = tokio::time::timeout(limits.handshake_timeout * 2, plaintext.read(&mut byte))
+            .await
+            .expect("answered, not left open");
+        assert!(matches!(read, Ok(0) | Err(_)) || byte[0] == 0x15, "a TLS alert or closed");
+        let handed_on = tokio::time::timeout(Duration::from_millis(100), listener.next()).await;
+        assert!(handed_on.is_err(), "nothing reaches the HTTP/2 server");
     }
 
     /// On tokio's paused clock: the shipped 10 s pass at once, and exactly.

@@ -119,6 +119,8 @@ struct IngestArgs {
     /// The credential sent with every request: an API key or a JWT.
     #[arg(long, env = "TOOLMESH_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    #[command(flatten)]
+    tls: client::ClientTls,
 }
 
 #[derive(Args)]
@@ -143,6 +145,8 @@ struct WorkerArgs {
     /// The credential sent with every request: an API key or a JWT.
     #[arg(long, env = "TOOLMESH_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    #[command(flatten)]
+    tls: client::ClientTls,
 }
 
 #[derive(Args)]
@@ -160,6 +164,8 @@ struct HealthArgs {
     /// The credential sent with every request: an API key or a JWT.
     #[arg(long, env = "TOOLMESH_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    #[command(flatten)]
+    tls: client::ClientTls,
 }
 
 #[derive(Subcommand)]
@@ -195,6 +201,8 @@ enum ToolsCommand {
         /// The credential sent with every request: an API key or a JWT.
         #[arg(long, env = "TOOLMESH_TOKEN", hide_env_values = true)]
         token: Option<String>,
+        #[command(flatten)]
+        tls: client::ClientTls,
     },
 }
 
@@ -220,6 +228,8 @@ struct CallArgs {
     /// The credential sent with every request: an API key or a JWT.
     #[arg(long, env = "TOOLMESH_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    #[command(flatten)]
+    tls: client::ClientTls,
 }
 
 #[derive(Subcommand)]
@@ -263,8 +273,8 @@ const EXIT_WAIT: Duration = Duration::from_millis(500);
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Serve(args) => serve(args).await,
-        Command::Tools { command: ToolsCommand::List { server, json, profile, token } } => {
-            list(&server, json, &profile, token.as_deref()).await
+        Command::Tools { command: ToolsCommand::List { server, json, profile, token, tls } } => {
+            list(&server, json, &profile, token.as_deref(), &tls).await
         }
         Command::Call(args) => call(args).await,
         Command::Ingest(args) => ingest(args).await,
@@ -308,7 +318,7 @@ async fn health(args: HealthArgs) -> anyhow::Result<ExitCode> {
     use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
     let timeout = Duration::from_millis(args.timeout_ms);
     let asked = async {
-        let channel = client::channel(&args.server, args.token.as_deref()).await?;
+        let channel = client::channel_with(&args.server, args.token.as_deref(), &args.tls).await?;
         let mut health = HealthClient::new(channel);
         let request = HealthCheckRequest { service: args.service.clone() };
         anyhow::Ok(health.check(request).await)
@@ -357,6 +367,7 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         capacity: args.capacity,
         health_listen: args.health_listen,
         token: args.token,
+        tls: args.tls,
     };
     let shutdown = shutdown_signal()?;
     let finished = toolmesh::worker::run(config, options, shutdown).await?;
@@ -371,6 +382,7 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<ExitCode> {
     let summary = toolmesh::ingest::ingest(
         &args.server,
         args.token.as_deref(),
+        &args.tls,
         &args.collection,
         &files,
         args.max_bytes,
@@ -456,8 +468,8 @@ fn raise_descriptor_limit() {
 }
 
 /// Reloads tool definitions (configured tools, MCP servers) and routing profiles on SIGHUP
-/// and, with a poll interval, when the file changes. Other settings take effect on
-/// restart; a reload that changes them says so.
+/// and, with a poll interval, when the file or a certificate file of `[tls]` changes. Other
+/// settings take effect on restart; a reload that changes them says so.
 async fn watch_config(
     app: App,
     path: Option<PathBuf>,
@@ -482,8 +494,13 @@ async fn watch_config(
             _ = hangup.recv() => "SIGHUP",
             _ = ticker.tick(), if poll.is_some() && path.is_some() => {
                 let now = path.as_deref().and_then(stamp);
-                if now == last { continue; }
-                "file changed"
+                if now != last {
+                    "file changed"
+                } else if app.tls().files_changed() {
+                    "a [tls] file changed"
+                } else {
+                    continue;
+                }
             }
         };
         last = path.as_deref().and_then(stamp);
@@ -528,8 +545,9 @@ async fn list(
     json: bool,
     profile: &str,
     token: Option<&str>,
+    tls: &client::ClientTls,
 ) -> anyhow::Result<ExitCode> {
-    let mut client = client::connect(server, token).await?;
+    let mut client = client::connect_with(server, token, tls).await?;
     let (tools, toolkits) = client::list_profile(&mut client, profile)
         .await
         .map_err(|s| anyhow::anyhow!("ListTools failed: {}", s.message()))?;
@@ -576,7 +594,7 @@ async fn list(
 }
 
 async fn call(args: CallArgs) -> anyhow::Result<ExitCode> {
-    let mut client = client::connect(&args.server, args.token.as_deref()).await?;
+    let mut client = client::connect_with(&args.server, args.token.as_deref(), &args.tls).await?;
     let request = CallToolRequest {
         name: args.name,
         arguments_json: args.arguments,

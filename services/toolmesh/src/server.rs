@@ -104,7 +104,7 @@ where
         handshake_timeout: config.handshake_timeout,
         idle_timeout: config.idle_timeout,
     };
-    let incoming = Listener::new(listener, limits);
+    let incoming = Listener::new(listener, limits, app.tls().clone());
     let max_message = config.max_message_bytes.get();
     Ok(tonic::transport::Server::builder()
         .max_concurrent_streams(config.max_concurrent_streams)

@@ -75,7 +75,8 @@ impl Default for WorkerConfig {
 /// What `toolmesh worker` was asked.
 #[derive(Debug, Clone)]
 pub struct WorkerOptions {
-    /// The routers: each `host:port`, a DNS name that may resolve to several routers.
+    /// The routers: each `host:port` (or `https://host:port`), a DNS name that may
+    /// resolve to several routers.
     pub routers: Vec<String>,
     /// Overrides `[worker] pool`.
     pub pool: Option<String>,
@@ -86,6 +87,9 @@ pub struct WorkerOptions {
     pub health_listen: Option<SocketAddr>,
     /// The worker's credential (an API key or a JWT), for routers that authenticate.
     pub token: Option<String>,
+    /// TLS to the routers (their listeners' `[tls]`); a client certificate can be the
+    /// worker's credential.
+    pub tls: crate::client::ClientTls,
 }
 
 /// The state of the sessions, by router address, for health and logs.
@@ -104,6 +108,7 @@ struct Host {
     changed: watch::Sender<()>,
     /// Sent with every session.
     credential: crate::client::Credential,
+    tls: crate::client::ClientTls,
 }
 
 /// Runs a worker until `shutdown` resolves and its calls are finished (or `grace` passed).
@@ -155,6 +160,7 @@ pub async fn run(
         sessions: Sessions::default(),
         changed: watch::Sender::new(()),
         credential: crate::client::Credential::bearer(options.token.as_deref())?,
+        tls: options.tls.clone(),
     });
     if let Some(addr) = options.health_listen {
         serve_health(addr, host.clone()).await?;
@@ -196,11 +202,15 @@ async fn follow_routers(host: Arc<Host>, routers: Vec<String>, every: Duration) 
             _ = tick.tick() => {}
             () = host.draining.cancelled() => break,
         }
-        let mut resolved = std::collections::BTreeSet::new();
+        // Each address with the name it was found by: TLS verifies the router by its name.
+        let mut resolved = std::collections::BTreeMap::new();
         let mut failed = false;
         for router in &routers {
-            match tokio::net::lookup_host(router.as_str()).await {
-                Ok(addrs) => resolved.extend(addrs),
+            let url = host.tls.url(router);
+            let authority = url.split_once("://").map_or(url.as_str(), |(_, rest)| rest);
+            match tokio::net::lookup_host(authority.trim_end_matches('/')).await {
+                Ok(addrs) => resolved
+                    .extend(addrs.map(|addr| (addr, (url.clone(), crate::client::host(&url))))),
                 Err(error) => {
                     warn!(router, %error, "cannot resolve the router");
                     failed = true;
@@ -210,7 +220,7 @@ async fn follow_routers(host: Arc<Host>, routers: Vec<String>, every: Duration) 
         // A name that does not resolve for now takes none of the sessions away.
         if !failed {
             links.retain(|addr, stop| {
-                let keep = resolved.contains(addr);
+                let keep = resolved.contains_key(addr);
                 if !keep {
                     info!(%addr, "no router name resolves to this address any more");
                     stop.cancel();
@@ -218,11 +228,12 @@ async fn follow_routers(host: Arc<Host>, routers: Vec<String>, every: Duration) 
                 keep
             });
         }
-        for addr in resolved {
+        for (addr, router) in resolved {
             links.entry(addr).or_insert_with(|| {
                 let stop = CancellationToken::new();
                 let span = info_span!("router session", %addr);
-                tasks.spawn(keep_session(host.clone(), addr, stop.clone()).instrument(span));
+                tasks
+                    .spawn(keep_session(host.clone(), addr, router, stop.clone()).instrument(span));
                 stop
             });
         }
@@ -232,15 +243,20 @@ async fn follow_routers(host: Arc<Host>, routers: Vec<String>, every: Duration) 
     while tasks.join_next().await.is_some() {}
 }
 
-/// Holds a session with the router at `addr` until the worker drains or `stop`,
-/// reconnecting with backoff when it breaks.
-async fn keep_session(host: Arc<Host>, addr: SocketAddr, stop: CancellationToken) {
+/// Holds a session with the router at `addr` (found as `router`: its URL and host name)
+/// until the worker drains or `stop`, reconnecting with backoff when it breaks.
+async fn keep_session(
+    host: Arc<Host>,
+    addr: SocketAddr,
+    router: (String, String),
+    stop: CancellationToken,
+) {
     const FIRST_BACKOFF: Duration = Duration::from_millis(100);
     const MAX_BACKOFF: Duration = Duration::from_secs(10);
     let mut backoff = FIRST_BACKOFF;
     loop {
         let started = Instant::now();
-        let ended = session(&host, addr, &stop).await;
+        let ended = session(&host, addr, &router, &stop).await;
         set_session(&host, addr, None);
         match ended {
             Ok(()) => return,
@@ -285,11 +301,14 @@ fn set_session(host: &Host, addr: SocketAddr, up: Option<bool>) {
 async fn session(
     host: &Arc<Host>,
     addr: SocketAddr,
+    (url, name): &(String, String),
     stop: &CancellationToken,
 ) -> anyhow::Result<()> {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
-        .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true)
+    // This address, under the name's scheme; TLS verifies the certificate by the name.
+    let scheme = url.split_once("://").map_or("http", |(scheme, _)| scheme);
+    let channel = host
+        .tls
+        .endpoint(&format!("{scheme}://{addr}"), name)?
         .connect()
         .await
         .with_context(|| format!("cannot connect to {addr}"))?;
