@@ -24,7 +24,9 @@ worker = Worker(pool="python", capacity=4)
     read_only=True,
 )
 def word_count(arguments, call):
-    return {"words": len(arguments["text"].split())}
+    # call.caller: the principal the router authenticated (None on an open router).
+    caller = call.caller.name if call.caller else None
+    return {"words": len(arguments["text"].split()), "caller": caller}
 
 
 @worker.tool(

@@ -179,7 +179,9 @@ async fn a_worker_serves_tools_only_with_a_credential_of_the_worker_role() {
         word_count(&addr, &agent).await.ok().filter(|out| out.contains('3'))
     })
     .await;
-    assert!(served.is_some(), "the Python worker serves word_count with its token");
+    let served = served.expect("the Python worker serves word_count with its token");
+    let compact = served.replace(' ', "");
+    assert!(compact.contains("\"caller\":\"agent\""), "the worker is told who calls: {served}");
 }
 
 #[tokio::test]
@@ -210,4 +212,58 @@ async fn keys_are_added_and_revoked_by_a_reload_without_a_restart() {
     })
     .await;
     assert!(swapped.is_some(), "{}", server.logs());
+}
+
+/// A worker's HTTP tool sends the caller's own upstream secret, from the worker's own
+/// `[credentials]`: the router tells the worker who calls (never the caller's credential).
+#[tokio::test]
+async fn a_worker_s_http_tool_sends_the_caller_s_own_secret() {
+    let (alice, alice_entry) = new_key("alice", &["user"]).await;
+    let (bob, bob_entry) = new_key("bob", &["user"]).await;
+    let (worker_key, worker_entry) = new_key("worker-1", &["worker"]).await;
+    let server =
+        BinaryServer::with_config(&format!("{alice_entry}\n{bob_entry}\n{worker_entry}"), &[])
+            .await
+            .unwrap();
+    let addr = server.addr.to_string();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let log = seen.clone();
+    let upstream = toolmesh_e2e::serve_http(axum::Router::new().route(
+        "/svc",
+        axum::routing::get(move |headers: axum::http::HeaderMap| {
+            let log = log.clone();
+            async move {
+                let value = headers.get("authorization").map(|v| v.to_str().unwrap().to_owned());
+                log.lock().unwrap().push(value.unwrap_or_default());
+                "ok"
+            }
+        }),
+    ))
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("alice");
+    std::fs::write(&secret, "alice-upstream-secret").unwrap();
+    let tool = format!(
+        "[credentials.svc]\nprincipals.alice = {{ file = {:?} }}\n\
+         [[tools.http]]\nname = \"svc\"\ndescription = \"a service\"\n\
+         url = \"http://{upstream}/svc\"\nallow_private_network = true\ncredentials = [\"svc\"]\n",
+        secret.display().to_string()
+    );
+    let worker = BinaryWorker::start(&addr, &tool, &["--token", &worker_key]).unwrap();
+    worker.joined(1).await.unwrap();
+    let call = |token: String| {
+        let addr = addr.clone();
+        async move {
+            let mut client = toolmesh::client::connect(&addr, Some(&token)).await.unwrap();
+            let request = CallToolRequest { name: "svc".into(), ..Default::default() };
+            client.call_tool(request).await.map(|r| r.into_inner())
+        }
+    };
+    let answered = call(alice).await.unwrap();
+    assert!(!answered.is_error, "{answered:?}");
+    assert_eq!(*seen.lock().unwrap(), ["Bearer alice-upstream-secret"]);
+    let refused = call(bob).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("bob"), "{}", refused.message());
+    assert_eq!(seen.lock().unwrap().len(), 1, "no request for bob");
 }

@@ -412,7 +412,8 @@ async fn the_python_example_worker_serves_its_tools_through_the_router() {
     assert!(!response.is_error, "{response:?}");
     let structured: serde_json::Value =
         serde_json::from_str(response.structured_json.as_deref().unwrap()).unwrap();
-    assert_eq!(structured, serde_json::json!({"words": 3}));
+    // An open router tells the worker of no caller.
+    assert_eq!(structured, serde_json::json!({"words": 3, "caller": null}));
     // Listed as a remote tool of its pool, with the annotations it declared.
     let (tools, _) = toolmesh::client::list_all(&mut client).await.unwrap();
     let tool = tools.iter().find(|t| t.name == "word_count").unwrap();

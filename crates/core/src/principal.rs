@@ -25,6 +25,13 @@ impl PrincipalKind {
             PrincipalKind::Certificate => "certificate",
         }
     }
+
+    /// Returns the kind named `name` (as [`PrincipalKind::as_str`] names it).
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Self::Anonymous, Self::ApiKey, Self::Jwt, Self::Certificate]
+            .into_iter()
+            .find(|kind| kind.as_str() == name)
+    }
 }
 
 /// A credential kept for passing on to an upstream: never printed.

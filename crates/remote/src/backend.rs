@@ -103,6 +103,13 @@ impl Backend for RemoteBackend {
         let by = (Instant::now() + patience).min(ctx.deadline);
         let arguments_json = arguments.to_string();
         let trace_context = toolmesh_telemetry::context_headers(&tracing::Span::current());
+        // Who calls, for the worker's tools; the credential stays here.
+        let caller = (!toolmesh_core::is_open(&ctx.principal)).then(|| v1::Caller {
+            name: ctx.principal.name.clone(),
+            kind: ctx.principal.kind.as_str().to_owned(),
+            roles: ctx.principal.roles.clone(),
+            attributes: ctx.principal.attributes.clone().into_iter().collect(),
+        });
         loop {
             let link = self.schedule(&members, &ctx, by, patience).await?;
             let _slot = Slot { members: &members, key: link.key };
@@ -117,6 +124,7 @@ impl Backend for RemoteBackend {
                 session_id: ctx.session_id.clone().unwrap_or_default(),
                 attempt: ctx.attempt,
                 depth: ctx.depth,
+                caller: caller.clone(),
             };
             // A session that ended before the call was sent never ran it: another worker may.
             let Some(pending) = link.start(call) else { continue };

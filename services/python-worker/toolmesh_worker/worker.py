@@ -29,10 +29,13 @@ class ToolError(Exception):
 class Call:
     """One call as a tool function sees it."""
 
-    def __init__(self, call_id, deadline, send, depth=0):
+    def __init__(self, call_id, deadline, send, depth=0, caller=None):
         self.id = call_id
         self.deadline = deadline
         self.depth = depth
+        # Who is calling, as the router authenticated it (``name``, ``kind``, ``roles``,
+        # ``attributes``; never a credential); None when the router does not authenticate.
+        self.caller = caller
         self.cancelled = threading.Event()
         self._send = send
 
@@ -214,7 +217,9 @@ class Worker:
             if kind == "call":
                 call = Call(message.call.call_id,
                             time.monotonic() + message.call.timeout_ms / 1000, send,
-                            depth=message.call.depth)
+                            depth=message.call.depth,
+                            caller=message.call.caller
+                            if message.call.HasField("caller") else None)
                 with lock:
                     calls[call.id] = call
                 future = pool.submit(self._execute, message.call, call, send)

@@ -476,7 +476,7 @@ async fn run_call(
         deadline,
         events,
         attempt: call.attempt,
-        principal: toolmesh_core::open_principal(),
+        principal: caller(call.caller.as_ref()),
         depth: call.depth,
     };
     let _cancel_on_drop = cancel.clone().drop_guard();
@@ -550,4 +550,21 @@ async fn serve_health(addr: SocketAddr, host: Arc<Host>) -> anyhow::Result<()> {
         }
     });
     Ok(())
+}
+
+/// The principal the router says a call is for: the open principal when it says none (a
+/// router that does not authenticate callers). It carries no credential: a credential that
+/// passes the caller's token on has none to pass from a worker.
+fn caller(caller: Option<&v1::Caller>) -> Arc<toolmesh_core::Principal> {
+    let Some(caller) = caller.filter(|c| !c.name.is_empty()) else {
+        return toolmesh_core::open_principal();
+    };
+    Arc::new(toolmesh_core::Principal {
+        name: caller.name.clone(),
+        kind: toolmesh_core::PrincipalKind::from_name(&caller.kind)
+            .unwrap_or(toolmesh_core::PrincipalKind::Anonymous),
+        roles: caller.roles.clone(),
+        attributes: caller.attributes.clone().into_iter().collect(),
+        credential: None,
+    })
 }
