@@ -661,8 +661,8 @@ async fn bench_measures_toolmesh_and_the_bare_echo_baseline() {
 
 /// Credentials never show: not in the debug log, not in the exported spans, not in the
 /// audit log, not in ListTools — neither an accepted API key nor a refused one, nor the
-/// upstream secret an HTTP tool sends for alice (nor alice's key, which another HTTP tool
-/// passes on).
+/// upstream secret an HTTP tool and an MCP server over streamable HTTP are sent for alice
+/// (nor alice's key, which another HTTP tool passes on).
 #[tokio::test]
 async fn credentials_appear_in_no_log_span_audit_line_or_listing() {
     let (receiver, otlp) = Receiver::start().await;
@@ -688,8 +688,11 @@ async fn credentials_appear_in_no_log_span_audit_line_or_listing() {
         }),
     ))
     .await;
+    let mcp = PyHttpServer::start().await;
     let toml = format!(
         "[[auth.api_keys]]\nprincipal = \"alice\"\nsha256 = \"{}\"\n\n[policy.audit]\nto = \"{}\"\n\n\
+         [[mcp.servers]]\nname = \"py\"\ntransport = \"streamable-http\"\nurl = \"{}\"\n\
+         credentials = [\"svc\"]\n\
          [credentials.svc]\nprincipals.alice = {{ file = {:?} }}\n\
          [credentials.caller]\npass_caller_token = true\n\
          [[tools.http]]\nname = \"svc\"\ndescription = \"a service\"\nurl = \"http://{upstream}/svc\"\n\
@@ -698,6 +701,7 @@ async fn credentials_appear_in_no_log_span_audit_line_or_listing() {
          url = \"http://{upstream}/svc\"\nallow_private_network = true\ncredentials = [\"caller\"]\n",
         toolmesh_identity::key_digest(&key),
         audit.display(),
+        mcp.url(),
         secret_file.display().to_string(),
     );
     let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()), ("RUST_LOG", "debug")];
@@ -720,6 +724,25 @@ async fn credentials_appear_in_no_log_span_audit_line_or_listing() {
         [format!("Bearer {upstream_secret}"), format!("Bearer {key}")],
         "the upstream got them"
     );
+    let authorization = eventually(Duration::from_secs(30), || {
+        let (mut client, request) = (client.clone(), request.clone());
+        async move {
+            let call = CallToolRequest {
+                name: "py_http_authorization".into(),
+                arguments_json: "{}".into(),
+                ..request
+            };
+            client.call_tool(call).await.ok().map(|r| toolmesh_e2e::text(&r.into_inner()))
+        }
+    })
+    .await
+    .expect("the MCP server answers");
+    let expected: String =
+        <sha2::Sha256 as sha2::Digest>::digest(format!("Bearer {upstream_secret}"))
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+    assert_eq!(authorization, expected, "the MCP server got alice's secret");
     let mut refused = toolmesh::client::connect(&addr, Some(&unknown)).await.unwrap();
     let status = refused.call_tool(request).await.unwrap_err();
     assert_eq!(status.code(), Code::Unauthenticated);
