@@ -1,6 +1,12 @@
 //! The compiled policy and the decisions it makes for one principal.
 
-use std::{collections::BTreeMap, fmt, sync::Arc};
+use std::{
+    cell::OnceCell,
+    collections::{BTreeMap, HashMap},
+    fmt,
+    hash::{BuildHasher, Hash, Hasher},
+    sync::{Arc, OnceLock, PoisonError, RwLock},
+};
 
 use serde_json::{Value as Json, json};
 use sha2::{Digest as _, Sha256};
@@ -34,6 +40,93 @@ pub struct Policy {
     audit: AuditLog,
     limits: Limits,
     signer: ApprovalSigner,
+    /// What the rules make of a tool for a principal, without a call's arguments.
+    plans: Plans,
+}
+
+/// The plans of (principal, tool) pairs met so far, by a keyed hash of both; each keeps
+/// the principal and tool it was made for, so that a colliding hash is never taken for a
+/// match. Cleared when full: principals and tools may come and go without bound.
+#[derive(Default)]
+struct Plans {
+    hasher: std::hash::RandomState,
+    map: RwLock<HashMap<u64, Arc<Plan>>>,
+}
+
+/// At most this many plans are kept; then the cache starts over.
+const MAX_PLANS: usize = 65_536;
+
+/// What the rules written for one principal make of one tool without a call's
+/// arguments: whether it is hidden, and the rules a call of it goes through, in order,
+/// each decided already unless its condition reads the arguments. A call evaluates only
+/// those conditions.
+struct Plan {
+    principal: Arc<Principal>,
+    tool: ToolKey,
+    hidden: Option<Arc<str>>,
+    steps: Vec<Step>,
+}
+
+struct Step {
+    rule: usize,
+    /// The rule's outcome for any arguments; `None`: its condition reads them.
+    decided: Option<bool>,
+}
+
+/// What of a tool the rules look at: selectors, and the `tool` of a condition.
+#[derive(PartialEq)]
+struct ToolKey {
+    name: String,
+    source: String,
+    kind: &'static str,
+    toolkit: Option<String>,
+    tags: Vec<String>,
+    annotations: toolmesh_core::ToolAnnotations,
+}
+
+impl ToolKey {
+    fn of(spec: &ToolSpec) -> Self {
+        ToolKey {
+            name: spec.name.clone(),
+            source: spec.source.name.clone(),
+            kind: spec.source.kind.as_str(),
+            toolkit: spec.toolkit.clone(),
+            tags: spec.tags.clone(),
+            annotations: spec.annotations,
+        }
+    }
+
+    fn is(&self, spec: &ToolSpec) -> bool {
+        self.name == spec.name
+            && self.source == spec.source.name
+            && self.kind == spec.source.kind.as_str()
+            && self.toolkit == spec.toolkit
+            && self.tags == spec.tags
+            && self.annotations == spec.annotations
+    }
+
+    fn hash(spec: &ToolSpec, state: &mut impl Hasher) {
+        spec.name.hash(state);
+        spec.source.name.hash(state);
+        spec.source.kind.as_str().hash(state);
+        spec.toolkit.hash(state);
+        spec.tags.hash(state);
+        let a = spec.annotations;
+        [a.read_only, a.destructive, a.idempotent, a.open_world].hash(state);
+    }
+}
+
+/// Whether two principals are the same to the rules: name, kind, roles and attributes
+/// (not the credential, which no rule reads).
+fn same_principal(a: &Principal, b: &Principal) -> bool {
+    a.name == b.name && a.kind == b.kind && a.roles == b.roles && a.attributes == b.attributes
+}
+
+fn hash_principal(principal: &Principal, state: &mut impl Hasher) {
+    principal.name.hash(state);
+    principal.kind.as_str().hash(state);
+    principal.roles.hash(state);
+    principal.attributes.hash(state);
 }
 
 impl fmt::Debug for Policy {
@@ -99,6 +192,7 @@ impl Policy {
             audit: AuditLog::off(),
             limits: Limits::none(),
             signer: ApprovalSigner::new(&random_key()),
+            plans: Plans::default(),
         }
     }
 
@@ -174,7 +268,18 @@ impl Policy {
             digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
         };
         let signer = ApprovalSigner::new(&random_key());
-        Ok(Policy { config, active: true, version, rules, agents, env, audit, limits, signer })
+        Ok(Policy {
+            config,
+            active: true,
+            version,
+            rules,
+            agents,
+            env,
+            audit,
+            limits,
+            signer,
+            plans: Plans::default(),
+        })
     }
 
     /// Returns the configuration the policy was compiled from.
@@ -242,25 +347,24 @@ impl Policy {
     /// Returns the policy as it applies to `principal`: the rules written for it, and its
     /// agent's tool list.
     pub fn scope(self: &Arc<Self>, principal: Arc<Principal>) -> Scope {
-        if !self.active {
-            return Scope {
-                policy: self.clone(),
-                principal,
-                rules: Vec::new(),
-                agent: None,
-                principal_value: None,
-            };
+        let agent = if self.active {
+            agent(&principal).and_then(|id| self.agents.get(id)).map(|(name, _)| name.clone())
+        } else {
+            None
+        };
+        // The principal's part of the plans' keys; the rest is built only when needed.
+        let mut hasher = self.plans.hasher.build_hasher();
+        if self.active {
+            hash_principal(&principal, &mut hasher);
         }
-        let rules: Vec<usize> =
-            (0..self.rules.len()).filter(|&i| self.rules[i].who.matches(&principal)).collect();
-        let agent =
-            agent(&principal).and_then(|id| self.agents.get(id)).map(|(name, _)| name.clone());
-        // Built once per request, and only when a rule's condition reads it.
-        let principal_value = rules
-            .iter()
-            .any(|&i| self.rules[i].when.as_ref().is_some_and(|w| w.reads_principal))
-            .then(|| principal_value(&principal));
-        Scope { policy: self.clone(), principal, rules, agent, principal_value }
+        Scope {
+            policy: self.clone(),
+            principal,
+            rules: OnceLock::new(),
+            agent,
+            principal_value: OnceLock::new(),
+            principal_hash: hasher,
+        }
     }
 }
 
@@ -345,18 +449,21 @@ impl Decision {
 pub struct Scope {
     policy: Arc<Policy>,
     principal: Arc<Principal>,
-    /// Indices of the rules written for this principal.
-    rules: Vec<usize>,
+    /// Indices of the rules written for this principal, when a plan is made.
+    rules: OnceLock<Vec<usize>>,
     /// `agents.<id>` when the principal's agent has a tool list.
     agent: Option<Arc<str>>,
-    principal_value: Option<cel::Value>,
+    /// The principal as a condition sees it, when one reads it.
+    principal_value: OnceLock<cel::Value>,
+    /// The hasher of the plans' keys, fed the principal.
+    principal_hash: std::hash::DefaultHasher,
 }
 
 impl fmt::Debug for Scope {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Scope")
             .field("principal", &self.principal.name)
-            .field("rules", &self.rules.len())
+            .field("rules", &self.rules.get().map(Vec::len))
             .field("agent", &self.agent)
             .finish()
     }
@@ -412,23 +519,7 @@ impl Scope {
         if !self.policy.active {
             return None;
         }
-        if let Some(agent) = &self.agent
-            && !self.agent_lists(spec)
-        {
-            return Some(agent.clone());
-        }
-        let mut allowed = false;
-        let mut tool = None;
-        for rule in self.matching(spec) {
-            match (rule.effect, self.evaluate(rule, spec, &mut tool)) {
-                (Effect::Deny, Outcome::Applies) => return Some(rule.name.clone()),
-                (Effect::Allow | Effect::Approve, Outcome::Applies | Outcome::Undecided) => {
-                    allowed = true;
-                }
-                _ => {}
-            }
-        }
-        (!allowed && self.policy.config.default == Effect::Deny).then(|| DEFAULT_RULE.into())
+        self.plan(spec).hidden.clone()
     }
 
     /// Decides a call of `spec` with `arguments`: deny wins; a tool the principal does not
@@ -442,24 +533,28 @@ impl Scope {
     }
 
     /// Decides a call of `spec`, which the principal sees ([`Scope::hidden_by`] said so),
-    /// with `arguments`: [`Decision::Allow`] or [`Decision::Refused`].
+    /// with `arguments`: [`Decision::Allow`] or [`Decision::Refused`]. Only the conditions
+    /// that read the arguments are evaluated; the plan of the tool holds the others.
     pub fn decide_visible(&self, spec: &ToolSpec, arguments: &Json) -> Decision {
         if !self.policy.active {
             return Decision::Allow { rule: DEFAULT_RULE.into() };
         }
+        let plan = self.plan(spec);
         let mut tool = None;
-        let args = std::cell::OnceCell::new();
+        let args = OnceCell::new();
         let mut allowed: Option<&Rule> = None;
         let mut refused: Option<(&Rule, Option<String>)> = None;
         let mut approval: Option<&Rule> = None;
-        for rule in self.matching(spec) {
-            let outcome = match &rule.when {
-                Some(when) if when.reads_args => {
+        for step in &plan.steps {
+            let rule = &self.policy.rules[step.rule];
+            let outcome = match (step.decided, &rule.when) {
+                (Some(true), _) => Evaluated::True,
+                (Some(false), _) | (None, None) => Evaluated::False,
+                (None, Some(when)) => {
                     let args =
                         args.get_or_init(|| cel::to_value(arguments).unwrap_or(cel::Value::Null));
                     self.run(when, spec, &mut tool, Some(args))
                 }
-                _ => self.evaluate(rule, spec, &mut tool).into(),
             };
             match (rule.effect, outcome) {
                 (Effect::Deny, Evaluated::True) => {
@@ -507,16 +602,78 @@ impl Scope {
         }
     }
 
+    /// Returns the plan of `spec` for this principal: from the cache, or made now.
+    fn plan(&self, spec: &ToolSpec) -> Arc<Plan> {
+        let plans = &self.policy.plans;
+        let mut hasher = self.principal_hash.clone();
+        ToolKey::hash(spec, &mut hasher);
+        let key = hasher.finish();
+        let found = plans.map.read().unwrap_or_else(PoisonError::into_inner).get(&key).cloned();
+        if let Some(plan) = found
+            && plan.tool.is(spec)
+            && same_principal(&plan.principal, &self.principal)
+        {
+            return plan;
+        }
+        let plan = Arc::new(self.make_plan(spec));
+        let mut map = plans.map.write().unwrap_or_else(PoisonError::into_inner);
+        if map.len() >= MAX_PLANS {
+            map.clear();
+        }
+        map.insert(key, plan.clone());
+        plan
+    }
+
+    /// Works out what the rules make of `spec` for this principal without arguments.
+    fn make_plan(&self, spec: &ToolSpec) -> Plan {
+        let mut tool = None;
+        let mut steps = Vec::new();
+        let mut hidden = None;
+        let mut allowed = false;
+        if let Some(agent) = &self.agent
+            && !self.agent_lists(spec)
+        {
+            hidden = Some(agent.clone());
+        }
+        for (index, rule) in self.matching(spec) {
+            let outcome = self.evaluate(rule, spec, &mut tool);
+            match (rule.effect, outcome) {
+                (Effect::Deny, Outcome::Applies) => {
+                    hidden.get_or_insert_with(|| rule.name.clone());
+                }
+                (Effect::Allow | Effect::Approve, Outcome::Applies | Outcome::Undecided) => {
+                    allowed = true;
+                }
+                _ => {}
+            }
+            let decided = match outcome {
+                Outcome::Undecided => None,
+                outcome => Some(Evaluated::from(outcome).is_true()),
+            };
+            steps.push(Step { rule: index, decided });
+        }
+        if hidden.is_none() && !allowed && self.policy.config.default == Effect::Deny {
+            hidden = Some(DEFAULT_RULE.into());
+        }
+        Plan { principal: self.principal.clone(), tool: ToolKey::of(spec), hidden, steps }
+    }
+
     fn agent_lists(&self, spec: &ToolSpec) -> bool {
         let Some(id) = agent(&self.principal) else { return true };
         self.policy.agents.get(id).is_none_or(|(_, tools)| tools.iter().any(|s| s.selects(spec)))
     }
 
-    fn matching<'a>(&'a self, spec: &'a ToolSpec) -> impl Iterator<Item = &'a Rule> + 'a {
-        self.rules
-            .iter()
-            .map(|&i| &self.policy.rules[i])
-            .filter(move |rule| rule.tools.is_empty() || rule.tools.iter().any(|s| s.selects(spec)))
+    /// The rules written for this principal that select `spec`, with their indices.
+    fn matching<'a>(&'a self, spec: &'a ToolSpec) -> impl Iterator<Item = (usize, &'a Rule)> + 'a {
+        let rules = self.rules.get_or_init(|| {
+            let policy = &self.policy;
+            (0..policy.rules.len())
+                .filter(|&i| policy.rules[i].who.matches(&self.principal))
+                .collect()
+        });
+        rules.iter().map(|&i| (i, &self.policy.rules[i])).filter(move |(_, rule)| {
+            rule.tools.is_empty() || rule.tools.iter().any(|s| s.selects(spec))
+        })
     }
 
     /// What `rule`'s condition makes of `spec` without the arguments.
@@ -546,7 +703,7 @@ impl Scope {
         let mut context = cel::Context::with_env(self.policy.env.clone());
         if when.reads_principal {
             let principal =
-                self.principal_value.clone().unwrap_or_else(|| principal_value(&self.principal));
+                self.principal_value.get_or_init(|| principal_value(&self.principal)).clone();
             context.add_variable_from_value("principal", principal);
         }
         if when.reads_tool {
@@ -572,6 +729,12 @@ enum Evaluated {
     True,
     False,
     Failed(String),
+}
+
+impl Evaluated {
+    fn is_true(&self) -> bool {
+        matches!(self, Evaluated::True)
+    }
 }
 
 impl From<Outcome> for Evaluated {

@@ -487,3 +487,52 @@ fn an_approval_id_holds_for_its_own_call_only() {
     let other = self::policy("[[rules]]\nname = \"x\"\neffect = \"allow\"");
     assert_eq!(other.check_approval(&approval.id, &bob, "t", "{}"), Err(ApprovalMismatch::Forged));
 }
+
+/// Decisions are remembered per principal and tool without their arguments: a principal
+/// of the same name with other roles, a tool republished with other tags, and other
+/// arguments each get a decision of their own.
+#[test]
+fn remembered_plans_follow_the_principal_the_tool_and_the_arguments() {
+    let policy = policy(
+        r#"
+        default = "deny"
+        [[rules]]
+        name = "admins-delete"
+        effect = "allow"
+        roles = ["admin"]
+        tools = ["*delete*"]
+        [[rules]]
+        name = "tagged-safe"
+        effect = "allow"
+        tools = ["tag:safe"]
+        [[rules]]
+        name = "no-root"
+        effect = "deny"
+        tools = ["*"]
+        when = 'has(args.path) && args.path.startsWith("/root")'
+    "#,
+    );
+    let delete = tool("file_delete");
+    for _ in 0..2 {
+        assert!(policy.scope(who("kim", &["admin"], None)).sees(&delete));
+        assert!(!policy.scope(who("kim", &["dev"], None)).sees(&delete), "other roles");
+    }
+    let untagged = tool("report");
+    let mut tagged = tool("report");
+    tagged.tags = vec!["safe".into()];
+    let scope = policy.scope(who("lee", &[], None));
+    for _ in 0..2 {
+        assert!(!scope.sees(&untagged));
+        assert!(scope.sees(&tagged), "the same name, republished with a tag");
+    }
+    for _ in 0..2 {
+        assert_eq!(scope.decide(&tagged, &json!({"path": "/tmp/x"})).as_str(), "allow");
+        assert_eq!(
+            scope.decide(&tagged, &json!({"path": "/root/x"})),
+            Decision::Refused {
+                rule: "no-root".into(),
+                reason: "the call's arguments are not allowed".into()
+            }
+        );
+    }
+}

@@ -776,9 +776,13 @@ struct Seen {
 
 /// The trace id of `span` in lowercase hex; empty when it is not recorded.
 fn trace_id(span: &Span) -> String {
-    span_ids(span)
-        .map(|ids| ids.trace_id.iter().map(|b| format!("{b:02x}")).collect())
-        .unwrap_or_default()
+    use std::fmt::Write as _;
+    let Some(ids) = span_ids(span) else { return String::new() };
+    let mut hex = String::with_capacity(2 * ids.trace_id.len());
+    for byte in ids.trace_id {
+        let _ = write!(hex, "{byte:02x}");
+    }
+    hex
 }
 
 /// The trace id of the current span, as [`trace_id`].

@@ -71,6 +71,14 @@ struct Cli {
     /// without: throughput, and p99 at half load.
     #[arg(long, conflicts_with_all = ["mcp", "remote"])]
     policy: bool,
+    /// With --policy: leave the CEL condition out of the fifty rules (49 rules), to see
+    /// what the condition's evaluation costs.
+    #[arg(long, requires = "policy")]
+    policy_without_cel: bool,
+    /// With --policy: audit nowhere (`[policy.audit] to = "off"`), to see what writing the
+    /// audit log costs.
+    #[arg(long, requires = "policy")]
+    policy_without_audit: bool,
     /// Serve the bare echo baseline instead (used by the bench itself).
     #[arg(long, hide = true)]
     echo_server: bool,
@@ -219,7 +227,9 @@ async fn run(args: Cli) -> anyhow::Result<ExitCode> {
             remote::run(&programs, options.duration, options.warmup, options.rounds).await?;
         (remote::render(&report), serde_json::to_value(&report)?)
     } else if args.policy {
-        let report = policy::run(&options, &programs).await?;
+        let variant =
+            policy::Variant { cel: !args.policy_without_cel, audit: !args.policy_without_audit };
+        let report = policy::run(&options, &programs, variant).await?;
         (policy::render(&report), serde_json::to_value(&report)?)
     } else if args.mcp {
         let report = load::run_mcp(&options, &programs).await?;

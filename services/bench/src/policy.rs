@@ -14,11 +14,22 @@ use crate::load::{self, BenchOptions, Programs, RemoveOnDrop, Sample};
 /// The principals, one connection each.
 const PRINCIPALS: usize = 10;
 
+/// What of the policy is measured: by default all of it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Variant {
+    /// The rule with a CEL condition on the arguments.
+    pub(crate) cel: bool,
+    /// The audit log, to a file.
+    pub(crate) audit: bool,
+}
+
 /// Figures of `toolmesh-bench --policy`.
 #[derive(Debug, Clone, serde::Serialize)]
 pub(crate) struct PolicyReport {
     /// Rules of the policy.
     pub(crate) rules: usize,
+    /// Whether every call was audited (to a file).
+    pub(crate) audited: bool,
     /// Closed loop, without policy.
     pub(crate) open: Sample,
     /// Closed loop, with the policy.
@@ -57,9 +68,9 @@ fn auth() -> (String, Vec<String>) {
 /// Fifty rules as a deployment writes them: most are about other tools and other
 /// principals (so each call looks at all of them), a few match the tool called, and one CEL
 /// condition on its arguments is evaluated at every call.
-fn rules(audit: &std::path::Path) -> (String, usize) {
-    let mut toml =
-        format!("[policy]\ndefault = \"deny\"\n\n[policy.audit]\nto = \"{}\"\n\n", audit.display());
+fn rules(audit: &std::path::Path, variant: Variant) -> (String, usize) {
+    let to = if variant.audit { audit.display().to_string() } else { "off".into() };
+    let mut toml = format!("[policy]\ndefault = \"deny\"\n\n[policy.audit]\nto = \"{to}\"\n\n");
     let mut count = 0;
     let mut rule = |toml: &mut String, body: String| {
         count += 1;
@@ -91,6 +102,9 @@ fn rules(audit: &std::path::Path) -> (String, usize) {
     }
     // 48 so far; the tool called is allowed by role, and its arguments checked in CEL.
     rule(&mut toml, "effect = \"allow\"\nroles = [\"team-0\", \"team-1\", \"team-2\"]\ntools = [\"echo\", \"think\", \"analyze\"]\n".into());
+    if !variant.cel {
+        return (toml, count);
+    }
     rule(
         &mut toml,
         "effect = \"deny\"\ntools = [\"echo\"]\nwhen = 'size(args.message) > 4096 || args.message.startsWith(\"rm -rf\")'\n\
@@ -134,12 +148,13 @@ async fn clients(
 pub(crate) async fn run(
     options: &BenchOptions,
     programs: &Programs,
+    variant: Variant,
 ) -> anyhow::Result<PolicyReport> {
     let (auth, keys) = auth();
     let audit = RemoveOnDrop(
         std::env::temp_dir().join(format!("toolmesh-bench-audit-{}.jsonl", std::process::id())),
     );
-    let (rules, count) = rules(&audit.0);
+    let (rules, count) = rules(&audit.0, variant);
     let (open_server, _open_config) = serve(programs, "open", &auth).await?;
     let (governed_server, _governed_config) =
         serve(programs, "policy", &format!("{auth}\n{rules}")).await?;
@@ -178,6 +193,7 @@ pub(crate) async fn run(
     let [open_half, governed_half] = half.map(load::median);
     Ok(PolicyReport {
         rules: count,
+        audited: variant.audit,
         throughput_ratio: governed.throughput / open.throughput,
         p99_added_ms: governed_half.p99_ms - open_half.p99_ms,
         open,
@@ -197,9 +213,16 @@ pub(crate) fn render(report: &PolicyReport) -> String {
         )
     };
     let mut out = format!(
-        "CallTool with and without a policy of {} rules, {PRINCIPALS} principals\n\
+        "CallTool with and without a policy of {} rules, {PRINCIPALS} principals, {}\n\
          {:<28} {:>10} {:>9} {:>9} {:>9} {:>7}\n",
-        report.rules, "", "calls/s", "p50 ms", "p90 ms", "p99 ms", "errors"
+        report.rules,
+        if report.audited { "every call audited" } else { "no audit" },
+        "",
+        "calls/s",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "errors"
     );
     out.push_str(&row("no policy, closed loop", &report.open));
     out.push_str(&row("policy, closed loop", &report.governed));
@@ -219,7 +242,12 @@ pub(crate) fn render(report: &PolicyReport) -> String {
 mod tests {
     #[test]
     fn the_benchmark_policy_has_fifty_rules() {
-        let (_, count) = super::rules(std::path::Path::new("/tmp/audit.jsonl"));
+        let all = super::Variant { cel: true, audit: true };
+        let (_, count) = super::rules(std::path::Path::new("/tmp/audit.jsonl"), all);
         assert_eq!(count, 50);
+        let lean = super::Variant { cel: false, audit: false };
+        let (toml, count) = super::rules(std::path::Path::new("/tmp/audit.jsonl"), lean);
+        assert_eq!(count, 49);
+        assert!(toml.contains("to = \"off\"") && !toml.contains("when"), "{toml}");
     }
 }
