@@ -111,22 +111,14 @@ async fn the_cli_grpcurl_and_python_clients_authenticate_with_a_token() {
     assert!(stdout(&with_key).contains("echo"), "{}", stderr(&with_key));
 
     // The Python client of tests/python with TOOLMESH_TOKEN.
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/client_test.py");
-    let python_client = tokio::process::Command::new(python())
-        .arg(&script)
-        .arg(&addr)
-        .env("TOOLMESH_TOKEN", &agent)
-        .output()
-        .await
-        .unwrap();
+    let python_client = toolmesh_e2e::python_client(&addr, &[("TOOLMESH_TOKEN", &agent)]).await;
     assert!(
         python_client.status.success(),
         "{}\n{}",
         stdout(&python_client),
         stderr(&python_client)
     );
-    let without =
-        tokio::process::Command::new(python()).arg(&script).arg(&addr).output().await.unwrap();
+    let without = toolmesh_e2e::python_client(&addr, &[]).await;
     assert!(!without.status.success());
     assert!(stderr(&without).contains("UNAUTHENTICATED"), "{}", stderr(&without));
 }

@@ -595,14 +595,7 @@ async fn grpcurl_finds_the_api_by_reflection_and_checks_health() {
 #[tokio::test]
 async fn a_python_grpcio_client_lists_and_calls_tools() {
     let server = BinaryServer::start(&[], &[]).await.unwrap();
-    let python = python();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/client_test.py");
-    let output = tokio::process::Command::new(&python)
-        .arg(&script)
-        .arg(server.addr.to_string())
-        .output()
-        .await
-        .expect("python3 runs");
+    let output = toolmesh_e2e::python_client(&server.addr.to_string(), &[]).await;
     assert!(
         output.status.success(),
         "the Python client failed (tests/setup installs grpcio and grpcio-tools):\n{}\n{}",

@@ -8,7 +8,6 @@ use std::{path::Path, time::Duration};
 use toolmesh_e2e::{
     BinaryServer, BinaryWorker, eventually,
     pki::{Ca, Pair},
-    python,
 };
 
 use super::{grpcurl, stderr, stdout};
@@ -98,14 +97,8 @@ async fn tls_serves_the_cli_grpcurl_and_python_and_refuses_plaintext() {
     assert!(!plain.status.success(), "plaintext is refused: {}", stdout(&plain));
 
     // The Python client of tests/python (grpcio) with the CA from TOOLMESH_CA_CERT.
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/client_test.py");
-    let python_client = tokio::process::Command::new(python())
-        .arg(&script)
-        .arg(&addr)
-        .env("TOOLMESH_CA_CERT", &ca.cert)
-        .output()
-        .await
-        .unwrap();
+    let python_client =
+        toolmesh_e2e::python_client(&addr, &[("TOOLMESH_CA_CERT", path(&ca.cert))]).await;
     assert!(
         python_client.status.success(),
         "{}\n{}",
@@ -157,16 +150,15 @@ async fn mutual_tls_makes_the_client_certificate_the_principal() {
     }
 
     // The Python client with its certificate (TOOLMESH_CLIENT_CERT, TOOLMESH_CLIENT_KEY).
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/client_test.py");
-    let python_client = tokio::process::Command::new(python())
-        .arg(&script)
-        .arg(&addr)
-        .env("TOOLMESH_CA_CERT", &ca.cert)
-        .env("TOOLMESH_CLIENT_CERT", &agent.cert)
-        .env("TOOLMESH_CLIENT_KEY", &agent.key)
-        .output()
-        .await
-        .unwrap();
+    let python_client = toolmesh_e2e::python_client(
+        &addr,
+        &[
+            ("TOOLMESH_CA_CERT", path(&ca.cert)),
+            ("TOOLMESH_CLIENT_CERT", path(&agent.cert)),
+            ("TOOLMESH_CLIENT_KEY", path(&agent.key)),
+        ],
+    )
+    .await;
     assert!(
         python_client.status.success(),
         "{}\n{}",

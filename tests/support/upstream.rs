@@ -9,6 +9,20 @@ pub fn python() -> String {
     std::env::var("TOOLMESH_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
+/// Runs the Python grpcio client of `tests/python/client_test.py` against `addr`, with
+/// extra environment `env` (`TOOLMESH_TOKEN`, `TOOLMESH_CA_CERT`, …).
+pub async fn python_client(addr: &str, env: &[(&str, &str)]) -> std::process::Output {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/client_test.py");
+    tokio::process::Command::new(python())
+        .arg(script)
+        .arg(addr)
+        .env_remove("TOOLMESH_TOKEN")
+        .envs(env.iter().copied())
+        .output()
+        .await
+        .expect("python3 runs (tests/setup installs grpcio and grpcio-tools)")
+}
+
 /// The path of `tests/mcp/py_server.py`, the scripted Python SDK server.
 pub fn py_server() -> String {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/py_server.py").display().to_string()

@@ -42,6 +42,8 @@ pub struct Policy {
     signer: ApprovalSigner,
     /// What the rules make of a tool for a principal, without a call's arguments.
     plans: Plans,
+    /// `[[policy.profiles]]`: whom each binds, and the profile.
+    bindings: Vec<(Who, String)>,
 }
 
 /// The plans of (principal, tool) pairs met so far, by a keyed hash of both; each keeps
@@ -193,6 +195,7 @@ impl Policy {
             limits: Limits::none(),
             signer: ApprovalSigner::new(&random_key()),
             plans: Plans::default(),
+            bindings: Vec::new(),
         }
     }
 
@@ -268,6 +271,7 @@ impl Policy {
             digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
         };
         let signer = ApprovalSigner::new(&random_key());
+        let bindings = bindings(&config);
         Ok(Policy {
             config,
             active: true,
@@ -278,6 +282,7 @@ impl Policy {
             audit,
             limits,
             signer,
+            bindings,
             plans: Plans::default(),
         })
     }
@@ -337,11 +342,7 @@ impl Policy {
 
     /// Returns the routing profile `principal` is bound to, if a binding matches it.
     pub fn bound_profile(&self, principal: &Principal) -> Option<&str> {
-        self.config
-            .profiles
-            .iter()
-            .find(|b| binding_who(b).matches(principal))
-            .map(|b| b.profile.as_str())
+        self.bindings.iter().find(|(who, _)| who.matches(principal)).map(|(_, p)| p.as_str())
     }
 
     /// Returns the policy as it applies to `principal`: the rules written for it, and its
@@ -385,12 +386,21 @@ fn random_key() -> [u8; 32] {
     key
 }
 
-fn binding_who(binding: &BindingConfig) -> Who {
-    Who {
-        principals: binding.principals.clone(),
-        roles: binding.roles.clone(),
-        agents: binding.agents.clone(),
-    }
+/// The `[[policy.profiles]]` of `config`, compiled once: whom each binds, and to which
+/// profile.
+fn bindings(config: &PolicyConfig) -> Vec<(Who, String)> {
+    config
+        .profiles
+        .iter()
+        .map(|binding: &BindingConfig| {
+            let who = Who {
+                principals: binding.principals.clone(),
+                roles: binding.roles.clone(),
+                agents: binding.agents.clone(),
+            };
+            (who, binding.profile.clone())
+        })
+        .collect()
 }
 
 /// What the policy decided for one call.
