@@ -19,6 +19,7 @@ mod limits;
 mod policy;
 #[cfg(test)]
 mod tests;
+mod variables;
 
 pub use approval::ApprovalMismatch;
 pub use audit::{AuditEvent, AuditLog};

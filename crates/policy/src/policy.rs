@@ -8,6 +8,7 @@ use std::{
     sync::{Arc, OnceLock, PoisonError, RwLock},
 };
 
+use cel::common::{types::CelBool, value::Val};
 use serde_json::{Value as Json, json};
 use sha2::{Digest as _, Sha256};
 use toolmesh_config::{Selector, glob};
@@ -18,6 +19,7 @@ use crate::{
     approval::{ApprovalMismatch, ApprovalSigner},
     config::{BindingConfig, Effect, PolicyConfig},
     limits::{LimitError, Limits, Permit, ResultLimit},
+    variables::{self, Args, Variables},
 };
 
 /// The principal attribute that names the agent a principal acts for.
@@ -175,6 +177,9 @@ struct When {
     program: cel::Program,
     /// Whether the expression reads `args`: then it is decided only at a call.
     reads_args: bool,
+    /// Whether it reads `args` only by selecting fields by name: then the fields it selects
+    /// are read from the call's JSON, not the arguments converted whole.
+    args_by_field: bool,
     /// Whether it reads `principal` and `tool`: only what it reads is built for it.
     reads_principal: bool,
     reads_tool: bool,
@@ -241,7 +246,8 @@ impl Policy {
                             ),
                         });
                     }
-                    Some(When { program, reads_args, reads_principal, reads_tool })
+                    let args_by_field = variables::selects_args_fields_only(program.expression());
+                    Some(When { program, reads_args, args_by_field, reads_principal, reads_tool })
                 }
             };
             rules.push(Rule {
@@ -373,10 +379,10 @@ impl Policy {
 /// them.
 fn probe(env: &Arc<cel::Env>) -> cel::Context<'static, 'static> {
     let mut context = cel::Context::with_env(env.clone());
-    context.add_variable_from_value("principal", principal_value(&Principal::anonymous("")));
+    context.add_variable_as_val("principal", principal_value(&Principal::anonymous("")));
     let spec = ToolSpec::new("", "", json!({}), toolmesh_core::ToolSource::local(""));
-    context.add_variable_from_value("tool", tool_value(&spec));
-    context.add_variable_from_value("args", cel::to_value(json!({})).unwrap_or(cel::Value::Null));
+    context.add_variable_as_val("tool", tool_value(&spec));
+    context.add_variable_as_val("args", variables::convert(&json!({})));
     context
 }
 
@@ -464,7 +470,7 @@ pub struct Scope {
     /// `agents.<id>` when the principal's agent has a tool list.
     agent: Option<Arc<str>>,
     /// The principal as a condition sees it, when one reads it.
-    principal_value: OnceLock<cel::Value>,
+    principal_value: OnceLock<Box<dyn cel::common::value::Val>>,
     /// The hasher of the plans' keys, fed the principal.
     principal_hash: std::hash::DefaultHasher,
 }
@@ -551,7 +557,7 @@ impl Scope {
         }
         let plan = self.plan(spec);
         let mut tool = None;
-        let args = OnceCell::new();
+        let converted = OnceCell::new();
         let mut allowed: Option<&Rule> = None;
         let mut refused: Option<(&Rule, Option<String>)> = None;
         let mut approval: Option<&Rule> = None;
@@ -561,9 +567,13 @@ impl Scope {
                 (Some(true), _) => Evaluated::True,
                 (Some(false), _) | (None, None) => Evaluated::False,
                 (None, Some(when)) => {
-                    let args =
-                        args.get_or_init(|| cel::to_value(arguments).unwrap_or(cel::Value::Null));
-                    self.run(when, spec, &mut tool, Some(args))
+                    let args = match arguments {
+                        Json::Object(fields) if when.args_by_field => Args::Fields(fields),
+                        _ => Args::Converted(
+                            converted.get_or_init(|| variables::convert(arguments)).as_ref(),
+                        ),
+                    };
+                    self.run(when, spec, &mut tool, args)
                 }
             };
             match (rule.effect, outcome) {
@@ -687,11 +697,11 @@ impl Scope {
     }
 
     /// What `rule`'s condition makes of `spec` without the arguments.
-    fn evaluate(&self, rule: &Rule, spec: &ToolSpec, tool: &mut Option<cel::Value>) -> Outcome {
+    fn evaluate(&self, rule: &Rule, spec: &ToolSpec, tool: &mut Option<Box<dyn Val>>) -> Outcome {
         match &rule.when {
             None => Outcome::Applies,
             Some(when) if when.reads_args => Outcome::Undecided,
-            Some(when) => match self.run(when, spec, tool, None) {
+            Some(when) => match self.run(when, spec, tool, Args::Unbound) {
                 Evaluated::True => Outcome::Applies,
                 Evaluated::False => Outcome::DoesNot,
                 // Unevaluable: a deny rule applies (fail closed), an allow rule does not.
@@ -707,29 +717,29 @@ impl Scope {
         &self,
         when: &When,
         spec: &ToolSpec,
-        tool: &mut Option<cel::Value>,
-        args: Option<&cel::Value>,
+        tool: &mut Option<Box<dyn Val>>,
+        args: Args<'_>,
     ) -> Evaluated {
+        let principal = when
+            .reads_principal
+            .then(|| &**self.principal_value.get_or_init(|| principal_value(&self.principal)));
+        let tool = if when.reads_tool {
+            Some(&**tool.get_or_insert_with(|| tool_value(spec)))
+        } else {
+            None
+        };
+        let variables = Variables { principal, tool, args };
         let mut context = cel::Context::with_env(self.policy.env.clone());
-        if when.reads_principal {
-            let principal =
-                self.principal_value.get_or_init(|| principal_value(&self.principal)).clone();
-            context.add_variable_from_value("principal", principal);
-        }
-        if when.reads_tool {
-            let tool = tool.get_or_insert_with(|| tool_value(spec)).clone();
-            context.add_variable_from_value("tool", tool);
-        }
-        if let Some(args) = args {
-            context.add_variable_from_value("args", args.clone());
-        }
-        match when.program.execute(&context) {
-            Ok(cel::Value::Bool(true)) => Evaluated::True,
-            Ok(cel::Value::Bool(false)) => Evaluated::False,
-            Ok(other) => Evaluated::Failed(format!(
-                "the expression gave {:?}, not a boolean",
-                other.type_of()
-            )),
+        context.set_variable_resolver(&variables);
+        match cel::Value::resolve_val(when.program.expression(), &context) {
+            Ok(value) => match value.downcast_ref::<CelBool>() {
+                Some(value) if *value.inner() => Evaluated::True,
+                Some(_) => Evaluated::False,
+                None => Evaluated::Failed(format!(
+                    "the expression gave {}, not a boolean",
+                    value.get_type().name()
+                )),
+            },
             Err(error) => Evaluated::Failed(error.to_string()),
         }
     }
@@ -756,19 +766,18 @@ impl From<Outcome> for Evaluated {
     }
 }
 
-fn principal_value(principal: &Principal) -> cel::Value {
-    cel::to_value(json!({
+fn principal_value(principal: &Principal) -> Box<dyn Val> {
+    variables::convert(&json!({
         "name": principal.name,
         "kind": principal.kind.as_str(),
         "roles": principal.roles,
         "attributes": principal.attributes,
     }))
-    .unwrap_or(cel::Value::Null)
 }
 
-fn tool_value(spec: &ToolSpec) -> cel::Value {
+fn tool_value(spec: &ToolSpec) -> Box<dyn Val> {
     let a = &spec.annotations;
-    cel::to_value(json!({
+    variables::convert(&json!({
         "name": spec.name,
         "source": spec.source.name,
         "kind": spec.source.kind.as_str(),
@@ -781,5 +790,4 @@ fn tool_value(spec: &ToolSpec) -> cel::Value {
             "open_world": a.open_world.unwrap_or(true),
         },
     }))
-    .unwrap_or(cel::Value::Null)
 }

@@ -536,3 +536,33 @@ fn remembered_plans_follow_the_principal_the_tool_and_the_arguments() {
         );
     }
 }
+
+#[test]
+fn a_condition_that_gives_no_boolean_or_meets_arguments_that_are_no_object_fails_closed() {
+    let policy = policy(
+        r#"
+        [[rules]]
+        name = "not-a-test"
+        effect = "deny"
+        tools = ["count"]
+        when = 'args.name + "!"'
+        [[rules]]
+        name = "under-tmp"
+        effect = "deny"
+        tools = ["write_file"]
+        when = '!args.path.startsWith("/tmp/")'
+        "#,
+    );
+    let scope = policy.scope(who("u", &[], None));
+    match scope.decide(&tool("count"), &json!({"name": "a"})) {
+        Decision::Refused { rule, reason } => {
+            assert_eq!(&*rule, "not-a-test");
+            assert!(reason.contains("not a boolean"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(scope.decide(&tool("write_file"), &json!({"path": "/tmp/a"})).as_str(), "allow");
+    for arguments in [json!(["/tmp/a"]), json!("/tmp/a"), json!(null)] {
+        assert_eq!(scope.decide(&tool("write_file"), &arguments).as_str(), "deny", "{arguments}");
+    }
+}

@@ -1,0 +1,70 @@
+//! Times what a governed call spends in the policy: the decision (with one CEL condition
+//! over the arguments) and the audit event. `cargo run --release -p toolmesh-policy
+//! --example hot_path`.
+
+use std::{collections::BTreeMap, sync::Arc, time::Instant};
+
+use serde_json::json;
+use toolmesh_core::{Principal, PrincipalKind, ToolSource, ToolSpec};
+use toolmesh_policy::{AuditEvent, Policy, PolicyConfig};
+
+const RULES: &str = r#"
+default = "deny"
+[[rules]]
+name = "team"
+effect = "allow"
+roles = ["team-0"]
+tools = ["echo"]
+[[rules]]
+name = "short"
+effect = "deny"
+tools = ["echo"]
+when = 'size(args.message) > 4096 || args.message.startsWith("rm -rf")'
+"#;
+
+fn main() {
+    let audit =
+        std::env::temp_dir().join(format!("toolmesh-hot-path-{}.jsonl", std::process::id()));
+    let mut config: PolicyConfig = toml::from_str(RULES).expect("the policy parses");
+    config.audit.to = audit.display().to_string();
+    let policy = Arc::new(Policy::new(config).expect("the policy compiles"));
+    let principal = Arc::new(Principal {
+        name: "alice".into(),
+        kind: PrincipalKind::ApiKey,
+        roles: vec!["team-0".into()],
+        attributes: BTreeMap::new(),
+        credential: None,
+    });
+    let spec = ToolSpec::new("echo", "", json!({"type": "object"}), ToolSource::local("builtin"));
+    let arguments = json!({"message": "hello"});
+    let n = 500_000u32;
+
+    let scope = policy.scope(principal.clone());
+    let started = Instant::now();
+    for _ in 0..n {
+        std::hint::black_box(scope.decide_visible(&spec, &arguments));
+    }
+    println!("decide_visible: {:?} per call", started.elapsed() / n);
+
+    let started = Instant::now();
+    for i in 0..n {
+        policy.audit().record(&AuditEvent {
+            event: "call",
+            principal: &principal.name,
+            agent: None,
+            tool: "echo",
+            call_id: "0190f3a2-7c1e-7d3a-9b2f-4c5d6e7f8a9b",
+            decision: "allow",
+            rule: "team",
+            hidden: None,
+            outcome: "ok",
+            duration_ms: f64::from(i % 1000) * 0.0137,
+            trace_id: "4bf92f3577b34da6a3ce929d0e0e4736",
+            policy: "3f2a9c",
+            note: None,
+        });
+    }
+    println!("audit record:   {:?} per event", started.elapsed() / n);
+    policy.audit().flush(std::time::Duration::from_secs(30));
+    let _ = std::fs::remove_file(audit);
+}
