@@ -131,6 +131,16 @@ impl Drop for ChildServer {
 }
 
 impl ChildServer {
+    /// The CPU time the server has used so far, user and system, all its threads; `None`
+    /// where the system does not tell (it is read from Linux's `/proc/PID/stat`).
+    pub(crate) fn cpu_time(&self) -> Option<Duration> {
+        /// The unit of `/proc`'s times: `USER_HZ`, 100 on every Linux architecture.
+        const TICKS_PER_SECOND: u64 = 100;
+        let pid = self.child.id()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        Some(Duration::from_millis(cpu_ticks(&stat)? * 1000 / TICKS_PER_SECOND))
+    }
+
     /// Stops the server as an operator does, with SIGTERM, and waits for it to exit.
     pub(crate) async fn terminate(mut self) -> anyhow::Result<()> {
         if let Some(pid) = self.child.id() {
@@ -142,6 +152,15 @@ impl ChildServer {
             .context("the server did not exit within 30 s of SIGTERM")??;
         Ok(())
     }
+}
+
+/// The user and system time in a `/proc/PID/stat` line, in ticks. The fields after the
+/// command name (in parentheses, and it may hold spaces and parentheses) start with the
+/// third, `state`; `utime` and `stime` are the 14th and 15th.
+fn cpu_ticks(stat: &str) -> Option<u64> {
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = |field: usize| fields.get(field - 3)?.parse::<u64>().ok();
+    Some(ticks(14)? + ticks(15)?)
 }
 
 /// A temporary file, removed on drop (after the child that reads it is gone).
@@ -1075,4 +1094,15 @@ pub(crate) async fn serve_echo(listener: TcpListener) -> anyhow::Result<()> {
         .serve_with_incoming(incoming)
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod cpu_tests {
+    #[test]
+    fn user_and_system_ticks_are_read_after_a_command_name_with_spaces() {
+        let stat = "4242 (tokio (rt) worker) S 1 4242 4242 0 -1 4194304 1200 0 3 0 \
+                    1577 396 0 0 20 0 18 0 91234 1011712000 20480 18446744073709551615";
+        assert_eq!(super::cpu_ticks(stat), Some(1577 + 396));
+        assert_eq!(super::cpu_ticks("4242 (x) S 1 2"), None);
+    }
 }

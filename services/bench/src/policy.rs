@@ -6,6 +6,8 @@
 //! alternating rounds: throughput under a closed loop, then latency in an open loop at
 //! half of the server without policy's maximum.
 
+use std::time::Duration;
+
 use anyhow::Context as _;
 use toolmesh_proto::v1::{CallToolRequest, tool_service_client::ToolServiceClient};
 
@@ -36,6 +38,9 @@ pub(crate) struct PolicyReport {
     pub(crate) governed: Sample,
     /// Throughput with the policy over that without.
     pub(crate) throughput_ratio: f64,
+    /// The server's CPU time (user and system) per call in the closed loop, without and
+    /// with the policy, in µs; where the system tells.
+    pub(crate) cpu_us_per_call: Option<[f64; 2]>,
     /// The open-loop rate: half of the maximum without policy.
     pub(crate) half_rate: f64,
     /// Half load, without policy.
@@ -176,12 +181,35 @@ pub(crate) async fn run(
     }
     let rounds = options.rounds.max(1);
     let slice = options.duration / rounds as u32;
+    let servers = [&open_server, &governed_server];
     let mut closed: [Vec<Sample>; 2] = Default::default();
+    // CPU time and calls of each server in the closed loop.
+    let mut cpu = [Some((Duration::ZERO, 0.0)); 2];
     for _ in 0..rounds {
-        for (clients, samples) in targets.iter().zip(&mut closed) {
-            samples.push(load::closed_loop(clients, options.concurrency, slice, &request).await);
+        for (i, clients) in targets.iter().enumerate() {
+            let before = servers[i].cpu_time();
+            let sample = load::closed_loop(clients, options.concurrency, slice, &request).await;
+            cpu[i] = match (cpu[i], before, servers[i].cpu_time()) {
+                (Some((time, calls)), Some(before), Some(after)) => Some((
+                    time + after.saturating_sub(before),
+                    calls + sample.throughput * slice.as_secs_f64(),
+                )),
+                _ => None,
+            };
+            closed[i].push(sample);
         }
     }
+    let cpu_us_per_call = match cpu {
+        [Some((open, open_calls)), Some((governed, governed_calls))]
+            if open_calls > 0.0 && governed_calls > 0.0 =>
+        {
+            Some([
+                open.as_secs_f64() * 1e6 / open_calls,
+                governed.as_secs_f64() * 1e6 / governed_calls,
+            ])
+        }
+        _ => None,
+    };
     let [open, governed] = closed.map(load::median);
     let half_rate = open.throughput / 2.0;
     let mut half: [Vec<Sample>; 2] = Default::default();
@@ -195,6 +223,7 @@ pub(crate) async fn run(
         rules: count,
         audited: variant.audit,
         throughput_ratio: governed.throughput / open.throughput,
+        cpu_us_per_call,
         p99_added_ms: governed_half.p99_ms - open_half.p99_ms,
         open,
         governed,
@@ -232,6 +261,12 @@ pub(crate) fn render(report: &PolicyReport) -> String {
         "throughput with policy: {:.3}x (goal >= 0.9); p99 added at half load: {:+.3} ms (goal <= 0.1)\n",
         report.throughput_ratio, report.p99_added_ms
     ));
+    if let Some([open, governed]) = report.cpu_us_per_call {
+        out.push_str(&format!(
+            "server CPU per call, closed loop: {open:.1} us without policy, {governed:.1} us with it ({:.3}x)\n",
+            governed / open
+        ));
+    }
     if let Some(error) = report.open.first_error.as_ref().or(report.governed.first_error.as_ref()) {
         out.push_str(&format!("first error: {error}\n"));
     }
