@@ -125,7 +125,8 @@ async fn calls_spread_over_workers_and_a_killed_worker_loses_no_call_and_repeats
     let ledger = dir.path().join("ledger");
     let router = BinaryServer::start(&[], ROUTER_ENV).await.unwrap();
     let addr = router.addr.to_string();
-    let workers: Vec<BinaryWorker> = ["w1", "w2", "w3"]
+    let names = ["w1", "w2", "w3"];
+    let workers: Vec<BinaryWorker> = names
         .iter()
         .map(|name| {
             BinaryWorker::start(&addr, &worker_toml(dir.path(), name, &ledger, 0.6, ""), &[])
@@ -150,19 +151,22 @@ async fn calls_spread_over_workers_and_a_killed_worker_loses_no_call_and_repeats
             })
         })
         .collect();
-    // Once every worker runs calls, w1 among them a side-effecting one, w1 dies.
-    eventually(Duration::from_secs(10), || async {
+    // Once every worker runs calls, the one running a side-effecting call dies (which
+    // worker that is depends on the order the calls arrive in).
+    let victim = eventually(Duration::from_secs(10), || async {
         let runs = executions(&ledger);
         let running: std::collections::BTreeSet<&String> = runs.values().flatten().collect();
         let text = std::fs::read_to_string(&ledger).unwrap_or_default();
-        let charging = runs.iter().any(|((tool, n), on)| {
-            tool == "charge" && on[0] == "w1" && !text.contains(&format!("charge w1 {n} done"))
+        let charging = runs.iter().find_map(|((tool, n), on)| {
+            (tool == "charge" && !text.contains(&format!("charge {} {n} done", on[0])))
+                .then(|| on[0].clone())
         });
-        (running.len() == 3 && charging).then_some(())
+        charging.filter(|_| running.len() == 3)
     })
     .await
-    .expect("calls spread over all three workers");
-    workers[0].signal(Signal::SIGKILL);
+    .expect("calls spread over all three workers, one of them running a side effect");
+    let index = names.iter().position(|name| *name == victim).expect("a worker's name");
+    workers[index].signal(Signal::SIGKILL);
 
     let mut unknown = std::collections::BTreeSet::new();
     for task in calls {
@@ -173,7 +177,11 @@ async fn calls_spread_over_workers_and_a_killed_worker_loses_no_call_and_repeats
             ("charge", Err(status)) => {
                 assert_eq!(status.code(), Code::Unavailable, "call {n}: {status:?}");
                 assert!(status.message().contains("outcome of call"), "{}", status.message());
-                assert!(status.message().contains("w1"), "names the worker: {}", status.message());
+                assert!(
+                    status.message().contains(&victim),
+                    "names the worker: {}",
+                    status.message()
+                );
                 unknown.insert(n);
             }
             (_, Err(status)) => panic!("idempotent call {n} failed: {status:?}"),
@@ -184,24 +192,26 @@ async fn calls_spread_over_workers_and_a_killed_worker_loses_no_call_and_repeats
     let only_on = |on: &[String], worker: &str| on.len() == 1 && on[0] == worker;
     for ((tool, n), on) in &runs {
         match tool.as_str() {
-            // A side effect runs at most once; one cut off on w1 has an unknown outcome.
+            // A side effect runs at most once; one cut off on the victim has an unknown
+            // outcome.
             "charge" => {
                 assert_eq!(on.len(), 1, "side-effecting call {n} ran {} times: {on:?}", on.len());
-                assert_eq!(only_on(on, "w1"), unknown.contains(n), "call {n}: {runs:?}");
+                assert_eq!(only_on(on, &victim), unknown.contains(n), "call {n}: {runs:?}");
             }
-            // An idempotent call cut off on w1 ran again elsewhere, and succeeded.
-            _ if on[0] == "w1" && !ledger_text.contains(&format!("record w1 {n} done")) => {
-                assert!(on.len() == 2 && on[1] != "w1", "call {n} was not repeated: {on:?}")
+            // An idempotent call cut off on the victim ran again elsewhere, and succeeded.
+            _ if on[0] == victim && !ledger_text.contains(&format!("record {victim} {n} done")) => {
+                assert!(on.len() == 2 && on[1] != victim, "call {n} was not repeated: {on:?}")
             }
-            // One that finished on w1 may have been repeated if w1 died before answering.
-            _ if on[0] == "w1" => assert!(on.len() <= 2, "call {n}: {on:?}"),
+            // One that finished on the victim may have been repeated if it died before
+            // answering.
+            _ if on[0] == victim => assert!(on.len() <= 2, "call {n}: {on:?}"),
             _ => assert_eq!(on.len(), 1, "call {n}: {on:?}"),
         }
     }
-    assert!(!unknown.is_empty(), "w1 was running a side-effecting call: {runs:?}");
+    assert!(!unknown.is_empty(), "{victim} was running a side-effecting call: {runs:?}");
     // The router saw the worker go.
     let logs = router.logs();
-    assert!(logs.contains("worker left") && logs.contains("w1"), "{logs}");
+    assert!(logs.contains("worker left") && logs.contains(&victim), "{logs}");
 }
 
 #[tokio::test]
