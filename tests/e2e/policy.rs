@@ -249,6 +249,9 @@ async fn each_principal_sees_and_calls_only_what_the_policy_allows() {
     let found = search(&bob, query, 3).await;
     assert!(!found.contains(&"file_delete".to_owned()), "{found:?}");
     assert_eq!(found.len(), 3, "k allowed tools: {found:?}");
+    // More than there are: all the others, and still not it.
+    let found = search(&bob, query, 100).await;
+    assert!(!found.is_empty() && !found.contains(&"file_delete".to_owned()), "{found:?}");
 
     // Every call and every discovery that hid a tool is audited, naming the rule.
     let server_policy = server.app.router().admission().policy().clone();
@@ -273,6 +276,14 @@ async fn each_principal_sees_and_calls_only_what_the_policy_allows() {
     let line = find("bob", "ListTools", "hide").expect("bob's listing is audited");
     assert_eq!(line["hidden"], 1);
     assert_eq!(line["event"], "discovery");
+    // Each search that hid the tool is audited, counting it once.
+    let searches: Vec<&Value> =
+        lines.iter().filter(|l| l["principal"] == "bob" && l["tool"] == "SearchTools").collect();
+    assert_eq!(searches.len(), 2, "{searches:?}");
+    for line in searches {
+        assert_eq!(line["hidden"], 1, "{line}");
+        assert_eq!(line["rule"], "only-admins-delete");
+    }
     let line = find("bot-key-1", "ListTools", "hide").expect("the agent's listing is audited");
     assert_eq!(line["agent"], "support-bot");
     assert_eq!(line["rule"], "agents.support-bot");

@@ -156,7 +156,7 @@ impl ToolServiceImpl {
         let counted = hidden.clone();
         // Policy filters before the ranking is cut to top_k.
         let keep = move |spec: &toolmesh_core::ToolSpec| {
-            filter.keeps(spec) && counted.note(scope.hidden_by(spec))
+            filter.keeps(spec) && counted.note(&spec.name, scope.hidden_by(spec))
         };
         let found = self
             .discovery
@@ -234,7 +234,7 @@ impl ToolService for ToolServiceImpl {
             let spec = &entry.spec;
             let matches = filter.keeps(spec)
                 && profile.is_none_or(|profile| Admission::visible(profile, spec))
-                && (is_meta(spec) || hidden.note(scope.hidden_by(spec)));
+                && (is_meta(spec) || hidden.note(&spec.name, scope.hidden_by(spec)));
             if !matches {
                 continue;
             }
@@ -469,10 +469,12 @@ async fn run_stream(
 }
 
 /// The tools a discovery request left out because the caller may not see them, for its
-/// audit event and the decisions metric.
+/// audit event and the decisions metric. A search may look at a tool more than once (again
+/// over every tool when its ranking holds fewer than k the caller may see): each tool
+/// counts once.
 struct Hidden {
     principal: Arc<Principal>,
-    state: std::sync::Mutex<(usize, Vec<Arc<str>>)>,
+    state: std::sync::Mutex<(std::collections::HashSet<String>, Vec<Arc<str>>)>,
 }
 
 impl Hidden {
@@ -480,11 +482,14 @@ impl Hidden {
         Hidden { principal, state: Default::default() }
     }
 
-    /// Notes the rule that hides a tool, if one does; returns whether the tool is seen.
-    fn note(&self, rule: Option<Arc<str>>) -> bool {
+    /// Notes the rule that hides the tool `name`, if one does; returns whether the tool is
+    /// seen.
+    fn note(&self, name: &str, rule: Option<Arc<str>>) -> bool {
         let Some(rule) = rule else { return true };
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.0 += 1;
+        if !state.0.contains(name) {
+            state.0.insert(name.to_owned());
+        }
         if !state.1.contains(&rule) {
             state.1.push(rule);
         }
@@ -495,10 +500,10 @@ impl Hidden {
     fn audit(&self, admission: &Admission, rpc: &str, started: std::time::Instant) {
         let (count, rules) = {
             let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            if state.0 == 0 {
+            if state.0.is_empty() {
                 return;
             }
-            (state.0, state.1.join(","))
+            (state.0.len(), state.1.join(","))
         };
         crate::metrics::policy_decided("hide", "discovery", count as u64);
         let policy = admission.policy();
@@ -534,4 +539,28 @@ fn status(error: &RouterError) -> Status {
         _ => debug!(error = %error, "call refused"),
     }
     error.to_status()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use toolmesh_core::Principal;
+
+    use super::Hidden;
+
+    #[test]
+    fn a_tool_looked_at_again_is_hidden_once() {
+        let hidden = Hidden::new(Arc::new(Principal::anonymous("bob")));
+        let rule: Arc<str> = "only-admins-delete".into();
+        // The ranking, the pass over every tool, and the ranking again.
+        for _ in 0..3 {
+            assert!(!hidden.note("file_delete", Some(rule.clone())));
+            assert!(hidden.note("echo", None));
+        }
+        assert!(!hidden.note("drop_table", Some("no-sql".into())));
+        let state = hidden.state.lock().unwrap();
+        assert_eq!(state.0.len(), 2);
+        assert_eq!(state.1, vec![rule, "no-sql".into()]);
+    }
 }
