@@ -13,7 +13,7 @@
 use cel::{
     ExecutionError,
     common::{
-        ast::{EntryExpr, Expr},
+        ast::{EntryExpr, Expr, LiteralValue, MapExpr, StructExpr},
         traits::Indexer,
         types::{self, CelString, Type},
         value::{CowVal, Val},
@@ -35,10 +35,7 @@ pub(crate) fn selects_args_fields_only(expression: &Expression) -> bool {
                 if call.func_name == "_[_]"
                     && call.args.len() == 2
                     && is_args(&call.args[0])
-                    && matches!(
-                        call.args[1].expr,
-                        Expr::Literal(cel::common::ast::LiteralValue::String(_))
-                    )
+                    && matches!(call.args[1].expr, Expr::Literal(LiteralValue::String(_)))
                 {
                     return true;
                 }
@@ -53,14 +50,12 @@ pub(crate) fn selects_args_fields_only(expression: &Expression) -> bool {
                         .all(walk)
             }
             Expr::List(list) => list.elements.iter().all(walk),
-            Expr::Map(map) => map.entries.iter().all(|entry| match &entry.expr {
-                EntryExpr::MapEntry(entry) => walk(&entry.key) && walk(&entry.value),
-                EntryExpr::StructField(field) => walk(&field.value),
-            }),
-            Expr::Struct(object) => object.entries.iter().all(|entry| match &entry.expr {
-                EntryExpr::MapEntry(entry) => walk(&entry.key) && walk(&entry.value),
-                EntryExpr::StructField(field) => walk(&field.value),
-            }),
+            Expr::Map(MapExpr { entries }) | Expr::Struct(StructExpr { entries, .. }) => {
+                entries.iter().all(|entry| match &entry.expr {
+                    EntryExpr::MapEntry(entry) => walk(&entry.key) && walk(&entry.value),
+                    EntryExpr::StructField(field) => walk(&field.value),
+                })
+            }
             Expr::Literal(_) | Expr::Unspecified => true,
         }
     }

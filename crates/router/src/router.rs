@@ -776,13 +776,9 @@ struct Seen {
 
 /// The trace id of `span` in lowercase hex; empty when it is not recorded.
 fn trace_id(span: &Span) -> String {
-    use std::fmt::Write as _;
-    let Some(ids) = span_ids(span) else { return String::new() };
-    let mut hex = String::with_capacity(2 * ids.trace_id.len());
-    for byte in ids.trace_id {
-        let _ = write!(hex, "{byte:02x}");
-    }
-    hex
+    span_ids(span)
+        .map(|ids| opentelemetry::trace::TraceId::from_bytes(ids.trace_id).to_string())
+        .unwrap_or_default()
 }
 
 /// The trace id of the current span, as [`trace_id`].
