@@ -1086,8 +1086,13 @@ async fn a_restart_on_the_same_data_embeds_no_tool_again_and_ranks_alike() {
     .expect("the index caught up");
     let search = third.app.search();
     assert_eq!(search.embeddings_made(), 1, "only the changed text is embedded");
-    let points = search.store().count(search.collection(), None).await.unwrap();
-    assert_eq!(points as usize, tools, "one point per tool, none of an old text");
+    // Swept once the catalog has been still for a second.
+    let points = || async { search.store().count(search.collection(), None).await.unwrap() };
+    let swept = eventually(Duration::from_secs(10), || async {
+        (points().await as usize == tools).then_some(())
+    })
+    .await;
+    assert!(swept.is_some(), "one point per tool, none of an old text: {}", points().await);
 }
 
 const KNOWLEDGE: &str = r#"

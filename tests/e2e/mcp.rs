@@ -640,7 +640,7 @@ async fn tools_listed_in_pages_are_all_published() {
     wait_for_tool(&server, "paged_echo_24").await;
     wait_for_tool(&server, "stuck_echo_4").await;
     let catalog = server.app.registry().snapshot();
-    let count = |prefix: &str| catalog.tools.keys().filter(|n| n.starts_with(prefix)).count();
+    let count = |prefix: &str| catalog.iter().filter(|(n, _)| n.starts_with(prefix)).count();
     assert_eq!(count("paged_echo"), 25, "every page of 10 + 10 + 5 tools");
     assert_eq!(count("stuck_echo"), 5, "both pages, once each");
     let answer = server.call("paged_echo_17", json!({"text": "page two"})).await.unwrap();

@@ -82,9 +82,8 @@ impl MetaTools {
     /// toolkits, and a few examples.
     pub fn describe(profile: &ProfileConfig, catalog: &Catalog, scope: &Scope) -> String {
         let pool: Vec<&ToolSpec> = catalog
-            .tools
-            .values()
-            .map(|entry| &entry.spec)
+            .iter()
+            .map(|(_, entry)| &entry.spec)
             .filter(|spec| Admission::in_pool(profile, spec) && scope.sees(spec))
             .collect();
         let mut sources: BTreeMap<String, Vec<&ToolSpec>> = BTreeMap::new();

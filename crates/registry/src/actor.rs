@@ -37,7 +37,7 @@ impl Actor for RegistryActor {
         let publish = |state: &RegistryState, published: &PublishedCatalog| {
             if state.catalog().version != before {
                 let catalog = Arc::clone(state.catalog());
-                debug!(version = catalog.version, tools = catalog.tools.len(), "catalog published");
+                debug!(version = catalog.version, tools = catalog.len(), "catalog published");
                 published.store(catalog);
             }
         };

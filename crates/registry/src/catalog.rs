@@ -1,28 +1,131 @@
-use std::{collections::BTreeMap, sync::Arc};
+use std::{collections::BTreeMap, ops::Bound, sync::Arc};
 
 use arc_swap::ArcSwap;
+use imbl::{OrdMap, OrdSet, ordmap::DiffItem};
 use tokio::sync::watch;
 
-use toolmesh_core::Toolkit;
+use toolmesh_core::{ToolSource, Toolkit};
 
 use crate::ToolEntry;
 
 /// An immutable snapshot of the catalog. Readers hold an `Arc<Catalog>` for as long as they
 /// need a consistent view; writers publish a new one.
+///
+/// The tools are kept in a persistent map: a new version shares every part of the tree
+/// its change did not touch with the version before it, so publishing one changed tool of
+/// 100,000 copies a few nodes rather than the catalog, freeing the old version frees as
+/// little, and [`Catalog::changes_since`] finds what changed without looking at the rest.
 #[derive(Debug, Clone, Default)]
 pub struct Catalog {
     /// Tools by name, ordered (so listing pages by name is stable).
-    pub tools: BTreeMap<String, Arc<ToolEntry>>,
+    tools: OrdMap<String, Published>,
+    /// The names of each source's tools, so that replacing a source's tools looks at
+    /// those only.
+    by_source: OrdMap<ToolSource, OrdSet<String>>,
     /// Toolkits by name.
     pub toolkits: BTreeMap<String, Arc<Toolkit>>,
     /// Increases with every published change.
     pub version: u64,
 }
 
+/// A tool's entry as the catalog holds it. Two are equal only when they are the same entry:
+/// the registry builds a new entry whenever anything of a tool changes, and keeps the
+/// entry of a tool that did not.
+#[derive(Debug, Clone)]
+struct Published(Arc<ToolEntry>);
+
+impl PartialEq for Published {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// How one tool differs between two versions of the catalog.
+#[derive(Debug, Clone, Copy)]
+pub enum CatalogChange<'a> {
+    /// A tool the older version did not have, or whose entry is new.
+    Upserted(&'a str, &'a Arc<ToolEntry>),
+    /// A tool the newer version no longer has.
+    Removed(&'a str),
+}
+
 impl Catalog {
     /// Returns the tool named `name`.
     pub fn get(&self, name: &str) -> Option<&Arc<ToolEntry>> {
-        self.tools.get(name)
+        self.tools.get(name).map(|p| &p.0)
+    }
+
+    /// Returns whether a tool is named `name`.
+    pub fn contains(&self, name: &str) -> bool {
+        self.tools.contains_key(name)
+    }
+
+    /// Returns how many tools the catalog holds.
+    pub fn len(&self) -> usize {
+        self.tools.len()
+    }
+
+    /// Returns whether the catalog holds no tool.
+    pub fn is_empty(&self) -> bool {
+        self.tools.is_empty()
+    }
+
+    /// Returns the tools in name order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Arc<ToolEntry>)> {
+        self.tools.iter().map(|(name, p)| (name.as_str(), &p.0))
+    }
+
+    /// Returns the tools named after `after` (all of them without it), in name order.
+    pub fn after(&self, after: Option<&str>) -> impl Iterator<Item = (&str, &Arc<ToolEntry>)> {
+        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+        self.tools.range::<_, str>((start, Bound::Unbounded)).map(|(name, p)| (name.as_str(), &p.0))
+    }
+
+    /// Returns the tools whose entry differs between `older` and this version: new and
+    /// replaced ones, and removed ones. The parts of the catalog the two versions share are
+    /// skipped unvisited, so one change costs about the same in a catalog of any size.
+    pub fn changes_since<'a>(
+        &'a self,
+        older: &'a Catalog,
+    ) -> impl Iterator<Item = CatalogChange<'a>> {
+        older.tools.diff(&self.tools).map(|item| match item {
+            DiffItem::Add(name, p) | DiffItem::Update { new: (name, p), .. } => {
+                CatalogChange::Upserted(name, &p.0)
+            }
+            DiffItem::Remove(name, _) => CatalogChange::Removed(name),
+        })
+    }
+
+    /// Returns the names of the tools of `source`.
+    pub(crate) fn names_of(&self, source: &ToolSource) -> Option<&OrdSet<String>> {
+        self.by_source.get(source)
+    }
+
+    /// Inserts or replaces the tool named `name`, returning the entry it replaced.
+    pub(crate) fn insert(&mut self, name: String, entry: Arc<ToolEntry>) -> Option<Arc<ToolEntry>> {
+        let source = entry.spec.source.clone();
+        self.by_source.entry(source.clone()).or_default().insert(name.clone());
+        let previous = self.tools.insert(name.clone(), Published(entry)).map(|p| p.0)?;
+        if previous.spec.source != source {
+            self.forget(&previous.spec.source, &name);
+        }
+        Some(previous)
+    }
+
+    /// Removes the tool named `name`, returning its entry.
+    pub(crate) fn remove(&mut self, name: &str) -> Option<Arc<ToolEntry>> {
+        let removed = self.tools.remove(name).map(|p| p.0)?;
+        self.forget(&removed.spec.source, name);
+        Some(removed)
+    }
+
+    fn forget(&mut self, source: &ToolSource, name: &str) {
+        if let Some(names) = self.by_source.get_mut(source) {
+            names.remove(name);
+            if names.is_empty() {
+                self.by_source.remove(source);
+            }
+        }
     }
 }
 

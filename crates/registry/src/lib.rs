@@ -22,7 +22,7 @@ mod messages;
 mod state;
 
 pub use actor::RegistryActor;
-pub use catalog::{Catalog, PublishedCatalog};
+pub use catalog::{Catalog, CatalogChange, PublishedCatalog};
 pub use entry::{SchemaViolation, ToolEntry};
 pub use error::RegistryError;
 pub use handle::RegistryHandle;

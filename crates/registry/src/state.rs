@@ -102,7 +102,7 @@ fn insert_standalone(
         });
     }
     let name = tool.spec.name.clone();
-    let outcome = match catalog.tools.get(&name) {
+    let outcome = match catalog.get(&name) {
         None => Registered::Added,
         Some(existing) => {
             if let Some(toolkit) = &existing.spec.toolkit {
@@ -121,7 +121,7 @@ fn insert_standalone(
         }
     };
     tool.spec.toolkit = None;
-    catalog.tools.insert(name, Arc::new(tool));
+    catalog.insert(name, Arc::new(tool));
     Ok(outcome)
 }
 
@@ -145,7 +145,7 @@ fn insert_toolkit(
         if !seen.insert(tool.spec.name.as_str()) {
             return Err(RegistryError::Duplicate(tool.spec.name.clone()));
         }
-        if let Some(existing) = catalog.tools.get(&tool.spec.name) {
+        if let Some(existing) = catalog.get(&tool.spec.name) {
             taken.push(format!("{} (from {})", tool.spec.name, existing.spec.source));
         }
     }
@@ -155,7 +155,7 @@ fn insert_toolkit(
     toolkit.tools = tools.iter().map(|t| t.spec.name.clone()).collect();
     for mut tool in tools {
         tool.spec.toolkit = Some(toolkit.name.clone());
-        catalog.tools.insert(tool.spec.name.clone(), Arc::new(tool));
+        catalog.insert(tool.spec.name.clone(), Arc::new(tool));
     }
     catalog.toolkits.insert(toolkit.name.clone(), Arc::new(toolkit));
     Ok(())
@@ -163,10 +163,24 @@ fn insert_toolkit(
 
 /// Removes the tools of `source` but those named in `keep`.
 fn remove_source(catalog: &mut Catalog, source: &ToolSource, keep: &HashSet<&str>) {
-    catalog.tools.retain(|name, tool| tool.spec.source != *source || keep.contains(name.as_str()));
+    let Some(names) = catalog.names_of(source) else { return };
+    let gone: Vec<String> = names.iter().filter(|n| !keep.contains(n.as_str())).cloned().collect();
     // A toolkit belongs to the source of its tools; one left without tools is gone too.
-    let tools = &catalog.tools;
-    catalog.toolkits.retain(|_, toolkit| toolkit.tools.iter().any(|t| tools.contains_key(t)));
+    let mut toolkits = BTreeSet::new();
+    for name in gone {
+        if let Some(toolkit) = catalog.remove(&name).and_then(|t| t.spec.toolkit.clone()) {
+            toolkits.insert(toolkit);
+        }
+    }
+    for name in toolkits {
+        let empty = catalog
+            .toolkits
+            .get(&name)
+            .is_some_and(|toolkit| !toolkit.tools.iter().any(|t| catalog.contains(t)));
+        if empty {
+            catalog.toolkits.remove(&name);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -179,6 +193,7 @@ mod tests {
     };
 
     use super::*;
+    use crate::CatalogChange;
 
     struct Nop;
 
@@ -209,7 +224,7 @@ mod tests {
         assert_eq!(state.register(tool("a", "one")).unwrap(), Registered::Added);
         let outcome = state.register(tool("a", "two")).unwrap();
         assert_eq!(outcome, Registered::Replaced { previous: ToolSource::local("one") });
-        assert_eq!(state.catalog().tools["a"].spec.source, ToolSource::local("two"));
+        assert_eq!(state.catalog().get("a").unwrap().spec.source, ToolSource::local("two"));
         assert_eq!(state.catalog().version, 2);
     }
 
@@ -223,7 +238,7 @@ mod tests {
             .unwrap_err();
         assert!(matches!(&err, RegistryError::ToolkitCollision { tools, .. } if tools.len() == 1));
         assert!(err.to_string().contains("b (from local:one)"), "{err}");
-        assert!(!state.catalog().tools.contains_key("a"), "nothing of the toolkit was added");
+        assert!(!state.catalog().contains("a"), "nothing of the toolkit was added");
         assert!(!state.catalog().toolkits.contains_key("k"));
         assert_eq!(state.catalog().version, before);
     }
@@ -232,7 +247,7 @@ mod tests {
     fn toolkit_members_are_marked_and_protected() {
         let mut state = RegistryState::default();
         state.register_toolkit(kit("k"), vec![tool("a", "kit"), tool("b", "kit")]).unwrap();
-        assert_eq!(state.catalog().tools["a"].spec.toolkit.as_deref(), Some("k"));
+        assert_eq!(state.catalog().get("a").unwrap().spec.toolkit.as_deref(), Some("k"));
         assert_eq!(state.catalog().toolkits["k"].tools, vec!["a", "b"]);
         let err = state.register(tool("a", "other")).unwrap_err();
         assert!(matches!(err, RegistryError::MemberOfToolkit { .. }));
@@ -261,25 +276,86 @@ mod tests {
         };
         state.replace_source(update(vec![tool("a", "config"), tool("b", "config")])).unwrap();
         state.replace_source(update(vec![tool("b", "config"), tool("c", "config")])).unwrap();
-        let names: Vec<_> = state.catalog().tools.keys().cloned().collect();
+        let names: Vec<_> = state.catalog().iter().map(|(n, _)| n.to_owned()).collect();
         assert_eq!(names, vec!["b", "c", "keep"]);
 
         let err = state.replace_source(update(vec![tool("d", "config"), tool("d", "config")]));
         assert_eq!(err.unwrap_err(), RegistryError::Duplicate("d".into()));
-        let names: Vec<_> = state.catalog().tools.keys().cloned().collect();
+        let names: Vec<_> = state.catalog().iter().map(|(n, _)| n.to_owned()).collect();
         assert_eq!(names, vec!["b", "c", "keep"], "a rejected update changes nothing");
 
         // Unchanged tools keep their very entry; a name of another source is not taken.
-        let before = state.catalog().tools.clone();
+        let before = state.catalog().clone();
         let mut keep = update(vec![tool("d", "config")]);
         keep.unchanged = vec!["b".into(), "keep".into()];
         state.replace_source(keep).unwrap();
-        let after = &state.catalog().tools;
-        let names: Vec<_> = after.keys().cloned().collect();
+        let after = state.catalog().clone();
+        let names: Vec<_> = after.iter().map(|(n, _)| n.to_owned()).collect();
         assert_eq!(names, vec!["b", "d", "keep"]);
-        assert!(Arc::ptr_eq(&before["b"], &after["b"]));
-        assert!(Arc::ptr_eq(&before["keep"], &after["keep"]), "the other source's tool stays");
-        assert_eq!(after["keep"].spec.source, ToolSource::local("other"));
+        assert!(Arc::ptr_eq(before.get("b").unwrap(), after.get("b").unwrap()));
+        let kept = after.get("keep").unwrap();
+        assert!(Arc::ptr_eq(before.get("keep").unwrap(), kept), "the other source's tool stays");
+        assert_eq!(kept.spec.source, ToolSource::local("other"));
+    }
+
+    #[test]
+    fn replacing_a_source_removes_its_own_tools_only() {
+        let mut state = RegistryState::default();
+        state.register(tool("x", "one")).unwrap();
+        state.register(tool("y", "one")).unwrap();
+        // Another source takes x over: it is no longer one's.
+        state.register(tool("x", "two")).unwrap();
+        state.register_toolkit(kit("k"), vec![tool("a", "one"), tool("b", "one")]).unwrap();
+        let empty = |source: &str| SourceUpdate {
+            source: ToolSource::local(source),
+            tools: vec![],
+            toolkits: vec![],
+            unchanged: vec![],
+        };
+        state.replace_source(empty("one")).unwrap();
+        let names: Vec<_> = state.catalog().iter().map(|(n, _)| n.to_owned()).collect();
+        assert_eq!(names, ["x"]);
+        assert_eq!(state.catalog().get("x").unwrap().spec.source, ToolSource::local("two"));
+        assert!(state.catalog().toolkits.is_empty(), "the toolkit went with its tools");
+        state.replace_source(empty("two")).unwrap();
+        assert!(state.catalog().is_empty());
+    }
+
+    #[test]
+    fn changes_since_an_older_catalog_are_exactly_the_changed_tools() {
+        let mut state = RegistryState::default();
+        let update = |tools: Vec<ToolEntry>, unchanged: &[&str]| SourceUpdate {
+            source: ToolSource::local("s"),
+            tools,
+            toolkits: vec![],
+            unchanged: unchanged.iter().map(|&n| n.to_owned()).collect(),
+        };
+        let many: Vec<ToolEntry> = (0..1000).map(|i| tool(&format!("t{i:04}"), "s")).collect();
+        state.replace_source(update(many, &[])).unwrap();
+        let before = state.catalog().clone();
+        let unchanged: Vec<String> =
+            (0..1000).filter(|i| ![10, 500].contains(i)).map(|i| format!("t{i:04}")).collect();
+        let unchanged: Vec<&str> = unchanged.iter().map(String::as_str).collect();
+        state
+            .replace_source(update(vec![tool("t0010", "s"), tool("t9999", "s")], &unchanged))
+            .unwrap();
+        let after = state.catalog().clone();
+        let changes: Vec<String> = after
+            .changes_since(&before)
+            .map(|change| match change {
+                CatalogChange::Upserted(name, entry) => {
+                    assert!(Arc::ptr_eq(entry, after.get(name).unwrap()));
+                    format!("+{name}")
+                }
+                CatalogChange::Removed(name) => format!("-{name}"),
+            })
+            .collect();
+        assert_eq!(changes, ["+t0010", "-t0500", "+t9999"]);
+        assert_eq!(after.changes_since(&after).count(), 0);
+        assert_eq!(after.changes_since(&Catalog::default()).count(), after.len());
+        // The older version is untouched by the newer one.
+        assert_eq!(before.len(), 1000);
+        assert!(before.contains("t0500") && !before.contains("t9999"));
     }
 
     #[test]

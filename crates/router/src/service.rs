@@ -222,15 +222,9 @@ impl ToolService for ToolServiceImpl {
             request.source_name,
         );
         let catalog = self.router.registry().snapshot();
-        let range = match after {
-            Some(after) => catalog
-                .tools
-                .range::<str, _>((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded)),
-            None => catalog.tools.range::<str, _>(..),
-        };
-        let mut tools = Vec::with_capacity(page_size.min(catalog.tools.len()));
+        let mut tools = Vec::with_capacity(page_size.min(catalog.len()));
         let mut next_page_token = String::new();
-        for (_, entry) in range {
+        for (_, entry) in catalog.after(after) {
             let spec = &entry.spec;
             let matches = filter.keeps(spec)
                 && profile.is_none_or(|profile| Admission::visible(profile, spec))

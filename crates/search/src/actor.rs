@@ -13,7 +13,7 @@ use toolmesh_core::{
     vector::{CollectionSpec, Condition, DENSE, Filter, Point, PointId, Scalar},
 };
 use toolmesh_embed::Embedder;
-use toolmesh_registry::{Catalog, RegistryHandle, ToolEntry};
+use toolmesh_registry::{Catalog, CatalogChange, RegistryHandle, ToolEntry};
 use tracing::{Instrument, debug, error, info, warn};
 
 use crate::{
@@ -30,6 +30,9 @@ pub enum SearchMsg {
     CatalogChanged,
     /// Embed the next batch of tools waiting for a vector.
     EmbedNext,
+    /// Delete the points of older texts of the tools indexed for the first time, once the
+    /// catalog has been still for a while.
+    Sweep,
 }
 
 /// How the search index is built.
@@ -117,12 +120,24 @@ const STORE_BATCH: usize = 1_000;
 const LIST_ALL_FROM: usize = 10_000;
 /// How long the index waits before trying a failed store again.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// How long the catalog must have been still before the points of older texts are swept:
+/// at a start, tools arrive source by source, and until the last has, the store holds
+/// more points than are indexed without any of them being stale.
+const SWEEP_AFTER: Duration = Duration::from_secs(1);
 
 /// The [`ToolSearchActor`]'s state.
 #[derive(Debug)]
 pub struct ToolSearchState {
     /// What is indexed, by tool name: the entry and the point (digest) of its text.
     indexed: Indexed,
+    /// The catalog the index last caught up with: the next one is compared with it.
+    caught_up: Option<Arc<Catalog>>,
+    /// Tools indexed for the first time by this process whose older points are still to be
+    /// swept, and when the catalog last changed.
+    unswept: Vec<String>,
+    changed_at: Instant,
+    /// Whether a `Sweep` is on its way.
+    sweeping: bool,
     /// Batches of tools waiting for a dense vector.
     pending: Vec<Vec<Pending>>,
     /// Whether an `EmbedNext` is on its way.
@@ -250,22 +265,28 @@ impl ToolSearchActor {
         // Texts, digests and lexical vectors of a whole catalog are CPU work: on a blocking
         // thread, with the map of what is indexed lent to it.
         let (indexed, lexical) = (std::mem::take(&mut state.indexed), catalog.clone());
+        let since = state.caught_up.clone();
         let (indexed, mut changes) =
-            tokio::task::spawn_blocking(move || diff(&lexical, indexed)).await?;
+            tokio::task::spawn_blocking(move || diff(&lexical, since.as_deref(), indexed)).await?;
         let diffed_us = started.elapsed().as_micros() as u64;
         state.indexed = indexed;
         let first = std::mem::take(&mut changes.first);
         match self.write(&changes).await {
-            Ok(known) => self.commit(myself, state, changes, &known),
+            Ok(known) => {
+                self.commit(myself, state, changes, &known);
+                state.caught_up = Some(catalog.clone());
+            }
             Err(error) => {
                 self.store_failed(myself, state, &error, SearchMsg::CatalogChanged);
                 return Ok(());
             }
         }
         let written_us = started.elapsed().as_micros() as u64;
-        if let Err(error) = self.sweep(&first).await {
-            // Searchable as it is; the points are swept at the next start.
-            warn!(%error, "deleting points of older tool texts failed");
+        state.changed_at = Instant::now();
+        state.unswept.extend(first);
+        if !state.unswept.is_empty() && !state.sweeping {
+            myself.send_after(SWEEP_AFTER, || SearchMsg::Sweep);
+            state.sweeping = true;
         }
         self.shared.version.store(catalog.version, Ordering::Release);
         let recovered =
@@ -360,26 +381,41 @@ impl ToolSearchActor {
         Ok(known)
     }
 
-    /// Deletes the points of older texts of tools this process indexes for the first time:
-    /// a tool whose text changed while no router ran left its old point behind, which would
-    /// take candidates from every search and weigh in the lexical statistics. Skipped when
-    /// the store holds no more points than are indexed, as after a restart over an
-    /// unchanged catalog.
-    async fn sweep(&self, first: &[(String, PointId)]) -> Result<(), StoreError> {
+    /// Deletes the points of older texts of the tools this process indexed for the first
+    /// time (`unswept`), once the catalog has been still for [`SWEEP_AFTER`]: a tool whose
+    /// text changed while no router ran left its old point behind, which would take
+    /// candidates from every search and weigh in the lexical statistics. Skipped when the
+    /// store holds no more points than are indexed, as after a restart over an unchanged
+    /// catalog.
+    async fn sweep(&self, myself: &ActorRef<SearchMsg>, state: &mut ToolSearchState) {
+        let still = state.changed_at.elapsed();
+        if still < SWEEP_AFTER {
+            myself.send_after(SWEEP_AFTER - still, || SearchMsg::Sweep);
+            return;
+        }
+        state.sweeping = false;
+        let names = std::mem::take(&mut state.unswept);
+        if let Err(error) = self.sweep_names(&state.indexed, &names).await {
+            // Searchable as it is; the points are swept at the next start.
+            warn!(%error, "deleting points of older tool texts failed");
+        }
+    }
+
+    async fn sweep_names(&self, indexed: &Indexed, names: &[String]) -> Result<(), StoreError> {
         let (store, collection) = (&self.shared.store, &self.shared.collection);
-        if first.is_empty() {
+        let live = self.shared.live.read().unwrap_or_else(PoisonError::into_inner).len();
+        if store.count(collection, None).await? as usize <= live {
             return Ok(());
         }
-        let indexed = self.shared.live.read().unwrap_or_else(PoisonError::into_inner).len();
-        if store.count(collection, None).await? as usize <= indexed {
-            return Ok(());
-        }
-        for chunk in first.chunks(STORE_BATCH) {
-            let (names, ids) =
-                chunk.iter().map(|(name, id)| (Scalar::Str(name.clone()), *id)).unzip();
+        for chunk in names.chunks(STORE_BATCH) {
+            // Every point of these names but the one of each tool's current text (a tool
+            // removed since has none to keep).
+            let names = chunk.iter().map(|name| Scalar::Str(name.clone())).collect();
+            let keep: Vec<PointId> =
+                chunk.iter().filter_map(|name| indexed.get(name).map(|(_, id)| *id)).collect();
             let stale = Filter {
                 must: vec![Condition::In(NAME.into(), names)],
-                must_not: vec![Condition::HasId(ids)],
+                must_not: if keep.is_empty() { vec![] } else { vec![Condition::HasId(keep)] },
             };
             store.replace(collection, stale, Vec::new()).await?;
         }
@@ -575,27 +611,43 @@ struct Changes {
     removed: Vec<String>,
     /// Points no tool has any more: of removed tools, and the old texts of changed ones.
     gone: Vec<PointId>,
-    /// Tools this process indexes for the first time, with the point of their text. Any
-    /// other point under the same name is of an older text, left by an earlier run.
-    first: Vec<(String, PointId)>,
+    /// Tools this process indexes for the first time. Any point under the same name but
+    /// the one of the tool's text is of an older text, left by an earlier run.
+    first: Vec<String>,
 }
 
 /// Compares `catalog` with what is `indexed` (entries by pointer: the registry keeps an
-/// unchanged tool's entry), and hashes the text of new and changed tools only. Tools whose
-/// entry changed but not their text are updated in the map at once. Lexical vectors are
-/// left to [`ToolSearchActor::write`], for the texts the store does not hold.
-fn diff(catalog: &Catalog, mut indexed: Indexed) -> (Indexed, Changes) {
+/// unchanged tool's entry), and hashes the text of new and changed tools only. With the
+/// catalog the index last caught up with (`since`), only the tools whose entry differs
+/// between the two are looked at; without it, every tool. Tools whose entry changed but not
+/// their text are updated in the map at once. Lexical vectors are left to
+/// [`ToolSearchActor::write`], for the texts the store does not hold.
+fn diff(catalog: &Catalog, since: Option<&Catalog>, mut indexed: Indexed) -> (Indexed, Changes) {
     use rayon::prelude::*;
     let mut changes = Changes::default();
+    let is_indexed = |indexed: &Indexed, name: &str, entry: &Arc<ToolEntry>| {
+        indexed.get(name).is_some_and(|(known, _)| Arc::ptr_eq(known, entry))
+    };
+    let mut gone = Vec::new();
+    let fresh: Vec<(&str, &Arc<ToolEntry>)> = match since {
+        Some(since) => {
+            let mut fresh = Vec::new();
+            for change in catalog.changes_since(since) {
+                match change {
+                    CatalogChange::Upserted(name, entry) => {
+                        if !is_indexed(&indexed, name, entry) {
+                            fresh.push((name, entry));
+                        }
+                    }
+                    CatalogChange::Removed(name) => gone.push(name.to_owned()),
+                }
+            }
+            fresh
+        }
+        None => catalog.iter().filter(|(name, entry)| !is_indexed(&indexed, name, entry)).collect(),
+    };
     // Texts, digests and lexical vectors of the tools whose entry is new, split across the
     // cores: every tool at a first start, one or a few after a change.
-    let fresh: Vec<(&String, &Arc<ToolEntry>)> = catalog
-        .tools
-        .iter()
-        .filter(|(name, entry)| {
-            !indexed.get(*name).is_some_and(|(known, _)| Arc::ptr_eq(known, entry))
-        })
-        .collect();
     let hashed: Vec<_> = fresh
         .into_par_iter()
         .map(|(name, entry)| {
@@ -611,21 +663,24 @@ fn diff(catalog: &Catalog, mut indexed: Indexed) -> (Indexed, Changes) {
             previous => {
                 match previous {
                     Some((_, old)) => changes.gone.push(*old),
-                    None => changes.first.push((name.clone(), id)),
+                    None => changes.first.push(name.to_owned()),
                 }
-                let pending = Pending { name: name.clone(), id, text };
-                changes.upserts.push((name.clone(), entry.clone(), pending));
+                let pending = Pending { name: name.to_owned(), id, text };
+                changes.upserts.push((name.to_owned(), entry.clone(), pending));
             }
         }
     }
-    // Every catalog tool is indexed or new: when the counts agree, nothing went.
-    let new = changes.upserts.len() - changes.gone.len();
-    if catalog.tools.len() != indexed.len() + new {
-        for (name, (_, id)) in &indexed {
-            if !catalog.tools.contains_key(name) {
-                changes.removed.push(name.clone());
-                changes.gone.push(*id);
-            }
+    if since.is_none() {
+        // Every catalog tool is indexed or new: when the counts agree, nothing went.
+        let new = changes.upserts.len() - changes.gone.len();
+        if catalog.len() != indexed.len() + new {
+            gone.extend(indexed.keys().filter(|name| !catalog.contains(name)).cloned());
+        }
+    }
+    for name in gone {
+        if let Some((_, id)) = indexed.get(&name) {
+            changes.gone.push(*id);
+            changes.removed.push(name);
         }
     }
     (indexed, changes)
@@ -669,6 +724,10 @@ impl Actor for ToolSearchActor {
         myself.cast(SearchMsg::CatalogChanged)?;
         Ok(ToolSearchState {
             indexed: HashMap::new(),
+            caught_up: None,
+            unswept: Vec::new(),
+            changed_at: Instant::now(),
+            sweeping: false,
             pending: Vec::new(),
             embedding: false,
             retrying: false,
@@ -688,6 +747,115 @@ impl Actor for ToolSearchActor {
         match message {
             SearchMsg::CatalogChanged => self.reindex(&myself, state).await,
             SearchMsg::EmbedNext => self.embed_next(&myself, state).await,
+            SearchMsg::Sweep => {
+                self.sweep(&myself, state).await;
+                Ok(())
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
+
+    use serde_json::json;
+    use toolmesh_core::{Backend, BackendError, CallContext, ToolOutput, ToolSource, ToolSpec};
+    use toolmesh_registry::{PublishedCatalog, RegistryActor, SourceUpdate};
+
+    use super::*;
+
+    struct Nop;
+
+    #[async_trait::async_trait]
+    impl Backend for Nop {
+        async fn call(&self, _: CallContext, _: Value) -> Result<ToolOutput, BackendError> {
+            Ok(ToolOutput::default())
+        }
+    }
+
+    fn tool(name: &str, description: &str) -> ToolEntry {
+        let spec =
+            ToolSpec::new(name, description, json!({"type": "object"}), ToolSource::local("s"));
+        ToolEntry::new(spec, Arc::new(Nop)).unwrap()
+    }
+
+    /// What a successful write makes of `indexed`.
+    fn apply(mut indexed: Indexed, changes: &Changes) -> Indexed {
+        for name in &changes.removed {
+            indexed.remove(name);
+        }
+        for (name, entry, pending) in &changes.upserts {
+            indexed.insert(name.clone(), (entry.clone(), pending.id));
+        }
+        indexed
+    }
+
+    /// The changes, each list sorted: upserted names, removed names, gone points, first.
+    fn summary(changes: &Changes) -> (Vec<String>, Vec<String>, Vec<PointId>, Vec<String>) {
+        let sorted = |mut v: Vec<String>| {
+            v.sort();
+            v
+        };
+        let mut gone = changes.gone.clone();
+        gone.sort_unstable();
+        (
+            sorted(changes.upserts.iter().map(|(name, ..)| name.clone()).collect()),
+            sorted(changes.removed.clone()),
+            gone,
+            sorted(changes.first.clone()),
+        )
+    }
+
+    /// Comparing a catalog with the one the index last caught up with finds what comparing
+    /// it with everything indexed finds, looking at the changed tools only.
+    #[tokio::test]
+    async fn the_changes_since_the_last_catalog_are_those_of_the_whole() {
+        let published = Arc::new(PublishedCatalog::default());
+        let (actor, _) = Actor::spawn(None, RegistryActor, published.clone()).await.unwrap();
+        let registry =
+            RegistryHandle::new(Arc::new(arc_swap::ArcSwap::from_pointee(actor)), published);
+        let update = |tools: Vec<ToolEntry>, unchanged: &[&str]| SourceUpdate {
+            source: ToolSource::local("s"),
+            tools,
+            toolkits: vec![],
+            unchanged: unchanged.iter().map(|&n| n.to_owned()).collect(),
+        };
+        let (a, b, c, d) =
+            (tool("a", "alpha"), tool("b", "beta"), tool("c", "gamma"), tool("d", "delta"));
+        registry.replace_source(update(vec![a, b, c, d], &[])).await.unwrap();
+        let first = registry.snapshot();
+        let (indexed, changes) = diff(&first, None, Indexed::new());
+        assert_eq!(summary(&changes).0, ["a", "b", "c", "d"]);
+        assert_eq!(summary(&changes).3, ["a", "b", "c", "d"], "all indexed for the first time");
+        let indexed = apply(indexed, &changes);
+        let id = |name: &str| indexed[name].1;
+
+        // b's text changes, c gets a new entry with the same text, d goes, e comes; a stays.
+        let next = vec![tool("b", "beta, again"), tool("c", "gamma"), tool("e", "epsilon")];
+        registry.replace_source(update(next, &["a"])).await.unwrap();
+        let second = registry.snapshot();
+        let (from_last, since) = diff(&second, Some(&first), indexed.clone());
+        let (from_all, whole) = diff(&second, None, indexed.clone());
+        assert_eq!(summary(&since), summary(&whole));
+        let (upserted, removed, gone, new) = summary(&since);
+        assert_eq!(upserted, ["b", "e"]);
+        assert_eq!(removed, ["d"]);
+        let mut expected = vec![id("b"), id("d")];
+        expected.sort_unstable();
+        assert_eq!(gone, expected, "b's old text and d");
+        assert_eq!(new, ["e"]);
+        // c's text is indexed already: only its entry is swapped, both ways.
+        for indexed in [&from_last, &from_all] {
+            assert!(Arc::ptr_eq(&indexed["c"].0, second.get("c").unwrap()));
+            assert_eq!(indexed["c"].1, id("c"));
+        }
+
+        // Nothing changed since: nothing to do.
+        let indexed = apply(from_last, &since);
+        let (_, none) = diff(&second, Some(&second), indexed.clone());
+        assert_eq!(summary(&none), Default::default());
+        let (_, none) = diff(&second, None, indexed);
+        assert_eq!(summary(&none), Default::default());
     }
 }

@@ -479,9 +479,15 @@ mod tests {
         assert_eq!(model.0.load(Ordering::SeqCst), 1, "only the changed text is embedded");
         // Its lexical point, then the point with its vector.
         assert_eq!(writes.points.load(Ordering::SeqCst), 2);
-        // The old text's point was swept: one point per tool.
+        // The old text's point is swept once the catalog has been still a while: one point
+        // per tool.
         let collection = second.handle().collection().to_owned();
-        assert_eq!(store.0.count(&collection, None).await.unwrap(), TOOLS as u64);
+        let swept = tokio::time::timeout(Duration::from_secs(30), async {
+            while store.0.count(&collection, None).await.unwrap() != TOOLS as u64 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        swept.await.expect("the old text's point is swept");
         second.stop(Duration::from_secs(1)).await;
     }
 

@@ -252,7 +252,7 @@ impl App {
         for provider in app.providers.iter() {
             provider.start(config).await?;
         }
-        info!(tools = app.registry().snapshot().tools.len(), "tool definitions loaded");
+        info!(tools = app.registry().snapshot().len(), "tool definitions loaded");
         publish_health(&app.providers, &app.health);
         tokio::spawn(
             watch_health(app.providers.clone(), app.health.clone(), app.stop.clone())

@@ -431,7 +431,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     // The first stdout line is for scripts and tests: they read the address from it.
     println!("toolmesh listening on {addr}");
     std::io::stdout().flush()?;
-    info!(%addr, tools = app.registry().snapshot().tools.len(), "serving");
+    info!(%addr, tools = app.registry().snapshot().len(), "serving");
 
     let shutdown = shutdown_signal()?;
     tokio::spawn(

@@ -138,8 +138,8 @@ pub async fn run(
     local.start(&config).await?;
     let catalog = registry.snapshot();
     let tools: Vec<v1::Tool> = catalog
-        .tools
-        .values()
+        .iter()
+        .map(|(_, e)| e)
         .filter(|e| e.spec.source.kind == SourceKind::Local)
         .filter(|e| section.builtins || e.spec.source.name != BUILTIN_SOURCE)
         .map(|e| convert::tool(&e.spec, toolmesh_core::Health::up()))
