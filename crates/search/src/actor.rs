@@ -10,7 +10,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use serde_json::{Map, Value, json};
 use toolmesh_core::{
     StoreError, VectorStore,
-    vector::{CollectionSpec, Condition, DENSE, Filter, Point, PointId, Scalar},
+    vector::{CollectionSpec, Condition, DENSE, Filter, Point, PointId},
 };
 use toolmesh_embed::Embedder;
 use toolmesh_registry::{Catalog, CatalogChange, RegistryHandle, ToolEntry};
@@ -395,29 +395,43 @@ impl ToolSearchActor {
         }
         state.sweeping = false;
         let names = std::mem::take(&mut state.unswept);
-        if let Err(error) = self.sweep_names(&state.indexed, &names).await {
+        if let Err(error) = self.sweep_names(&names).await {
             // Searchable as it is; the points are swept at the next start.
             warn!(%error, "deleting points of older tool texts failed");
         }
     }
 
-    async fn sweep_names(&self, indexed: &Indexed, names: &[String]) -> Result<(), StoreError> {
+    /// Deletes the points of `names` other than their tools' current ones. The store's
+    /// points that no indexed tool has are few (older texts, and tools of sources not
+    /// connected yet): those are read, and the ones under these names deleted.
+    async fn sweep_names(&self, names: &[String]) -> Result<(), StoreError> {
         let (store, collection) = (&self.shared.store, &self.shared.collection);
         let live = self.shared.live.read().unwrap_or_else(PoisonError::into_inner).len();
-        if store.count(collection, None).await? as usize <= live {
+        if names.is_empty() || store.count(collection, None).await? as usize <= live {
             return Ok(());
         }
-        for chunk in names.chunks(STORE_BATCH) {
-            // Every point of these names but the one of each tool's current text (a tool
-            // removed since has none to keep).
-            let names = chunk.iter().map(|name| Scalar::Str(name.clone())).collect();
-            let keep: Vec<PointId> =
-                chunk.iter().filter_map(|name| indexed.get(name).map(|(_, id)| *id)).collect();
-            let stale = Filter {
-                must: vec![Condition::In(NAME.into(), names)],
-                must_not: if keep.is_empty() { vec![] } else { vec![Condition::HasId(keep)] },
-            };
-            store.replace(collection, stale, Vec::new()).await?;
+        let held = store.ids(collection, None).await?;
+        let others: Vec<PointId> = {
+            let live = self.shared.live.read().unwrap_or_else(PoisonError::into_inner);
+            held.into_iter().filter(|id| !live.contains_key(id)).collect()
+        };
+        let names: std::collections::HashSet<&str> = names.iter().map(String::as_str).collect();
+        let mut stale = Vec::new();
+        for chunk in others.chunks(STORE_BATCH) {
+            for record in store.retrieve(collection, chunk.to_vec(), false).await? {
+                if record
+                    .payload
+                    .get(NAME)
+                    .and_then(Value::as_str)
+                    .is_some_and(|n| names.contains(n))
+                {
+                    stale.push(record.id);
+                }
+            }
+        }
+        if !stale.is_empty() {
+            debug!(points = stale.len(), "deleting points of older tool texts");
+            store.delete(collection, stale).await?;
         }
         Ok(())
     }
