@@ -75,12 +75,13 @@ impl std::fmt::Debug for SearchOptions {
 ///
 /// A tool is one point, its id the digest of its text: the same text has the same point in
 /// every process and across restarts, so a restart over an unchanged catalog, or a second
-/// router on a shared store, embeds nothing. On each published catalog the actor compares
-/// entries by pointer (the registry keeps an unchanged tool's entry), hashes the text of new
-/// and changed tools only, asks the store which of their points it has, writes the missing
-/// ones at once with their lexical vector, and deletes the points of changed and removed
-/// tools (and, for a tool it indexes for the first time, any point of an older text of it
-/// that an earlier run left behind). Tools whose point has no dense vector yet wait in
+/// router on a shared store, embeds nothing. On each published catalog the actor takes the
+/// tools whose entry differs from the catalog it last caught up with (the registry keeps an
+/// unchanged tool's entry), hashes the text of those only, asks the store which of their
+/// points it has, writes the missing ones at once with their lexical vector, and deletes
+/// the points of changed and removed tools (and, once the catalog has been still a while,
+/// any point of an older text of a tool it indexed for the first time that an earlier run
+/// left behind). Tools whose point has no dense vector yet wait in
 /// batches of texts of similar length, embedded one batch per message in random order (so
 /// routers sharing a store split a first embedding between them), with catalog changes
 /// handled between batches.
@@ -773,26 +774,11 @@ impl Actor for ToolSearchActor {
 mod tests {
     #![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
 
-    use serde_json::json;
-    use toolmesh_core::{Backend, BackendError, CallContext, ToolOutput, ToolSource, ToolSpec};
-    use toolmesh_registry::{PublishedCatalog, RegistryActor, SourceUpdate};
+    use toolmesh_core::ToolSource;
+    use toolmesh_registry::SourceUpdate;
 
     use super::*;
-
-    struct Nop;
-
-    #[async_trait::async_trait]
-    impl Backend for Nop {
-        async fn call(&self, _: CallContext, _: Value) -> Result<ToolOutput, BackendError> {
-            Ok(ToolOutput::default())
-        }
-    }
-
-    fn tool(name: &str, description: &str) -> ToolEntry {
-        let spec =
-            ToolSpec::new(name, description, json!({"type": "object"}), ToolSource::local("s"));
-        ToolEntry::new(spec, Arc::new(Nop)).unwrap()
-    }
+    use crate::testing::{registry, tool};
 
     /// What a successful write makes of `indexed`.
     fn apply(mut indexed: Indexed, changes: &Changes) -> Indexed {
@@ -825,10 +811,7 @@ mod tests {
     /// it with everything indexed finds, looking at the changed tools only.
     #[tokio::test]
     async fn the_changes_since_the_last_catalog_are_those_of_the_whole() {
-        let published = Arc::new(PublishedCatalog::default());
-        let (actor, _) = Actor::spawn(None, RegistryActor, published.clone()).await.unwrap();
-        let registry =
-            RegistryHandle::new(Arc::new(arc_swap::ArcSwap::from_pointee(actor)), published);
+        let registry = registry().await;
         let update = |tools: Vec<ToolEntry>, unchanged: &[&str]| SourceUpdate {
             source: ToolSource::local("s"),
             tools,

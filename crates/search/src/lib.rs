@@ -21,6 +21,8 @@ mod handle;
 pub mod lexical;
 mod provider;
 mod recent;
+#[cfg(test)]
+mod testing;
 mod text;
 
 pub use actor::{SearchMsg, SearchOptions, ToolSearchActor, ToolSearchState};

@@ -203,19 +203,17 @@ async fn locate_model(config: &Config) -> Result<PathBuf, String> {
 mod tests {
     use std::sync::atomic::{AtomicBool, AtomicUsize};
 
-    use arc_swap::ArcSwap;
-    use serde_json::json;
-    use toolmesh_core::{Backend, BackendError, CallContext, ToolOutput, ToolSource, ToolSpec};
     use toolmesh_core::{
-        StoreError,
+        StoreError, ToolSource,
         vector::{CollectionSpec, Filter, Hit, Point, PointId, Query, Record},
     };
     use toolmesh_embed::EmbedError;
-    use toolmesh_registry::{PublishedCatalog, RegistryActor, SourceUpdate, ToolEntry};
+    use toolmesh_registry::SourceUpdate;
 
     use ractor::{ActorProcessingErr, SupervisionEvent};
 
     use super::*;
+    use crate::testing::{registry, tool};
 
     /// An embedder whose first batch panics, as a bug in a model would.
     struct PanicsOnce {
@@ -241,19 +239,6 @@ mod tests {
         }
     }
 
-    struct Nop;
-
-    #[async_trait::async_trait]
-    impl Backend for Nop {
-        async fn call(
-            &self,
-            _: CallContext,
-            _: serde_json::Value,
-        ) -> Result<ToolOutput, BackendError> {
-            Ok(ToolOutput::default())
-        }
-    }
-
     /// An embedded store in a fresh directory, removed with it.
     struct Store(Arc<dyn VectorStore>, PathBuf);
 
@@ -268,18 +253,6 @@ mod tests {
             std::env::temp_dir().join(format!("toolmesh-search-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         Store(Arc::new(toolmesh_vector::EmbeddedStore::open(&dir).await.unwrap()), dir)
-    }
-
-    async fn registry() -> RegistryHandle {
-        let published = Arc::new(PublishedCatalog::default());
-        let (registry, _) = Actor::spawn(None, RegistryActor, published.clone()).await.unwrap();
-        RegistryHandle::new(Arc::new(ArcSwap::from_pointee(registry)), published)
-    }
-
-    fn tool(name: &str, description: &str) -> ToolEntry {
-        let spec =
-            ToolSpec::new(name, description, json!({"type": "object"}), ToolSource::local("t"));
-        ToolEntry::new(spec, Arc::new(Nop)).unwrap()
     }
 
     async fn until(what: &str, mut done: impl FnMut() -> bool) {

@@ -1,0 +1,31 @@
+//! What the search crate's tests share: a registry actor and tools that do nothing.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use ractor::Actor;
+use serde_json::json;
+use toolmesh_core::{Backend, BackendError, CallContext, ToolOutput, ToolSource, ToolSpec};
+use toolmesh_registry::{PublishedCatalog, RegistryActor, RegistryHandle, ToolEntry};
+
+struct Nop;
+
+#[async_trait::async_trait]
+impl Backend for Nop {
+    async fn call(&self, _: CallContext, _: serde_json::Value) -> Result<ToolOutput, BackendError> {
+        Ok(ToolOutput::default())
+    }
+}
+
+/// A running registry actor and its handle.
+pub(crate) async fn registry() -> RegistryHandle {
+    let published = Arc::new(PublishedCatalog::default());
+    let (registry, _) = Actor::spawn(None, RegistryActor, published.clone()).await.unwrap();
+    RegistryHandle::new(Arc::new(ArcSwap::from_pointee(registry)), published)
+}
+
+/// A local tool that does nothing.
+pub(crate) fn tool(name: &str, description: &str) -> ToolEntry {
+    let spec = ToolSpec::new(name, description, json!({"type": "object"}), ToolSource::local("t"));
+    ToolEntry::new(spec, Arc::new(Nop)).unwrap()
+}
