@@ -118,7 +118,7 @@ const EMBED_BATCH: usize = 16;
 const STORE_BATCH: usize = 1_000;
 /// Points looked up at once above which the store lists every id it holds instead of
 /// looking them up by id: a first index of a large catalog.
-const LIST_ALL_FROM: usize = 10_000;
+pub(crate) const LIST_ALL_FROM: usize = 10_000;
 /// How long the index waits before trying a failed store again.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// How long the catalog must have been still before the points of older texts are swept:
@@ -139,6 +139,12 @@ pub struct ToolSearchState {
     changed_at: Instant,
     /// Whether a `Sweep` is on its way.
     sweeping: bool,
+    /// The store's points, by id, with whether each has its dense vector: listed once when
+    /// a first index asks about many tools, kept in step with this index's own writes, and
+    /// dropped once the catalog has been still for [`SWEEP_AFTER`]. At a start tools
+    /// arrive source by source, and every source's first index would otherwise list the
+    /// whole collection again.
+    listing: Option<HashMap<PointId, bool>>,
     /// Batches of tools waiting for a dense vector.
     pending: Vec<Vec<Pending>>,
     /// Whether an `EmbedNext` is on its way.
@@ -272,7 +278,7 @@ impl ToolSearchActor {
         let diffed_us = started.elapsed().as_micros() as u64;
         state.indexed = indexed;
         let first = std::mem::take(&mut changes.first);
-        match self.write(&changes).await {
+        match self.write(&changes, &mut state.listing).await {
             Ok(known) => {
                 self.commit(myself, state, changes, &known);
                 state.caught_up = Some(catalog.clone());
@@ -285,7 +291,7 @@ impl ToolSearchActor {
         let written_us = started.elapsed().as_micros() as u64;
         state.changed_at = Instant::now();
         state.unswept.extend(first);
-        if !state.unswept.is_empty() && !state.sweeping {
+        if (!state.unswept.is_empty() || state.listing.is_some()) && !state.sweeping {
             myself.send_after(SWEEP_AFTER, || SearchMsg::Sweep);
             state.sweeping = true;
         }
@@ -311,11 +317,15 @@ impl ToolSearchActor {
     /// now; their lexical vectors computed here, across the cores), and deletes those of
     /// changed and removed tools. Returns, by point id, whether each changed tool's point
     /// already had its dense vector.
-    async fn write(&self, changes: &Changes) -> Result<HashMap<PointId, bool>, StoreError> {
+    async fn write(
+        &self,
+        changes: &Changes,
+        listing: &mut Option<HashMap<PointId, bool>>,
+    ) -> Result<HashMap<PointId, bool>, StoreError> {
         let store = &self.shared.store;
         let collection = &self.shared.collection;
         let ids: Vec<PointId> = changes.upserts.iter().map(|(_, _, p)| p.id).collect();
-        let known = self.known(&ids).await?;
+        let known = self.known(&ids, listing).await?;
         let fresh: Vec<Pending> = changes
             .upserts
             .iter()
@@ -339,33 +349,50 @@ impl ToolSearchActor {
         };
         for chunk in points.chunks(STORE_BATCH) {
             store.upsert(collection, chunk.to_vec()).await?;
+            if let Some(listing) = listing {
+                listing.extend(chunk.iter().map(|p| (p.id, false)));
+            }
         }
         if !changes.gone.is_empty() {
             store.delete(collection, changes.gone.clone()).await?;
+            if let Some(listing) = listing {
+                for id in &changes.gone {
+                    listing.remove(id);
+                }
+            }
         }
         Ok(known)
     }
 
     /// Returns which of the points `ids` the store holds and, for each, whether it has its
-    /// dense vector. Ids only are read: a few of them by id, many by listing every id the
-    /// collection holds, and those that lack the dense vector.
-    async fn known(&self, ids: &[PointId]) -> Result<HashMap<PointId, bool>, StoreError> {
+    /// dense vector. Ids only are read: a few of them by id; many from the `listing` of
+    /// every id the collection holds, made now if there is none (without a model, no
+    /// point has a dense vector, and one listing tells all).
+    async fn known(
+        &self,
+        ids: &[PointId],
+        listing: &mut Option<HashMap<PointId, bool>>,
+    ) -> Result<HashMap<PointId, bool>, StoreError> {
         let (store, collection) = (&self.shared.store, &self.shared.collection);
         let lacking = |mut filter: Filter| {
             filter.must_not.push(Condition::HasVector(DENSE.into()));
             Some(filter)
         };
         let mut known = HashMap::with_capacity(ids.len());
-        if ids.len() >= LIST_ALL_FROM {
-            let wanted: std::collections::HashSet<PointId> = ids.iter().copied().collect();
+        if listing.is_none() && ids.len() >= LIST_ALL_FROM {
             let held = store.ids(collection, None).await?;
-            let without = store.ids(collection, lacking(Filter::default())).await?;
-            known.extend(held.into_iter().filter(|id| wanted.contains(id)).map(|id| (id, true)));
-            for id in without {
-                if let Some(dense) = known.get_mut(&id) {
-                    *dense = false;
+            let dense = self.shared.embedder.is_some();
+            let mut listed: HashMap<PointId, bool> =
+                held.into_iter().map(|id| (id, dense)).collect();
+            if dense {
+                for id in store.ids(collection, lacking(Filter::default())).await? {
+                    listed.insert(id, false);
                 }
             }
+            *listing = Some(listed);
+        }
+        if let Some(listing) = listing {
+            known.extend(ids.iter().filter_map(|id| listing.get(id).map(|dense| (*id, *dense))));
             return Ok(known);
         }
         for chunk in ids.chunks(STORE_BATCH) {
@@ -387,7 +414,7 @@ impl ToolSearchActor {
     /// text changed while no router ran left its old point behind, which would take
     /// candidates from every search and weigh in the lexical statistics. Skipped when the
     /// store holds no more points than are indexed, as after a restart over an unchanged
-    /// catalog.
+    /// catalog. The listing of the store's ids made for the first indexes goes first.
     async fn sweep(&self, myself: &ActorRef<SearchMsg>, state: &mut ToolSearchState) {
         let still = state.changed_at.elapsed();
         if still < SWEEP_AFTER {
@@ -395,6 +422,8 @@ impl ToolSearchActor {
             return;
         }
         state.sweeping = false;
+        // From here on, the store is asked again: other routers may write to it.
+        state.listing = None;
         let names = std::mem::take(&mut state.unswept);
         if let Err(error) = self.sweep_names(&names).await {
             // Searchable as it is; the points are swept at the next start.
@@ -507,7 +536,7 @@ impl ToolSearchActor {
         let mut batch = state.pending.swap_remove(pick);
         // Skip tools that changed or went since they were queued.
         batch.retain(|p| state.indexed.get(&p.name).is_some_and(|(_, id)| *id == p.id));
-        match self.embed_batch(embedder, &mut batch).await {
+        match self.embed_batch(embedder, &mut batch, &mut state.listing).await {
             Ok(made) => {
                 if let Some((_, count)) = &mut state.run {
                     *count += made;
@@ -543,6 +572,7 @@ impl ToolSearchActor {
         &self,
         embedder: Arc<dyn Embedder>,
         batch: &mut Vec<Pending>,
+        listing: &mut Option<HashMap<PointId, bool>>,
     ) -> Result<usize, StoreError> {
         let store = &self.shared.store;
         let collection = &self.shared.collection;
@@ -554,7 +584,7 @@ impl ToolSearchActor {
         };
         let done = store.ids(collection, Some(embedded)).await?;
         if !done.is_empty() {
-            self.mark_dense(&done);
+            self.mark_dense(&done, listing);
             batch.retain(|p| !done.contains(&p.id));
         }
         if batch.is_empty() {
@@ -591,12 +621,15 @@ impl ToolSearchActor {
         store.upsert(collection, points).await?;
         self.shared.embeddings.fetch_add(made as u64, Ordering::AcqRel);
         let ids: Vec<PointId> = batch.iter().map(|p| p.id).collect();
-        self.mark_dense(&ids);
+        self.mark_dense(&ids, listing);
         Ok(made)
     }
 
     /// Notes that the points `ids` have their dense vector.
-    fn mark_dense(&self, ids: &[PointId]) {
+    fn mark_dense(&self, ids: &[PointId], listing: &mut Option<HashMap<PointId, bool>>) {
+        if let Some(listing) = listing {
+            listing.extend(ids.iter().map(|id| (*id, true)));
+        }
         let mut live = self.shared.live.write().unwrap_or_else(PoisonError::into_inner);
         for id in ids {
             if let Some(tool) = live.get_mut(id)
@@ -743,6 +776,7 @@ impl Actor for ToolSearchActor {
             unswept: Vec::new(),
             changed_at: Instant::now(),
             sweeping: false,
+            listing: None,
             pending: Vec::new(),
             embedding: false,
             retrying: false,

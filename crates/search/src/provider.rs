@@ -339,11 +339,25 @@ mod tests {
         }
     }
 
-    /// A store that counts the points written to the store under it.
+    /// A store that counts the points written to the store under it, and the listings of
+    /// every id in a collection made to index (not the sweep's, which counts first).
     #[derive(Debug)]
     struct Writes {
         store: Arc<dyn VectorStore>,
         points: AtomicUsize,
+        listings: AtomicUsize,
+        counted: AtomicBool,
+    }
+
+    impl Writes {
+        fn over(store: Arc<dyn VectorStore>) -> Arc<Self> {
+            Arc::new(Writes {
+                store,
+                points: AtomicUsize::new(0),
+                listings: AtomicUsize::new(0),
+                counted: AtomicBool::new(false),
+            })
+        }
     }
 
     #[async_trait::async_trait]
@@ -386,12 +400,16 @@ mod tests {
             collection: &str,
             filter: Option<Filter>,
         ) -> Result<Vec<PointId>, StoreError> {
+            if filter.is_none() && !self.counted.swap(false, Ordering::SeqCst) {
+                self.listings.fetch_add(1, Ordering::SeqCst);
+            }
             self.store.ids(collection, filter).await
         }
         async fn query(&self, collection: &str, query: Query) -> Result<Vec<Hit>, StoreError> {
             self.store.query(collection, query).await
         }
         async fn count(&self, collection: &str, filter: Option<Filter>) -> Result<u64, StoreError> {
+            self.counted.store(true, Ordering::SeqCst);
             self.store.count(collection, filter).await
         }
         async fn distinct(
@@ -445,7 +463,7 @@ mod tests {
         first.stop(Duration::from_secs(1)).await;
 
         registry.replace_source(catalog("Does the seventh thing, differently.")).await.unwrap();
-        let writes = Arc::new(Writes { store: store.0.clone(), points: AtomicUsize::new(0) });
+        let writes = Writes::over(store.0.clone());
         let model = Arc::new(Counted::default());
         let second = start(writes.clone(), model.clone()).await.unwrap();
         until("every tool embedded again", || settled(&second)).await;
@@ -461,6 +479,45 @@ mod tests {
             }
         });
         swept.await.expect("the old text's point is swept");
+        second.stop(Duration::from_secs(1)).await;
+    }
+
+    /// At a restart, tools arrive source by source. The first index of a large source lists
+    /// the ids the store holds; the later sources are looked up in that listing, not in a
+    /// listing of their own, and nothing whose point the store holds is written again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sources_arriving_at_a_restart_share_one_listing_of_the_store() {
+        const PER_SOURCE: usize = crate::actor::LIST_ALL_FROM;
+        const SOURCES: usize = 3;
+        let store = store("arriving").await;
+        let source = |s: usize| {
+            let tools = (0..PER_SOURCE)
+                .map(|i| tool(&format!("tool_{s}_{i}"), &format!("Does thing {i} of set {s}.")))
+                .collect();
+            let source = ToolSource::local(format!("s{s}"));
+            SourceUpdate { source, tools, toolkits: vec![], unchanged: vec![] }
+        };
+        let first_run = registry().await;
+        for s in 0..SOURCES {
+            first_run.replace_source(source(s)).await.unwrap();
+        }
+        let first =
+            SearchProvider::start(first_run, SearchOptions::new(store.0.clone())).await.unwrap();
+        until("every tool indexed", || first.handle().indexed() == PER_SOURCE * SOURCES).await;
+        first.stop(Duration::from_secs(1)).await;
+
+        let registry = registry().await;
+        let writes = Writes::over(store.0.clone());
+        let second = SearchProvider::start(registry.clone(), SearchOptions::new(writes.clone()))
+            .await
+            .unwrap();
+        for s in 0..SOURCES {
+            registry.replace_source(source(s)).await.unwrap();
+            until("the source is indexed", || second.handle().indexed() == PER_SOURCE * (s + 1))
+                .await;
+        }
+        assert_eq!(writes.listings.load(Ordering::SeqCst), 1, "one listing for all sources");
+        assert_eq!(writes.points.load(Ordering::SeqCst), 0, "the store held every point");
         second.stop(Duration::from_secs(1)).await;
     }
 
