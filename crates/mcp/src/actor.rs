@@ -488,8 +488,10 @@ async fn connect(
                 http.custom_headers.insert(name, value);
             }
             http.max_concurrent_requests = 256;
-            let client =
-                TracingHttpClient::new(reqwest::Client::default(), shared.call_headers.clone());
+            let client = TracingHttpClient::new(
+                crate::http_client::shared_client(),
+                shared.call_headers.clone(),
+            );
             let transport = StreamableHttpClientTransport::with_client(client, http);
             match handler.serve_with_lifecycle(transport, lifecycle()).await {
                 Ok(connection) => connection,

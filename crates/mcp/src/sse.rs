@@ -113,7 +113,7 @@ impl SseClientTransport {
             let value = value.parse().map_err(|e| SseError::Http(format!("header {name}: {e}")))?;
             header_map.insert(name, value);
         }
-        let client = reqwest::Client::new();
+        let client = crate::http_client::shared_client();
         let base = reqwest::Url::parse(url).map_err(|e| SseError::Http(format!("{url}: {e}")))?;
         let response = client
             .get(base.clone())
