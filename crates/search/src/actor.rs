@@ -125,6 +125,10 @@ const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// at a start, tools arrive source by source, and until the last has, the store holds
 /// more points than are indexed without any of them being stale.
 const SWEEP_AFTER: Duration = Duration::from_secs(1);
+/// How long the catalog must have been still before the listing of the store's ids made for
+/// a start's first indexes is dropped: a start's sources arrive within seconds of each
+/// other, however loaded the machine.
+const LISTING_FOR: Duration = Duration::from_secs(10);
 
 /// The [`ToolSearchActor`]'s state.
 #[derive(Debug)]
@@ -141,7 +145,7 @@ pub struct ToolSearchState {
     sweeping: bool,
     /// The store's points, by id, with whether each has its dense vector: listed once when
     /// a first index asks about many tools, kept in step with this index's own writes, and
-    /// dropped once the catalog has been still for [`SWEEP_AFTER`]. At a start tools
+    /// dropped once the catalog has been still for [`LISTING_FOR`]. At a start tools
     /// arrive source by source, and every source's first index would otherwise list the
     /// whole collection again.
     listing: Option<HashMap<PointId, bool>>,
@@ -414,7 +418,9 @@ impl ToolSearchActor {
     /// text changed while no router ran left its old point behind, which would take
     /// candidates from every search and weigh in the lexical statistics. Skipped when the
     /// store holds no more points than are indexed, as after a restart over an unchanged
-    /// catalog. The listing of the store's ids made for the first indexes goes first.
+    /// catalog. The listing of the store's ids made for the first indexes is dropped once
+    /// the catalog has been still for [`LISTING_FOR`]: from then on the store is asked
+    /// again, since other routers may write to it.
     async fn sweep(&self, myself: &ActorRef<SearchMsg>, state: &mut ToolSearchState) {
         let still = state.changed_at.elapsed();
         if still < SWEEP_AFTER {
@@ -422,23 +428,37 @@ impl ToolSearchActor {
             return;
         }
         state.sweeping = false;
-        // From here on, the store is asked again: other routers may write to it.
-        state.listing = None;
         let names = std::mem::take(&mut state.unswept);
-        if let Err(error) = self.sweep_names(&names).await {
+        match self.sweep_names(&names).await {
+            Ok(deleted) => {
+                if let Some(listing) = &mut state.listing {
+                    for id in deleted {
+                        listing.remove(&id);
+                    }
+                }
+            }
             // Searchable as it is; the points are swept at the next start.
-            warn!(%error, "deleting points of older tool texts failed");
+            Err(error) => warn!(%error, "deleting points of older tool texts failed"),
+        }
+        if state.listing.is_some() {
+            if still >= LISTING_FOR {
+                state.listing = None;
+            } else {
+                myself.send_after(LISTING_FOR - still, || SearchMsg::Sweep);
+                state.sweeping = true;
+            }
         }
     }
 
     /// Deletes the points of `names` other than their tools' current ones. The store's
     /// points that no indexed tool has are few (older texts, and tools of sources not
-    /// connected yet): those are read, and the ones under these names deleted.
-    async fn sweep_names(&self, names: &[String]) -> Result<(), StoreError> {
+    /// connected yet): those are read, and the ones under these names deleted. Returns the
+    /// points deleted.
+    async fn sweep_names(&self, names: &[String]) -> Result<Vec<PointId>, StoreError> {
         let (store, collection) = (&self.shared.store, &self.shared.collection);
         let live = self.shared.live.read().unwrap_or_else(PoisonError::into_inner).len();
         if names.is_empty() || store.count(collection, None).await? as usize <= live {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let held = store.ids(collection, None).await?;
         let others: Vec<PointId> = {
@@ -461,9 +481,9 @@ impl ToolSearchActor {
         }
         if !stale.is_empty() {
             debug!(points = stale.len(), "deleting points of older tool texts");
-            store.delete(collection, stale).await?;
+            store.delete(collection, stale.clone()).await?;
         }
-        Ok(())
+        Ok(stale)
     }
 
     /// Applies written changes to what searches read, and queues the tools that need a
