@@ -401,7 +401,9 @@ async fn connect_sse(
     url: &str,
     headers: &std::collections::BTreeMap<String, String>,
 ) -> Result<Connection, String> {
-    let transport = SseClientTransport::connect(url, headers).await.map_err(|e| e.to_string())?;
+    let client = handler.shared.http_client();
+    let transport =
+        SseClientTransport::connect(client, url, headers).await.map_err(|e| e.to_string())?;
     handler
         .serve_with_lifecycle(transport, ClientLifecycleMode::Initialize)
         .await
@@ -488,10 +490,7 @@ async fn connect(
                 http.custom_headers.insert(name, value);
             }
             http.max_concurrent_requests = 256;
-            let client = TracingHttpClient::new(
-                crate::http_client::shared_client(),
-                shared.call_headers.clone(),
-            );
+            let client = TracingHttpClient::new(shared.http_client(), shared.call_headers.clone());
             let transport = StreamableHttpClientTransport::with_client(client, http);
             match handler.serve_with_lifecycle(transport, lifecycle()).await {
                 Ok(connection) => connection,

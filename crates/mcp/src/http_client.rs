@@ -38,15 +38,6 @@ use sse_stream::{Error as SseError, Sse};
 /// Trace-context keys copied from `_meta` to HTTP headers.
 const TRACE_KEYS: [&str; 2] = ["traceparent", "tracestate"];
 
-/// The reqwest client every MCP connection over HTTP shares (its pool keeps connections per
-/// host). Building one reads the system's root certificates; a start with a hundred
-/// servers, and every reconnection, would read them again.
-pub(crate) fn shared_client() -> reqwest::Client {
-    static CLIENT: std::sync::LazyLock<reqwest::Client> =
-        std::sync::LazyLock::new(reqwest::Client::new);
-    CLIENT.clone()
-}
-
 /// The `_meta` key of the ticket of a call's own headers.
 pub(crate) const HEADERS_META: &str = "io.toolmesh/headers";
 

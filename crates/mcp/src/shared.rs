@@ -73,6 +73,9 @@ pub(crate) struct ServerShared {
     pub(crate) remembered: Option<Arc<crate::remembered::Remembered>>,
     /// The headers of each call's own (its caller's upstream credentials), by ticket.
     pub(crate) call_headers: crate::http_client::CallHeaders,
+    /// The HTTP client of the server's connections, made at the first: building one reads
+    /// the system's root certificates, which a reconnection need not do again.
+    http: std::sync::OnceLock<reqwest::Client>,
 }
 
 impl ServerShared {
@@ -89,6 +92,7 @@ impl ServerShared {
         Arc::new(ServerShared {
             remembered,
             call_headers: Default::default(),
+            http: std::sync::OnceLock::new(),
             peer: ArcSwapOption::empty(),
             lost: ArcSwap::from_pointee(CancellationToken::new()),
             health: ArcSwap::from_pointee(ServerHealth::Connecting),
@@ -105,6 +109,11 @@ impl ServerShared {
             slots: Arc::new(tokio::sync::Semaphore::new(config.max_concurrency.get())),
             config,
         })
+    }
+
+    /// Returns the HTTP client of the server's connections.
+    pub(crate) fn http_client(&self) -> reqwest::Client {
+        self.http.get_or_init(reqwest::Client::new).clone()
     }
 
     pub(crate) fn name(&self) -> &str {

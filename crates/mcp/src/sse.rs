@@ -104,8 +104,13 @@ impl Parser {
 }
 
 impl SseClientTransport {
-    /// Opens the SSE stream at `url` and waits for the server's `endpoint` event.
-    pub async fn connect(url: &str, headers: &BTreeMap<String, String>) -> Result<Self, SseError> {
+    /// Opens the SSE stream at `url` with `client` and waits for the server's `endpoint`
+    /// event.
+    pub async fn connect(
+        client: reqwest::Client,
+        url: &str,
+        headers: &BTreeMap<String, String>,
+    ) -> Result<Self, SseError> {
         let mut header_map = reqwest::header::HeaderMap::new();
         for (name, value) in headers {
             let name: reqwest::header::HeaderName =
@@ -113,7 +118,6 @@ impl SseClientTransport {
             let value = value.parse().map_err(|e| SseError::Http(format!("header {name}: {e}")))?;
             header_map.insert(name, value);
         }
-        let client = crate::http_client::shared_client();
         let base = reqwest::Url::parse(url).map_err(|e| SseError::Http(format!("{url}: {e}")))?;
         let response = client
             .get(base.clone())
