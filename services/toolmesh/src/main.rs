@@ -18,7 +18,9 @@ use tracing::{Instrument, error, info, warn};
 
 /// mimalloc rather than the system's allocator: a router allocates and frees many small
 /// objects per call from a few threads, and at a start holds and frees whole versions of
-/// a catalog of tools, which glibc's allocator serves with much more CPU.
+/// a catalog of tools, which glibc's allocator serves with much more CPU. Built without
+/// transparent huge pages (`no_thp`, which turns them off for the process): at a start the
+/// kernel spent a quarter of the CPU zeroing the huge pages of fresh memory.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
