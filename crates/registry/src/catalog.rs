@@ -72,7 +72,7 @@ impl Catalog {
 
     /// Returns the tools in name order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &Arc<ToolEntry>)> {
-        self.tools.iter().map(|(name, p)| (name.as_str(), &p.0))
+        self.after(None)
     }
 
     /// Returns the tools named after `after` (all of them without it), in name order.

@@ -143,12 +143,8 @@ pub struct ToolSearchState {
     changed_at: Instant,
     /// Whether a `Sweep` is on its way.
     sweeping: bool,
-    /// The store's points, by id, with whether each has its dense vector: listed once when
-    /// a first index asks about many tools, kept in step with this index's own writes, and
-    /// dropped once the catalog has been still for [`LISTING_FOR`]. At a start tools
-    /// arrive source by source, and every source's first index would otherwise list the
-    /// whole collection again.
-    listing: Option<HashMap<PointId, bool>>,
+    /// The store's points, listed for a start's first indexes.
+    listing: Listing,
     /// Batches of tools waiting for a dense vector.
     pending: Vec<Vec<Pending>>,
     /// Whether an `EmbedNext` is on its way.
@@ -162,6 +158,32 @@ pub struct ToolSearchState {
     /// Picks the next batch.
     random: RandomState,
     picks: u64,
+}
+
+/// The store's points, by id, with whether each has its dense vector: listed once when a
+/// first index asks about many tools, kept in step with this index's own writes, and
+/// dropped once the catalog has been still for [`LISTING_FOR`]. At a start tools arrive
+/// source by source, and every source's first index would otherwise list the whole
+/// collection again.
+#[derive(Debug, Default)]
+struct Listing(Option<HashMap<PointId, bool>>);
+
+impl Listing {
+    /// Notes that the store holds the points `ids`, with their dense vector or without.
+    fn hold(&mut self, ids: impl IntoIterator<Item = PointId>, dense: bool) {
+        if let Some(listing) = &mut self.0 {
+            listing.extend(ids.into_iter().map(|id| (id, dense)));
+        }
+    }
+
+    /// Notes that the store no longer holds the points `ids`.
+    fn forget(&mut self, ids: &[PointId]) {
+        if let Some(listing) = &mut self.0 {
+            for id in ids {
+                listing.remove(id);
+            }
+        }
+    }
 }
 
 /// What is indexed, by tool name: the entry and the point of its text.
@@ -295,7 +317,7 @@ impl ToolSearchActor {
         let written_us = started.elapsed().as_micros() as u64;
         state.changed_at = Instant::now();
         state.unswept.extend(first);
-        if (!state.unswept.is_empty() || state.listing.is_some()) && !state.sweeping {
+        if (!state.unswept.is_empty() || state.listing.0.is_some()) && !state.sweeping {
             myself.send_after(SWEEP_AFTER, || SearchMsg::Sweep);
             state.sweeping = true;
         }
@@ -324,7 +346,7 @@ impl ToolSearchActor {
     async fn write(
         &self,
         changes: &Changes,
-        listing: &mut Option<HashMap<PointId, bool>>,
+        listing: &mut Listing,
     ) -> Result<HashMap<PointId, bool>, StoreError> {
         let store = &self.shared.store;
         let collection = &self.shared.collection;
@@ -353,17 +375,11 @@ impl ToolSearchActor {
         };
         for chunk in points.chunks(STORE_BATCH) {
             store.upsert(collection, chunk.to_vec()).await?;
-            if let Some(listing) = listing {
-                listing.extend(chunk.iter().map(|p| (p.id, false)));
-            }
+            listing.hold(chunk.iter().map(|p| p.id), false);
         }
         if !changes.gone.is_empty() {
             store.delete(collection, changes.gone.clone()).await?;
-            if let Some(listing) = listing {
-                for id in &changes.gone {
-                    listing.remove(id);
-                }
-            }
+            listing.forget(&changes.gone);
         }
         Ok(known)
     }
@@ -375,7 +391,7 @@ impl ToolSearchActor {
     async fn known(
         &self,
         ids: &[PointId],
-        listing: &mut Option<HashMap<PointId, bool>>,
+        listing: &mut Listing,
     ) -> Result<HashMap<PointId, bool>, StoreError> {
         let (store, collection) = (&self.shared.store, &self.shared.collection);
         let lacking = |mut filter: Filter| {
@@ -383,7 +399,7 @@ impl ToolSearchActor {
             Some(filter)
         };
         let mut known = HashMap::with_capacity(ids.len());
-        if listing.is_none() && ids.len() >= LIST_ALL_FROM {
+        if listing.0.is_none() && ids.len() >= LIST_ALL_FROM {
             let held = store.ids(collection, None).await?;
             let dense = self.shared.embedder.is_some();
             let mut listed: HashMap<PointId, bool> =
@@ -393,9 +409,9 @@ impl ToolSearchActor {
                     listed.insert(id, false);
                 }
             }
-            *listing = Some(listed);
+            listing.0 = Some(listed);
         }
-        if let Some(listing) = listing {
+        if let Some(listing) = &listing.0 {
             known.extend(ids.iter().filter_map(|id| listing.get(id).map(|dense| (*id, *dense))));
             return Ok(known);
         }
@@ -430,19 +446,13 @@ impl ToolSearchActor {
         state.sweeping = false;
         let names = std::mem::take(&mut state.unswept);
         match self.sweep_names(&names).await {
-            Ok(deleted) => {
-                if let Some(listing) = &mut state.listing {
-                    for id in deleted {
-                        listing.remove(&id);
-                    }
-                }
-            }
+            Ok(deleted) => state.listing.forget(&deleted),
             // Searchable as it is; the points are swept at the next start.
             Err(error) => warn!(%error, "deleting points of older tool texts failed"),
         }
-        if state.listing.is_some() {
+        if state.listing.0.is_some() {
             if still >= LISTING_FOR {
-                state.listing = None;
+                state.listing = Listing::default();
             } else {
                 myself.send_after(LISTING_FOR - still, || SearchMsg::Sweep);
                 state.sweeping = true;
@@ -592,7 +602,7 @@ impl ToolSearchActor {
         &self,
         embedder: Arc<dyn Embedder>,
         batch: &mut Vec<Pending>,
-        listing: &mut Option<HashMap<PointId, bool>>,
+        listing: &mut Listing,
     ) -> Result<usize, StoreError> {
         let store = &self.shared.store;
         let collection = &self.shared.collection;
@@ -646,10 +656,8 @@ impl ToolSearchActor {
     }
 
     /// Notes that the points `ids` have their dense vector.
-    fn mark_dense(&self, ids: &[PointId], listing: &mut Option<HashMap<PointId, bool>>) {
-        if let Some(listing) = listing {
-            listing.extend(ids.iter().map(|id| (*id, true)));
-        }
+    fn mark_dense(&self, ids: &[PointId], listing: &mut Listing) {
+        listing.hold(ids.iter().copied(), true);
         let mut live = self.shared.live.write().unwrap_or_else(PoisonError::into_inner);
         for id in ids {
             if let Some(tool) = live.get_mut(id)
@@ -796,7 +804,7 @@ impl Actor for ToolSearchActor {
             unswept: Vec::new(),
             changed_at: Instant::now(),
             sweeping: false,
-            listing: None,
+            listing: Listing::default(),
             pending: Vec::new(),
             embedding: false,
             retrying: false,

@@ -2,11 +2,9 @@
 
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
-use ractor::Actor;
 use serde_json::json;
 use toolmesh_core::{Backend, BackendError, CallContext, ToolOutput, ToolSource, ToolSpec};
-use toolmesh_registry::{PublishedCatalog, RegistryActor, RegistryHandle, ToolEntry};
+use toolmesh_registry::{RegistryHandle, ToolEntry};
 
 struct Nop;
 
@@ -19,9 +17,7 @@ impl Backend for Nop {
 
 /// A running registry actor and its handle.
 pub(crate) async fn registry() -> RegistryHandle {
-    let published = Arc::new(PublishedCatalog::default());
-    let (registry, _) = Actor::spawn(None, RegistryActor, published.clone()).await.unwrap();
-    RegistryHandle::new(Arc::new(ArcSwap::from_pointee(registry)), published)
+    RegistryHandle::start().await.unwrap()
 }
 
 /// A local tool that does nothing.
