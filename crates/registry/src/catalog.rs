@@ -17,11 +17,15 @@ use crate::ToolEntry;
 /// little, and [`Catalog::changes_since`] finds what changed without looking at the rest.
 #[derive(Debug, Clone, Default)]
 pub struct Catalog {
-    /// Tools by name, ordered (so listing pages by name is stable).
-    tools: OrdMap<String, Published>,
+    /// Tools by name, ordered (so listing pages by name is stable). A name is shared, not
+    /// copied: a new version copies the tree nodes its change touched, and with shared
+    /// names copying (and later freeing) a node's keys is a reference count each rather
+    /// than an allocation, which matters when a source's tools are spread over the whole
+    /// tree.
+    tools: OrdMap<Arc<str>, Published>,
     /// The names of each source's tools, so that replacing a source's tools looks at
     /// those only.
-    by_source: OrdMap<ToolSource, OrdSet<String>>,
+    by_source: OrdMap<ToolSource, OrdSet<Arc<str>>>,
     /// Toolkits by name.
     pub toolkits: BTreeMap<String, Arc<Toolkit>>,
     /// Increases with every published change.
@@ -78,7 +82,7 @@ impl Catalog {
     /// Returns the tools named after `after` (all of them without it), in name order.
     pub fn after(&self, after: Option<&str>) -> impl Iterator<Item = (&str, &Arc<ToolEntry>)> {
         let start = after.map_or(Bound::Unbounded, Bound::Excluded);
-        self.tools.range::<_, str>((start, Bound::Unbounded)).map(|(name, p)| (name.as_str(), &p.0))
+        self.tools.range::<_, str>((start, Bound::Unbounded)).map(|(name, p)| (&**name, &p.0))
     }
 
     /// Returns the tools whose entry differs between `older` and this version: new and
@@ -97,12 +101,16 @@ impl Catalog {
     }
 
     /// Returns the names of the tools of `source`.
-    pub(crate) fn names_of(&self, source: &ToolSource) -> Option<&OrdSet<String>> {
+    pub(crate) fn names_of(&self, source: &ToolSource) -> Option<&OrdSet<Arc<str>>> {
         self.by_source.get(source)
     }
 
     /// Inserts or replaces the tool named `name`, returning the entry it replaced.
-    pub(crate) fn insert(&mut self, name: String, entry: Arc<ToolEntry>) -> Option<Arc<ToolEntry>> {
+    pub(crate) fn insert(
+        &mut self,
+        name: Arc<str>,
+        entry: Arc<ToolEntry>,
+    ) -> Option<Arc<ToolEntry>> {
         let source = entry.spec.source.clone();
         self.by_source.entry(source.clone()).or_default().insert(name.clone());
         let previous = self.tools.insert(name.clone(), Published(entry)).map(|p| p.0)?;

@@ -121,7 +121,7 @@ fn insert_standalone(
         }
     };
     tool.spec.toolkit = None;
-    catalog.insert(name, Arc::new(tool));
+    catalog.insert(Arc::from(name), Arc::new(tool));
     Ok(outcome)
 }
 
@@ -155,7 +155,7 @@ fn insert_toolkit(
     toolkit.tools = tools.iter().map(|t| t.spec.name.clone()).collect();
     for mut tool in tools {
         tool.spec.toolkit = Some(toolkit.name.clone());
-        catalog.insert(tool.spec.name.clone(), Arc::new(tool));
+        catalog.insert(Arc::from(tool.spec.name.as_str()), Arc::new(tool));
     }
     catalog.toolkits.insert(toolkit.name.clone(), Arc::new(toolkit));
     Ok(())
@@ -164,7 +164,7 @@ fn insert_toolkit(
 /// Removes the tools of `source` but those named in `keep`.
 fn remove_source(catalog: &mut Catalog, source: &ToolSource, keep: &HashSet<&str>) {
     let Some(names) = catalog.names_of(source) else { return };
-    let gone: Vec<String> = names.iter().filter(|n| !keep.contains(n.as_str())).cloned().collect();
+    let gone: Vec<Arc<str>> = names.iter().filter(|n| !keep.contains(&***n)).cloned().collect();
     // A toolkit belongs to the source of its tools; one left without tools is gone too.
     let mut toolkits = BTreeSet::new();
     for name in gone {
