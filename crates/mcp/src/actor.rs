@@ -25,8 +25,8 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::{
     ServerHealth, backend::McpBackend, convert, handler::McpClientHandler,
-    http_client::TracingHttpClient, naming::publish_name, shared::ServerShared,
-    sse::SseClientTransport,
+    http_client::TracingHttpClient, naming::publish_name, schemas::compile_in_background,
+    shared::ServerShared, sse::SseClientTransport,
 };
 
 /// First reconnect delay; doubled after every failed attempt up to [`BACKOFF_CAP`].
@@ -189,7 +189,10 @@ impl McpClientActor {
                     elapsed_us = started.elapsed().as_micros() as u64,
                     "publish timings"
                 );
-                self.compile_published(fresh);
+                let catalog = self.registry.snapshot();
+                let fresh = fresh.iter().filter_map(|name| catalog.get(name).cloned()).collect();
+                drop(catalog);
+                compile_in_background(info_span!("mcp", server, task = "compile schemas"), fresh);
                 if origin == Origin::Server {
                     self.remember(listing);
                 }
@@ -218,38 +221,6 @@ impl McpClientActor {
                 );
             }
         });
-    }
-}
-
-impl McpClientActor {
-    /// Compiles the schemas of the tools just published, one at a time on a thread of its
-    /// own at the lowest CPU priority, so that it takes only what serving leaves idle and a
-    /// first call rarely waits for it; a schema that does not compile is logged: its tool
-    /// is called without that check.
-    fn compile_published(&self, names: Vec<String>) {
-        if names.is_empty() {
-            return;
-        }
-        let catalog = self.registry.snapshot();
-        let span = info_span!("mcp", server = %self.shared.name(), task = "compile schemas");
-        let compile = move || {
-            let _span = span.enter();
-            if let Err(error) =
-                rustix::process::setpriority_process(Some(rustix::thread::gettid()), 19)
-            {
-                debug!(%error, "schemas compile at normal CPU priority");
-            }
-            for name in names {
-                let Some(entry) = catalog.get(&name) else { continue };
-                for problem in entry.compile() {
-                    warn!(tool = %name, %problem, "published without this schema's check");
-                }
-            }
-        };
-        if let Err(error) = std::thread::Builder::new().name("mcp-schemas".into()).spawn(compile) {
-            // Each schema then compiles at the first call of its tool.
-            warn!(%error, "cannot start compiling the published schemas");
-        }
     }
 }
 
@@ -313,7 +284,7 @@ fn prepare(
             let spec = convert::spec(server, name.clone(), tool, config.timeout);
             let backend =
                 Arc::new(McpBackend { shared: shared.clone(), tool: tool.name.to_string() });
-            // Schemas compile after publishing (see `compile_published`), or at a first call.
+            // Schemas compile after publishing (see `compile_in_background`), or at a first call.
             match ToolEntry::deferred(spec, backend) {
                 Ok(entry) => Some(entry),
                 Err(error) => {

@@ -30,6 +30,7 @@ mod metrics;
 mod naming;
 mod provider;
 mod remembered;
+mod schemas;
 mod shared;
 mod sse;
 

@@ -84,6 +84,11 @@ impl ToolEntry {
         &self.schemas().problems
     }
 
+    /// Returns whether the schemas are compiled (see [`ToolEntry::compile`]).
+    pub fn is_compiled(&self) -> bool {
+        self.schemas.get().is_some()
+    }
+
     fn schemas(&self) -> &Schemas {
         self.schemas.get_or_init(|| {
             let spec = &self.spec;
