@@ -1,6 +1,6 @@
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, OnceLock},
 };
 
 use arc_swap::{ArcSwap, ArcSwapOption};
@@ -19,6 +19,7 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 use toolmesh_config::McpServerConfig;
 use toolmesh_core::EventSink;
+use tracing::warn;
 
 /// The health of one server's connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +35,45 @@ pub enum ServerHealth {
         /// Why.
         reason: String,
     },
+}
+
+/// Returns a new HTTP client for a server's connections.
+fn new_http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(tls_config())
+        .build()
+        .expect("an HTTP client with built TLS settings builds")
+}
+
+/// The TLS settings of the servers' HTTP clients: the platform's verifier over the system's
+/// root certificates, HTTP/2 or HTTP/1.1 by ALPN, as reqwest builds them by default, but
+/// built once per process: loading and parsing the root certificates takes milliseconds,
+/// and a hundred servers would do it a hundred times at every start. Without any root
+/// certificate, servers over plain HTTP still work and those over HTTPS fail to connect
+/// with an unknown-issuer error.
+fn tls_config() -> rustls::ClientConfig {
+    static TLS: OnceLock<rustls::ClientConfig> = OnceLock::new();
+    TLS.get_or_init(|| {
+        let provider = rustls::crypto::CryptoProvider::get_default()
+            .cloned()
+            .unwrap_or_else(|| Arc::new(rustls::crypto::aws_lc_rs::default_provider()));
+        let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .expect("aws-lc supports TLS 1.2 and 1.3");
+        let mut config = match rustls_platform_verifier::Verifier::new(provider) {
+            Ok(verifier) => builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(verifier))
+                .with_no_client_auth(),
+            Err(error) => {
+                warn!(%error, "no trusted root certificates: MCP servers over HTTPS cannot be verified");
+                builder.with_root_certificates(rustls::RootCertStore::empty()).with_no_client_auth()
+            }
+        };
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        config
+    })
+    .clone()
 }
 
 /// What the actor, its client handler and the backend of every tool of one server share.
@@ -75,7 +115,7 @@ pub(crate) struct ServerShared {
     pub(crate) call_headers: crate::http_client::CallHeaders,
     /// The HTTP client of the server's connections, made at the first: building one reads
     /// the system's root certificates, which a reconnection need not do again.
-    http: std::sync::OnceLock<reqwest::Client>,
+    http: OnceLock<reqwest::Client>,
 }
 
 impl ServerShared {
@@ -92,7 +132,7 @@ impl ServerShared {
         Arc::new(ServerShared {
             remembered,
             call_headers: Default::default(),
-            http: std::sync::OnceLock::new(),
+            http: OnceLock::new(),
             peer: ArcSwapOption::empty(),
             lost: ArcSwap::from_pointee(CancellationToken::new()),
             health: ArcSwap::from_pointee(ServerHealth::Connecting),
@@ -113,7 +153,7 @@ impl ServerShared {
 
     /// Returns the HTTP client of the server's connections.
     pub(crate) fn http_client(&self) -> reqwest::Client {
-        self.http.get_or_init(reqwest::Client::new).clone()
+        self.http.get_or_init(new_http_client).clone()
     }
 
     pub(crate) fn name(&self) -> &str {
@@ -153,5 +193,49 @@ impl ServerShared {
     ) -> std::sync::MutexGuard<'_, HashMap<ProgressToken, EventSink>> {
         // A poisoned map only means a panic elsewhere while holding it; the data is intact.
         self.progress.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::new_http_client;
+
+    /// The shared TLS settings verify a server's certificate: one that no trusted root
+    /// signed is refused before any request is sent.
+    #[tokio::test]
+    async fn an_https_servers_certificate_is_verified() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".into()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![cert.der().clone()],
+                rustls_pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+            )
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            acceptor.accept(tcp).await.map(drop)
+        });
+        let error = new_http_client().get(format!("https://{addr}/mcp")).send().await.unwrap_err();
+        let mut chain = error.to_string();
+        let mut source = std::error::Error::source(&error);
+        while let Some(cause) = source {
+            chain.push_str(&format!(": {cause}"));
+            source = cause.source();
+        }
+        assert!(chain.contains("UnknownIssuer"), "{chain}");
+        assert!(server.await.unwrap().is_err(), "the handshake did not complete");
     }
 }
