@@ -371,6 +371,7 @@ impl Policy {
             agent,
             principal_value: OnceLock::new(),
             principal_hash: hasher,
+            first_plan: OnceLock::new(),
         }
     }
 }
@@ -473,6 +474,9 @@ pub struct Scope {
     principal_value: OnceLock<Box<dyn cel::common::value::Val>>,
     /// The hasher of the plans' keys, fed the principal.
     principal_hash: std::hash::DefaultHasher,
+    /// The first plan this scope looked up: a call looks up its tool's plan twice (is the
+    /// tool hidden; then the call's decision), the second time here.
+    first_plan: OnceLock<Arc<Plan>>,
 }
 
 impl fmt::Debug for Scope {
@@ -622,8 +626,20 @@ impl Scope {
         }
     }
 
-    /// Returns the plan of `spec` for this principal: from the cache, or made now.
+    /// Returns the plan of `spec` for this principal: from the scope, the cache, or made now.
     fn plan(&self, spec: &ToolSpec) -> Arc<Plan> {
+        if let Some(plan) = self.first_plan.get()
+            && plan.tool.is(spec)
+        {
+            return plan.clone();
+        }
+        let plan = self.find_plan(spec);
+        let _ = self.first_plan.set(plan.clone());
+        plan
+    }
+
+    /// Returns the plan of `spec` for this principal from the policy's cache, or made now.
+    fn find_plan(&self, spec: &ToolSpec) -> Arc<Plan> {
         let plans = &self.policy.plans;
         let mut hasher = self.principal_hash.clone();
         ToolKey::hash(spec, &mut hasher);
