@@ -224,6 +224,12 @@ impl McpClientActor {
     }
 }
 
+/// Listings of fewer tools than this are named, compared and converted on the calling
+/// thread, larger ones on every core. At a start a hundred servers prepare their listings
+/// at once, which keeps the cores busy already, and rayon's workers, handed a small job
+/// each, spin between them for CPU that publishing needs.
+pub(crate) const PARALLEL_TOOLS: usize = 4096;
+
 /// A listing made ready for the registry.
 struct Prepared {
     /// The listing, kept for the next one's comparison.
@@ -249,13 +255,15 @@ fn prepare(
 ) -> Prepared {
     let config = &shared.config;
     let server = shared.name();
-    let checked: Vec<(String, bool)> = tools
-        .par_iter()
-        .map(|tool| {
-            let same = previous.get(tool.name.as_ref()) == Some(tool);
-            (publish_name(config.prefix, server, &tool.name), same)
-        })
-        .collect();
+    let check = |tool: &Tool| {
+        let same = previous.get(tool.name.as_ref()) == Some(tool);
+        (publish_name(config.prefix, server, &tool.name), same)
+    };
+    let checked: Vec<(String, bool)> = if tools.len() < PARALLEL_TOOLS {
+        tools.iter().map(check).collect()
+    } else {
+        tools.par_iter().map(check).collect()
+    };
     let mut changed: Vec<(&Tool, String)> = Vec::new();
     let mut unchanged: Vec<String> = Vec::new();
     let mut published = std::collections::HashSet::new();
@@ -278,22 +286,23 @@ fn prepare(
             changed.push((tool, name));
         }
     }
-    let entries: Vec<ToolEntry> = changed
-        .into_par_iter()
-        .filter_map(|(tool, name)| {
-            let spec = convert::spec(server, name.clone(), tool, config.timeout);
-            let backend =
-                Arc::new(McpBackend { shared: shared.clone(), tool: tool.name.to_string() });
-            // Schemas compile after publishing (see `compile_in_background`), or at a first call.
-            match ToolEntry::deferred(spec, backend) {
-                Ok(entry) => Some(entry),
-                Err(error) => {
-                    warn!(tool = %name, server, %error, "tool not published");
-                    None
-                }
+    let entry = |(tool, name): (&Tool, String)| {
+        let spec = convert::spec(server, name.clone(), tool, config.timeout);
+        let backend = Arc::new(McpBackend { shared: shared.clone(), tool: tool.name.to_string() });
+        // Schemas compile after publishing (see `compile_in_background`), or at a first call.
+        match ToolEntry::deferred(spec, backend) {
+            Ok(entry) => Some(entry),
+            Err(error) => {
+                warn!(tool = %name, server, %error, "tool not published");
+                None
             }
-        })
-        .collect();
+        }
+    };
+    let entries: Vec<ToolEntry> = if changed.len() < PARALLEL_TOOLS {
+        changed.into_iter().filter_map(entry).collect()
+    } else {
+        changed.into_par_iter().filter_map(entry).collect()
+    };
     let same = !previous.is_empty()
         && entries.is_empty()
         && unchanged.len() == tools.len()

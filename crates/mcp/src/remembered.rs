@@ -79,10 +79,13 @@ impl Remembered {
             return Ok(None);
         }
         let lines: Vec<&str> = lines.collect();
-        let tools = lines
-            .par_iter()
-            .map(|line| serde_json::from_str::<Tool>(line))
-            .collect::<Result<Vec<Tool>, _>>()
+        let parse = |line: &&str| serde_json::from_str::<Tool>(line);
+        let tools = if lines.len() < crate::actor::PARALLEL_TOOLS {
+            lines.iter().map(parse).collect::<Result<Vec<Tool>, _>>()
+        } else {
+            lines.par_iter().map(parse).collect::<Result<Vec<Tool>, _>>()
+        };
+        let tools = tools
             .map_err(|error| format!("{}: a tool does not parse: {error}", self.path.display()))?;
         if header["tools"].as_u64() != Some(tools.len() as u64) {
             return Err(format!("{} is cut short", self.path.display()));
