@@ -224,11 +224,26 @@ impl McpClientActor {
     }
 }
 
-/// Listings of fewer tools than this are named, compared and converted on the calling
-/// thread, larger ones on every core. At a start a hundred servers prepare their listings
-/// at once, which keeps the cores busy already, and rayon's workers, handed a small job
-/// each, spin between them for CPU that publishing needs.
-pub(crate) const PARALLEL_TOOLS: usize = 4096;
+/// Listings of fewer tools than this are named, compared, converted and read back on the
+/// calling thread, larger ones on every core. At a start a hundred servers prepare their
+/// listings at once, which keeps the cores busy already, and rayon's workers, handed a
+/// small job each, spin between them for CPU that publishing needs.
+const PARALLEL_TOOLS: usize = 4096;
+
+/// Maps every item of a listing with `f`: on the calling thread below [`PARALLEL_TOOLS`]
+/// items, on every core from there.
+pub(crate) fn map_listing<'a, T, R, C>(items: &'a [T], f: impl Fn(&'a T) -> R + Sync + Send) -> C
+where
+    T: Sync,
+    R: Send,
+    C: FromIterator<R> + FromParallelIterator<R>,
+{
+    if items.len() < PARALLEL_TOOLS {
+        items.iter().map(f).collect()
+    } else {
+        items.par_iter().map(f).collect()
+    }
+}
 
 /// A listing made ready for the registry.
 struct Prepared {
@@ -259,11 +274,7 @@ fn prepare(
         let same = previous.get(tool.name.as_ref()) == Some(tool);
         (publish_name(config.prefix, server, &tool.name), same)
     };
-    let checked: Vec<(String, bool)> = if tools.len() < PARALLEL_TOOLS {
-        tools.iter().map(check).collect()
-    } else {
-        tools.par_iter().map(check).collect()
-    };
+    let checked: Vec<(String, bool)> = map_listing(&tools, check);
     let mut changed: Vec<(&Tool, String)> = Vec::new();
     let mut unchanged: Vec<String> = Vec::new();
     let mut published = std::collections::HashSet::new();
@@ -286,7 +297,7 @@ fn prepare(
             changed.push((tool, name));
         }
     }
-    let entry = |(tool, name): (&Tool, String)| {
+    let entry = |(tool, name): &(&Tool, String)| {
         let spec = convert::spec(server, name.clone(), tool, config.timeout);
         let backend = Arc::new(McpBackend { shared: shared.clone(), tool: tool.name.to_string() });
         // Schemas compile after publishing (see `compile_in_background`), or at a first call.
@@ -298,11 +309,8 @@ fn prepare(
             }
         }
     };
-    let entries: Vec<ToolEntry> = if changed.len() < PARALLEL_TOOLS {
-        changed.into_iter().filter_map(entry).collect()
-    } else {
-        changed.into_par_iter().filter_map(entry).collect()
-    };
+    let entries: Vec<Option<ToolEntry>> = map_listing(&changed, entry);
+    let entries: Vec<ToolEntry> = entries.into_iter().flatten().collect();
     let same = !previous.is_empty()
         && entries.is_empty()
         && unchanged.len() == tools.len()

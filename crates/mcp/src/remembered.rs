@@ -22,6 +22,8 @@ use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
 use toolmesh_config::{McpServerConfig, McpTransport};
 
+use crate::actor::map_listing;
+
 /// The format of the files; another format is not read.
 const FORMAT: u64 = 1;
 
@@ -79,12 +81,8 @@ impl Remembered {
             return Ok(None);
         }
         let lines: Vec<&str> = lines.collect();
-        let parse = |line: &&str| serde_json::from_str::<Tool>(line);
-        let tools = if lines.len() < crate::actor::PARALLEL_TOOLS {
-            lines.iter().map(parse).collect::<Result<Vec<Tool>, _>>()
-        } else {
-            lines.par_iter().map(parse).collect::<Result<Vec<Tool>, _>>()
-        };
+        let tools: Result<Vec<Tool>, _> =
+            map_listing(&lines, |line: &&str| serde_json::from_str::<Tool>(line));
         let tools = tools
             .map_err(|error| format!("{}: a tool does not parse: {error}", self.path.display()))?;
         if header["tools"].as_u64() != Some(tools.len() as u64) {

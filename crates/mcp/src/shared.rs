@@ -113,8 +113,8 @@ pub(crate) struct ServerShared {
     pub(crate) remembered: Option<Arc<crate::remembered::Remembered>>,
     /// The headers of each call's own (its caller's upstream credentials), by ticket.
     pub(crate) call_headers: crate::http_client::CallHeaders,
-    /// The HTTP client of the server's connections, made at the first: building one reads
-    /// the system's root certificates, which a reconnection need not do again.
+    /// The HTTP client of the server's connections, made at the first and kept across
+    /// reconnections.
     http: OnceLock<reqwest::Client>,
 }
 
