@@ -17,6 +17,7 @@ use toolmesh_core::{Principal, ToolSpec};
 use crate::{
     AuditLog, PolicyError,
     approval::{ApprovalMismatch, ApprovalSigner},
+    compiled::{Compiled, Roots},
     config::{BindingConfig, Effect, PolicyConfig},
     limits::{LimitError, Limits, Permit, ResultLimit},
     variables::{self, Args, Variables},
@@ -175,6 +176,8 @@ fn agent(principal: &Principal) -> Option<&str> {
 
 struct When {
     program: cel::Program,
+    /// The expression compiled for direct evaluation, when it uses only what that handles.
+    compiled: Option<Compiled>,
     /// Whether the expression reads `args`: then it is decided only at a call.
     reads_args: bool,
     /// Whether it reads `args` only by selecting fields by name: then the fields it selects
@@ -247,7 +250,15 @@ impl Policy {
                         });
                     }
                     let args_by_field = variables::selects_args_fields_only(program.expression());
-                    Some(When { program, reads_args, args_by_field, reads_principal, reads_tool })
+                    let compiled = Compiled::new(program.expression());
+                    Some(When {
+                        program,
+                        compiled,
+                        reads_args,
+                        args_by_field,
+                        reads_principal,
+                        reads_tool,
+                    })
                 }
             };
             rules.push(Rule {
@@ -369,6 +380,7 @@ impl Policy {
             principal,
             rules: OnceLock::new(),
             agent,
+            principal_json: OnceLock::new(),
             principal_value: OnceLock::new(),
             principal_hash: hasher,
             first_plan: OnceLock::new(),
@@ -380,9 +392,12 @@ impl Policy {
 /// them.
 fn probe(env: &Arc<cel::Env>) -> cel::Context<'static, 'static> {
     let mut context = cel::Context::with_env(env.clone());
-    context.add_variable_as_val("principal", principal_value(&Principal::anonymous("")));
+    context.add_variable_as_val(
+        "principal",
+        variables::convert(&principal_json(&Principal::anonymous(""))),
+    );
     let spec = ToolSpec::new("", "", json!({}), toolmesh_core::ToolSource::local(""));
-    context.add_variable_as_val("tool", tool_value(&spec));
+    context.add_variable_as_val("tool", variables::convert(&tool_json(&spec)));
     context.add_variable_as_val("args", variables::convert(&json!({})));
     context
 }
@@ -470,7 +485,9 @@ pub struct Scope {
     rules: OnceLock<Vec<usize>>,
     /// `agents.<id>` when the principal's agent has a tool list.
     agent: Option<Arc<str>>,
-    /// The principal as a condition sees it, when one reads it.
+    /// The principal as a condition sees it, when one reads it: as JSON, and converted for
+    /// the interpreter.
+    principal_json: OnceLock<Json>,
     principal_value: OnceLock<Box<dyn cel::common::value::Val>>,
     /// The hasher of the plans' keys, fed the principal.
     principal_hash: std::hash::DefaultHasher,
@@ -560,7 +577,7 @@ impl Scope {
             return Decision::Allow { rule: DEFAULT_RULE.into() };
         }
         let plan = self.plan(spec);
-        let mut tool = None;
+        let tool = ToolVariable::default();
         let converted = OnceCell::new();
         let mut allowed: Option<&Rule> = None;
         let mut refused: Option<(&Rule, Option<String>)> = None;
@@ -577,7 +594,7 @@ impl Scope {
                             converted.get_or_init(|| variables::convert(arguments)).as_ref(),
                         ),
                     };
-                    self.run(when, spec, &mut tool, args)
+                    self.run(when, spec, &tool, args)
                 }
             };
             match (rule.effect, outcome) {
@@ -662,7 +679,7 @@ impl Scope {
 
     /// Works out what the rules make of `spec` for this principal without arguments.
     fn make_plan(&self, spec: &ToolSpec) -> Plan {
-        let mut tool = None;
+        let tool = ToolVariable::default();
         let mut steps = Vec::new();
         let mut hidden = None;
         let mut allowed = false;
@@ -672,7 +689,7 @@ impl Scope {
             hidden = Some(agent.clone());
         }
         for (index, rule) in self.matching(spec) {
-            let outcome = self.evaluate(rule, spec, &mut tool);
+            let outcome = self.evaluate(rule, spec, &tool);
             match (rule.effect, outcome) {
                 (Effect::Deny, Outcome::Applies) => {
                     hidden.get_or_insert_with(|| rule.name.clone());
@@ -713,7 +730,7 @@ impl Scope {
     }
 
     /// What `rule`'s condition makes of `spec` without the arguments.
-    fn evaluate(&self, rule: &Rule, spec: &ToolSpec, tool: &mut Option<Box<dyn Val>>) -> Outcome {
+    fn evaluate(&self, rule: &Rule, spec: &ToolSpec, tool: &ToolVariable) -> Outcome {
         match &rule.when {
             None => Outcome::Applies,
             Some(when) if when.reads_args => Outcome::Undecided,
@@ -729,21 +746,42 @@ impl Scope {
         }
     }
 
-    fn run(
-        &self,
-        when: &When,
-        spec: &ToolSpec,
-        tool: &mut Option<Box<dyn Val>>,
-        args: Args<'_>,
-    ) -> Evaluated {
+    fn run(&self, when: &When, spec: &ToolSpec, tool: &ToolVariable, args: Args<'_>) -> Evaluated {
         let principal = when
             .reads_principal
-            .then(|| &**self.principal_value.get_or_init(|| principal_value(&self.principal)));
-        let tool = if when.reads_tool {
-            Some(&**tool.get_or_insert_with(|| tool_value(spec)))
-        } else {
-            None
-        };
+            .then(|| self.principal_json.get_or_init(|| principal_json(&self.principal)));
+        let tool_json = when.reads_tool.then(|| tool.json.get_or_init(|| tool_json(spec)));
+        if let Some(compiled) = &when.compiled {
+            let args = match args {
+                Args::Unbound => None,
+                Args::Fields(fields) => Some(fields),
+                // Arguments that are not an object: the interpreter reports it.
+                Args::Converted(_) => {
+                    return self.interpret(when, principal, tool_json, tool, args);
+                }
+            };
+            let roots = Roots { principal, tool: tool_json, args };
+            match compiled.evaluate(&roots) {
+                Some(true) => return Evaluated::True,
+                Some(false) => return Evaluated::False,
+                None => {}
+            }
+        }
+        self.interpret(when, principal, tool_json, tool, args)
+    }
+
+    /// Evaluates `when` with the `cel` crate's interpreter.
+    fn interpret(
+        &self,
+        when: &When,
+        principal: Option<&Json>,
+        tool_json: Option<&Json>,
+        tool: &ToolVariable,
+        args: Args<'_>,
+    ) -> Evaluated {
+        let principal =
+            principal.map(|json| &**self.principal_value.get_or_init(|| variables::convert(json)));
+        let tool = tool_json.map(|json| &**tool.value.get_or_init(|| variables::convert(json)));
         let variables = Variables { principal, tool, args };
         let mut context = cel::Context::with_env(self.policy.env.clone());
         context.set_variable_resolver(&variables);
@@ -759,6 +797,14 @@ impl Scope {
             Err(error) => Evaluated::Failed(error.to_string()),
         }
     }
+}
+
+/// The tool as a condition sees it, built when one reads it: as JSON, and converted for the
+/// interpreter.
+#[derive(Default)]
+struct ToolVariable {
+    json: OnceCell<Json>,
+    value: OnceCell<Box<dyn Val>>,
 }
 
 enum Evaluated {
@@ -782,18 +828,18 @@ impl From<Outcome> for Evaluated {
     }
 }
 
-fn principal_value(principal: &Principal) -> Box<dyn Val> {
-    variables::convert(&json!({
+fn principal_json(principal: &Principal) -> Json {
+    json!({
         "name": principal.name,
         "kind": principal.kind.as_str(),
         "roles": principal.roles,
         "attributes": principal.attributes,
-    }))
+    })
 }
 
-fn tool_value(spec: &ToolSpec) -> Box<dyn Val> {
+fn tool_json(spec: &ToolSpec) -> Json {
     let a = &spec.annotations;
-    variables::convert(&json!({
+    json!({
         "name": spec.name,
         "source": spec.source.name,
         "kind": spec.source.kind.as_str(),
@@ -805,5 +851,5 @@ fn tool_value(spec: &ToolSpec) -> Box<dyn Val> {
             "idempotent": a.idempotent.unwrap_or(false),
             "open_world": a.open_world.unwrap_or(true),
         },
-    }))
+    })
 }
