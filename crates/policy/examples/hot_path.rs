@@ -46,6 +46,14 @@ fn main() {
     }
     println!("decide_visible: {:?} per call", started.elapsed() / n);
 
+    // What each call does: a scope for its principal, the tool's plan, the decision.
+    let started = Instant::now();
+    for _ in 0..n {
+        let scope = policy.scope(principal.clone());
+        std::hint::black_box(scope.decide(&spec, &arguments));
+    }
+    println!("scope + decide: {:?} per call", started.elapsed() / n);
+
     let started = Instant::now();
     for i in 0..n {
         policy.audit().record(&AuditEvent {

@@ -54,8 +54,8 @@ pub struct Policy {
 /// match. Cleared when full: principals and tools may come and go without bound.
 #[derive(Default)]
 struct Plans {
-    hasher: std::hash::RandomState,
-    map: RwLock<HashMap<u64, Arc<Plan>>>,
+    hasher: foldhash::fast::RandomState,
+    map: RwLock<HashMap<u64, Arc<Plan>, foldhash::fast::RandomState>>,
 }
 
 /// At most this many plans are kept; then the cache starts over.
@@ -490,7 +490,7 @@ pub struct Scope {
     principal_json: OnceLock<Json>,
     principal_value: OnceLock<Box<dyn cel::common::value::Val>>,
     /// The hasher of the plans' keys, fed the principal.
-    principal_hash: std::hash::DefaultHasher,
+    principal_hash: foldhash::fast::FoldHasher<'static>,
     /// The first plan this scope looked up: a call looks up its tool's plan twice (is the
     /// tool hidden; then the call's decision), the second time here.
     first_plan: OnceLock<Arc<Plan>>,
