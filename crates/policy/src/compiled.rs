@@ -60,8 +60,8 @@ enum Node {
     Select(Box<Node>, Box<str>),
     Has(Box<Node>, Box<str>),
     Not(Box<Node>),
-    And(Box<(Node, Node)>),
-    Or(Box<(Node, Node)>),
+    /// `&&` when the bool is false (the value that decides it alone), `||` when true.
+    Connective(Box<(Node, Node)>, bool),
     Conditional(Box<(Node, Node, Node)>),
     Equal(Box<(Node, Node)>),
     NotEqual(Box<(Node, Node)>),
@@ -143,8 +143,10 @@ fn compile(expression: &Expression) -> Option<Node> {
         Expr::Call(call) => {
             let args = call.args.as_slice();
             match (call.target.as_deref(), call.func_name.as_str(), args) {
-                (None, operators::LOGICAL_AND, [a, b]) => pair(a, b).map(Node::And),
-                (None, operators::LOGICAL_OR, [a, b]) => pair(a, b).map(Node::Or),
+                (None, operators::LOGICAL_AND, [a, b]) => {
+                    Some(Node::Connective(pair(a, b)?, false))
+                }
+                (None, operators::LOGICAL_OR, [a, b]) => Some(Node::Connective(pair(a, b)?, true)),
                 (None, operators::LOGICAL_NOT, [a]) => Some(Node::Not(Box::new(compile(a)?))),
                 (None, operators::CONDITIONAL, [c, a, b]) => {
                     Some(Node::Conditional(Box::new((compile(c)?, compile(a)?, compile(b)?))))
@@ -263,30 +265,7 @@ fn eval<'a>(node: &'a Node, roots: &Roots<'a>) -> Result<V<'a>, Defer> {
             _ => return Err(Defer),
         },
         Node::Not(operand) => V::Bool(!boolean(eval(operand, roots))?),
-        // As the interpreter: `false && x` is false whatever x is, even an error, and so is
-        // `x && false`; `||` likewise with true.
-        Node::And(both) => {
-            let left = boolean(eval(&both.0, roots));
-            if left == Ok(false) {
-                return Ok(V::Bool(false));
-            }
-            match (left, boolean(eval(&both.1, roots))) {
-                (Ok(true), Ok(right)) => V::Bool(right),
-                (Err(Defer), Ok(false)) => V::Bool(false),
-                _ => return Err(Defer),
-            }
-        }
-        Node::Or(both) => {
-            let left = boolean(eval(&both.0, roots));
-            if left == Ok(true) {
-                return Ok(V::Bool(true));
-            }
-            match (left, boolean(eval(&both.1, roots))) {
-                (Ok(false), Ok(right)) => V::Bool(right),
-                (Err(Defer), Ok(true)) => V::Bool(true),
-                _ => return Err(Defer),
-            }
-        }
+        Node::Connective(both, decisive) => connective(both, *decisive, roots)?,
         Node::Conditional(parts) => {
             if boolean(eval(&parts.0, roots))? {
                 eval(&parts.1, roots)?
@@ -331,9 +310,21 @@ fn eval<'a>(node: &'a Node, roots: &Roots<'a>) -> Result<V<'a>, Defer> {
     })
 }
 
-impl PartialEq for Defer {
-    fn eq(&self, _: &Self) -> bool {
-        true
+/// `a && b` (`decisive` false) or `a || b` (`decisive` true), as the interpreter: the
+/// decisive value on either side decides, even if the other side is an error.
+fn connective<'a>(
+    both: &'a (Node, Node),
+    decisive: bool,
+    roots: &Roots<'a>,
+) -> Result<V<'a>, Defer> {
+    let left = boolean(eval(&both.0, roots));
+    if matches!(left, Ok(value) if value == decisive) {
+        return Ok(V::Bool(decisive));
+    }
+    match (left, boolean(eval(&both.1, roots))) {
+        (Ok(_), Ok(right)) => Ok(V::Bool(right)),
+        (Err(Defer), Ok(right)) if right == decisive => Ok(V::Bool(decisive)),
+        _ => Err(Defer),
     }
 }
 
