@@ -141,6 +141,11 @@ impl ChildServer {
         Some(Duration::from_millis(cpu_ticks(&stat)? * 1000 / TICKS_PER_SECOND))
     }
 
+    /// Keeps every thread of the server, and those it starts later, on `cpus`.
+    pub(crate) fn pin(&self, cpus: &[usize]) -> anyhow::Result<()> {
+        pin_process(self.child.id().context("the server has exited")?, cpus)
+    }
+
     /// Stops the server as an operator does, with SIGTERM, and waits for it to exit.
     pub(crate) async fn terminate(mut self) -> anyhow::Result<()> {
         if let Some(pid) = self.child.id() {
@@ -211,6 +216,27 @@ pub(crate) async fn start_child(exe: &Path, args: &[&str]) -> anyhow::Result<Chi
     // Keep draining stdout so the child never blocks on a full pipe.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     Ok(ChildServer { child, addr, _data: data.map(RemoveOnDrop) })
+}
+
+/// Keeps every thread of process `pid` on `cpus`; threads it starts later inherit that
+/// from the thread that starts them.
+pub(crate) fn pin_process(pid: u32, cpus: &[usize]) -> anyhow::Result<()> {
+    use nix::sched::{CpuSet, sched_setaffinity};
+    let mut set = CpuSet::new();
+    for &cpu in cpus {
+        set.set(cpu)?;
+    }
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let Some(tid) = task?.file_name().to_str().and_then(|t| t.parse().ok()) else { continue };
+        // A thread may end between the listing and this.
+        match sched_setaffinity(nix::unistd::Pid::from_raw(tid), &set) {
+            Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+            Err(error) => {
+                anyhow::bail!("pinning thread {tid} of process {pid} to {cpus:?}: {error}")
+            }
+        }
+    }
+    Ok(())
 }
 
 pub(crate) async fn clients(
@@ -847,9 +873,15 @@ async fn until_indexed(
             response.embedded_tools,
             limit.as_secs()
         );
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        // Every 5 ms while the wait is short (a restart); later, a hundredth of the time
+        // waited so far, so that the polls of a first start, which embeds for minutes, take
+        // no CPU from it, and the time measured is still within 1%.
+        tokio::time::sleep((started.elapsed() / 100).clamp(POLL, Duration::from_secs(1))).await;
     }
 }
+
+/// How often [`until_indexed`] asks at first.
+const POLL: Duration = Duration::from_millis(5);
 
 /// Runs one SearchTools over the whole pool.
 async fn search_tools(

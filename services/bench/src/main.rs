@@ -36,9 +36,10 @@ struct Cli {
     /// HTTP/2 connections the callers share.
     #[arg(long, default_value_t = 4)]
     connections: usize,
-    /// Seconds per measured phase and server (split into the rounds).
-    #[arg(long, default_value_t = 10.0)]
-    duration: f64,
+    /// Seconds per measured phase and server, split into the rounds [default: 10; 20 with
+    /// --policy].
+    #[arg(long)]
+    duration: Option<f64>,
     /// Seconds of unmeasured warm-up before each phase.
     #[arg(long, default_value_t = 2.0)]
     warmup: f64,
@@ -54,9 +55,10 @@ struct Cli {
     /// Skip the open-loop phase at half of the maximum.
     #[arg(long)]
     no_half_load: bool,
-    /// Rounds per phase, alternating between the servers; medians are reported.
-    #[arg(long, default_value_t = 5)]
-    rounds: usize,
+    /// Rounds per phase, alternating between the servers; medians are reported [default: 5;
+    /// 20 with --policy, whose figures are medians of the rounds' ratios].
+    #[arg(long)]
+    rounds: Option<usize>,
     /// Measure CallTool through toolmesh to a streamable-HTTP MCP echo server against an MCP
     /// client calling that server directly.
     #[arg(long)]
@@ -79,6 +81,11 @@ struct Cli {
     /// audit log costs.
     #[arg(long, requires = "policy")]
     policy_without_audit: bool,
+    /// With --policy: keep the load generator on the first half of the cores and the
+    /// servers on the rest, so that neither takes CPU from the other and half load is half
+    /// of what the servers' own cores can take (Linux only).
+    #[arg(long, requires = "policy")]
+    pin: bool,
     /// Serve the bare echo baseline instead (used by the bench itself).
     #[arg(long, hide = true)]
     echo_server: bool,
@@ -187,13 +194,17 @@ async fn run(args: Cli) -> anyhow::Result<ExitCode> {
         server: args.server,
         concurrency: args.concurrency.max(1),
         connections: args.connections.max(1),
-        duration: Duration::from_secs_f64(args.duration),
+        duration: Duration::from_secs_f64(args.duration.unwrap_or(if args.policy {
+            20.0
+        } else {
+            10.0
+        })),
         warmup: Duration::from_secs_f64(args.warmup),
         tool: args.tool,
         arguments: args.arguments,
         baseline: !args.no_baseline,
         half_load: !args.no_half_load,
-        rounds: args.rounds.max(1),
+        rounds: args.rounds.unwrap_or(if args.policy { 20 } else { 5 }).max(1),
     };
     let bench = std::env::current_exe()?;
     let toolmesh = match args.toolmesh {
@@ -227,8 +238,11 @@ async fn run(args: Cli) -> anyhow::Result<ExitCode> {
             remote::run(&programs, options.duration, options.warmup, options.rounds).await?;
         (remote::render(&report), serde_json::to_value(&report)?)
     } else if args.policy {
-        let variant =
-            policy::Variant { cel: !args.policy_without_cel, audit: !args.policy_without_audit };
+        let variant = policy::Variant {
+            cel: !args.policy_without_cel,
+            audit: !args.policy_without_audit,
+            pin: args.pin,
+        };
         let report = policy::run(&options, &programs, variant).await?;
         (policy::render(&report), serde_json::to_value(&report)?)
     } else if args.mcp {

@@ -5,6 +5,12 @@
 //! the plain benchmark against both, each caller a principal of its own connection,
 //! alternating rounds: throughput under a closed loop, then latency in an open loop at
 //! half of the server without policy's maximum.
+//!
+//! On a small machine the speed of the whole machine drifts by more than the policy costs,
+//! from one second to the next. So the two servers are compared round by round: each round
+//! measures both back to back (which goes first alternates), and the figures reported are
+//! the medians of the rounds' ratios and differences, with their range; the medians of each
+//! server's own samples are shown beside them.
 
 use std::time::Duration;
 
@@ -23,6 +29,16 @@ pub(crate) struct Variant {
     pub(crate) cel: bool,
     /// The audit log, to a file.
     pub(crate) audit: bool,
+    /// The load generator and the servers on cores of their own.
+    pub(crate) pin: bool,
+}
+
+/// Which cores the load generator and the servers run on, with `--pin`: the first half
+/// of the cores and the rest.
+fn cores() -> anyhow::Result<(Vec<usize>, Vec<usize>)> {
+    let n = std::thread::available_parallelism()?.get();
+    anyhow::ensure!(n >= 2, "--pin needs at least two cores; this machine has {n}");
+    Ok(((0..n / 2).collect(), (n / 2..n).collect()))
 }
 
 /// Figures of `toolmesh-bench --policy`.
@@ -32,23 +48,114 @@ pub(crate) struct PolicyReport {
     pub(crate) rules: usize,
     /// Whether every call was audited (to a file).
     pub(crate) audited: bool,
+    /// The cores of the load generator and of the servers, when pinned.
+    pub(crate) pinned: Option<(Vec<usize>, Vec<usize>)>,
     /// Closed loop, without policy.
     pub(crate) open: Sample,
     /// Closed loop, with the policy.
     pub(crate) governed: Sample,
-    /// Throughput with the policy over that without.
+    /// Throughput with the policy over that without: the median of the rounds' ratios.
     pub(crate) throughput_ratio: f64,
+    /// The lowest and highest of the rounds' throughput ratios.
+    pub(crate) throughput_ratio_range: [f64; 2],
     /// The server's CPU time (user and system) per call in the closed loop, without and
     /// with the policy, in µs; where the system tells.
     pub(crate) cpu_us_per_call: Option<[f64; 2]>,
+    /// The same at half load, where both servers take the same calls at the same rate: the
+    /// policy's own cost, without the transport batching less at a lower rate.
+    pub(crate) half_cpu_us_per_call: Option<[f64; 2]>,
     /// The open-loop rate: half of the maximum without policy.
     pub(crate) half_rate: f64,
     /// Half load, without policy.
     pub(crate) open_half: Sample,
     /// Half load, with the policy.
     pub(crate) governed_half: Sample,
-    /// p99 at half load with the policy less that without, in ms.
+    /// p99 at half load with the policy less that without, in ms: the median of the
+    /// rounds' differences.
     pub(crate) p99_added_ms: f64,
+    /// The lowest and highest of the rounds' p99 differences, in ms.
+    pub(crate) p99_added_range_ms: [f64; 2],
+    /// Rounds per phase.
+    pub(crate) rounds: usize,
+}
+
+/// A server's CPU time over the calls it took; unknown once any part of it is.
+#[derive(Debug, Clone, Copy)]
+struct CpuPerCall(Option<(Duration, f64)>);
+
+impl Default for CpuPerCall {
+    fn default() -> Self {
+        CpuPerCall(Some((Duration::ZERO, 0.0)))
+    }
+}
+
+impl CpuPerCall {
+    fn add(&mut self, used: Option<Duration>, calls: f64) {
+        self.0 = self.0.zip(used).map(|((time, total), used)| (time + used, total + calls));
+    }
+
+    /// In µs.
+    fn us_per_call(self) -> Option<f64> {
+        self.0
+            .filter(|&(_, calls)| calls > 0.0)
+            .map(|(time, calls)| time.as_secs_f64() * 1e6 / calls)
+    }
+}
+
+/// Measures both servers `rounds` times with `measure` (which takes `slice`), each round
+/// both back to back; returns their samples and the CPU time each used per call.
+async fn phase<F, Fut>(
+    rounds: usize,
+    slice: Duration,
+    servers: [&load::ChildServer; 2],
+    measure: F,
+) -> ([Vec<Sample>; 2], [Option<f64>; 2])
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = Sample>,
+{
+    let mut samples: [Vec<Sample>; 2] = Default::default();
+    let mut cpu = [CpuPerCall::default(); 2];
+    for r in 0..rounds {
+        let measured = round(r, |i| {
+            let before = servers[i].cpu_time();
+            let sample = measure(i);
+            async move {
+                let sample = sample.await;
+                (sample, before.zip(servers[i].cpu_time()).map(|(b, a)| a.saturating_sub(b)))
+            }
+        })
+        .await;
+        for (i, (sample, used)) in measured.into_iter().enumerate() {
+            cpu[i].add(used, sample.throughput * slice.as_secs_f64());
+            samples[i].push(sample);
+        }
+    }
+    (samples, cpu.map(CpuPerCall::us_per_call))
+}
+
+/// The median of `values`, and their lowest and highest.
+fn median_and_range(mut values: Vec<f64>) -> (f64, [f64; 2]) {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    let median = if n % 2 == 1 { values[n / 2] } else { (values[n / 2 - 1] + values[n / 2]) / 2.0 };
+    (median, [values[0], values[n - 1]])
+}
+
+/// Measures both targets with `measure`, back to back, the governed one first in odd
+/// rounds: a drift of the machine's speed within a round then favours neither.
+async fn round<T, F, Fut>(round: usize, mut measure: F) -> [T; 2]
+where
+    F: FnMut(usize) -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
+    if round.is_multiple_of(2) {
+        let open = measure(0).await;
+        [open, measure(1).await]
+    } else {
+        let governed = measure(1).await;
+        [measure(0).await, governed]
+    }
 }
 
 /// The `[auth]` both servers share, and the keys of its principals.
@@ -163,6 +270,15 @@ pub(crate) async fn run(
     let (open_server, _open_config) = serve(programs, "open", &auth).await?;
     let (governed_server, _governed_config) =
         serve(programs, "policy", &format!("{auth}\n{rules}")).await?;
+    let pinned = if variant.pin {
+        let (load, servers) = cores()?;
+        load::pin_process(std::process::id(), &load)?;
+        open_server.pin(&servers)?;
+        governed_server.pin(&servers)?;
+        Some((load, servers))
+    } else {
+        None
+    };
     let request = CallToolRequest {
         name: options.tool.clone(),
         arguments_json: options.arguments.clone(),
@@ -182,49 +298,34 @@ pub(crate) async fn run(
     let rounds = options.rounds.max(1);
     let slice = options.duration / rounds as u32;
     let servers = [&open_server, &governed_server];
-    let mut closed: [Vec<Sample>; 2] = Default::default();
-    // CPU time and calls of each server in the closed loop.
-    let mut cpu = [Some((Duration::ZERO, 0.0)); 2];
-    for _ in 0..rounds {
-        for (i, clients) in targets.iter().enumerate() {
-            let before = servers[i].cpu_time();
-            let sample = load::closed_loop(clients, options.concurrency, slice, &request).await;
-            cpu[i] = match (cpu[i], before, servers[i].cpu_time()) {
-                (Some((time, calls)), Some(before), Some(after)) => Some((
-                    time + after.saturating_sub(before),
-                    calls + sample.throughput * slice.as_secs_f64(),
-                )),
-                _ => None,
-            };
-            closed[i].push(sample);
-        }
-    }
-    let cpu_us_per_call = match cpu {
-        [Some((open, open_calls)), Some((governed, governed_calls))]
-            if open_calls > 0.0 && governed_calls > 0.0 =>
-        {
-            Some([
-                open.as_secs_f64() * 1e6 / open_calls,
-                governed.as_secs_f64() * 1e6 / governed_calls,
-            ])
-        }
-        _ => None,
-    };
+    let request = &request;
+    let (closed, closed_cpu) = phase(rounds, slice, servers, |i| {
+        load::closed_loop(&targets[i], options.concurrency, slice, request)
+    })
+    .await;
+    let (throughput_ratio, throughput_ratio_range) = median_and_range(
+        closed[0].iter().zip(&closed[1]).map(|(o, g)| g.throughput / o.throughput).collect(),
+    );
     let [open, governed] = closed.map(load::median);
     let half_rate = open.throughput / 2.0;
-    let mut half: [Vec<Sample>; 2] = Default::default();
-    for _ in 0..rounds {
-        for (clients, samples) in targets.iter().zip(&mut half) {
-            samples.push(load::open_loop(clients, half_rate, slice, &request).await);
-        }
-    }
+    let (half, half_cpu) =
+        phase(rounds, slice, servers, |i| load::open_loop(&targets[i], half_rate, slice, request))
+            .await;
+    let (p99_added_ms, p99_added_range_ms) =
+        median_and_range(half[0].iter().zip(&half[1]).map(|(o, g)| g.p99_ms - o.p99_ms).collect());
     let [open_half, governed_half] = half.map(load::median);
+    let both = |[open, governed]: [Option<f64>; 2]| open.zip(governed).map(|(o, g)| [o, g]);
     Ok(PolicyReport {
         rules: count,
         audited: variant.audit,
-        throughput_ratio: governed.throughput / open.throughput,
-        cpu_us_per_call,
-        p99_added_ms: governed_half.p99_ms - open_half.p99_ms,
+        pinned,
+        throughput_ratio,
+        throughput_ratio_range,
+        cpu_us_per_call: both(closed_cpu),
+        half_cpu_us_per_call: both(half_cpu),
+        p99_added_ms,
+        p99_added_range_ms,
+        rounds,
         open,
         governed,
         half_rate,
@@ -253,19 +354,29 @@ pub(crate) fn render(report: &PolicyReport) -> String {
         "p99 ms",
         "errors"
     );
+    if let Some((load, servers)) = &report.pinned {
+        out.push_str(&format!("load generator on cores {load:?}, servers on cores {servers:?}\n"));
+    }
     out.push_str(&row("no policy, closed loop", &report.open));
     out.push_str(&row("policy, closed loop", &report.governed));
     out.push_str(&row(&format!("no policy, {:.0}/s", report.half_rate), &report.open_half));
     out.push_str(&row(&format!("policy, {:.0}/s", report.half_rate), &report.governed_half));
+    let [low, high] = report.throughput_ratio_range;
+    let [p99_low, p99_high] = report.p99_added_range_ms;
     out.push_str(&format!(
-        "throughput with policy: {:.3}x (goal >= 0.9); p99 added at half load: {:+.3} ms (goal <= 0.1)\n",
-        report.throughput_ratio, report.p99_added_ms
+        "medians of {} paired rounds: throughput with policy {:.3}x (rounds {low:.3}-{high:.3}; goal >= 0.9), \
+         p99 added at half load {:+.3} ms (rounds {p99_low:+.3} to {p99_high:+.3}; goal <= 0.1)\n",
+        report.rounds, report.throughput_ratio, report.p99_added_ms
     ));
-    if let Some([open, governed]) = report.cpu_us_per_call {
-        out.push_str(&format!(
-            "server CPU per call, closed loop: {open:.1} us without policy, {governed:.1} us with it ({:.3}x)\n",
-            governed / open
-        ));
+    for (phase, cpu) in
+        [("closed loop", report.cpu_us_per_call), ("half load", report.half_cpu_us_per_call)]
+    {
+        if let Some([open, governed]) = cpu {
+            out.push_str(&format!(
+                "server CPU per call, {phase}: {open:.1} us without policy, {governed:.1} us with it ({:.3}x)\n",
+                governed / open
+            ));
+        }
     }
     if let Some(error) = report.open.first_error.as_ref().or(report.governed.first_error.as_ref()) {
         out.push_str(&format!("first error: {error}\n"));
@@ -277,12 +388,18 @@ pub(crate) fn render(report: &PolicyReport) -> String {
 mod tests {
     #[test]
     fn the_benchmark_policy_has_fifty_rules() {
-        let all = super::Variant { cel: true, audit: true };
+        let all = super::Variant { cel: true, audit: true, pin: false };
         let (_, count) = super::rules(std::path::Path::new("/tmp/audit.jsonl"), all);
         assert_eq!(count, 50);
-        let lean = super::Variant { cel: false, audit: false };
+        let lean = super::Variant { cel: false, audit: false, pin: false };
         let (toml, count) = super::rules(std::path::Path::new("/tmp/audit.jsonl"), lean);
         assert_eq!(count, 49);
         assert!(toml.contains("to = \"off\"") && !toml.contains("when"), "{toml}");
+    }
+
+    #[test]
+    fn rounds_are_summarised_by_their_median_and_range() {
+        assert_eq!(super::median_and_range(vec![0.9, 1.2, 0.8]), (0.9, [0.8, 1.2]));
+        assert_eq!(super::median_and_range(vec![3.0, 1.0, 4.0, 2.0]), (2.5, [1.0, 4.0]));
     }
 }
