@@ -29,5 +29,5 @@ pub use actor::{SearchMsg, SearchOptions, ToolSearchActor, ToolSearchState};
 pub use error::SearchError;
 pub use fusion::Fusion;
 pub use handle::{DEFAULT_MAX_QUERY_BYTES, SearchHandle, SearchHit};
-pub use provider::SearchProvider;
+pub use provider::{ModelLoad, SearchProvider};
 pub use text::{TextDigest, digest, terms, tool_text};

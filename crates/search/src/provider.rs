@@ -26,16 +26,26 @@ pub struct SearchProvider {
     lexical: Option<String>,
 }
 
+/// The embedding model [`SearchProvider::load_model`] loaded, or why there is none.
+pub struct ModelLoad(Result<Arc<dyn Embedder>, String>);
+
 impl SearchProvider {
-    /// Loads the embedding model that `config` names (fetching it into the cache when it
-    /// must and may), and starts the index over `registry`, its points in `store`. Without
-    /// a model, search is lexical, loudly, and its health says why.
+    /// Loads the embedding model that `config` names, fetching it into the cache when it
+    /// must and may; `Err` says why search is lexical. It reads and prepares the weights on
+    /// a blocking thread, so a start can open its stores meanwhile.
+    pub async fn load_model(config: &Config) -> ModelLoad {
+        ModelLoad(load_embedder(config).await)
+    }
+
+    /// Starts the index over `registry` with the `model` loaded for `config`, its points
+    /// in `store`. Without a model, search is lexical, loudly, and its health says why.
     pub async fn from_config(
         registry: RegistryHandle,
         config: &Config,
         store: Arc<dyn VectorStore>,
+        model: ModelLoad,
     ) -> Result<Self, SearchError> {
-        let (embedder, lexical) = match load_embedder(config).await {
+        let (embedder, lexical) = match model.0 {
             Ok(embedder) => (Some(embedder), None),
             Err(reason) => (None, Some(reason)),
         };

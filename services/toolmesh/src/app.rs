@@ -195,9 +195,14 @@ impl App {
         let mcp = McpManager::start(registry.clone(), remember_in)
             .await
             .map_err(|e| anyhow::anyhow!("cannot start the mcp supervisor: {e}"))?;
-        let vector = Arc::new(VectorProvider::new(open_stores(config).await?));
+        // Both read from disk on blocking threads: opening the stores (every collection's
+        // points) and loading the model are a start's two longest steps before the tools
+        // are listed, and neither needs the other.
+        let (stores, model) = tokio::join!(open_stores(config), SearchProvider::load_model(config));
+        let vector = Arc::new(VectorProvider::new(stores?));
         let search = Arc::new(
-            SearchProvider::from_config(registry.clone(), config, vector.store().clone()).await?,
+            SearchProvider::from_config(registry.clone(), config, vector.store().clone(), model)
+                .await?,
         );
         let knowledge = KnowledgeHandle::start(
             vector.stores().clone(),
