@@ -376,6 +376,14 @@ pub(crate) fn median(mut samples: Vec<Sample>) -> Sample {
     Sample { throughput: throughputs[mid], errors, first_error, ..samples[mid].clone() }
 }
 
+/// The median of `values` (not empty), and their lowest and highest.
+pub(crate) fn median_and_range(mut values: Vec<f64>) -> (f64, [f64; 2]) {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    let median = if n % 2 == 1 { values[n / 2] } else { (values[n / 2 - 1] + values[n / 2]) / 2.0 };
+    (median, [values[0], values[n - 1]])
+}
+
 /// One server under test, with its clients.
 struct Target {
     clients: Vec<ToolServiceClient<toolmesh::client::Connection>>,
@@ -810,12 +818,8 @@ pub(crate) async fn run_search(
         index_ms.push(reindexed.index_ms);
         vector_ms.push(reindexed.vector_ms);
     }
-    let median_max = |mut times: Vec<f64>| {
-        times.sort_by(f64::total_cmp);
-        (times[times.len() / 2], times.last().copied().unwrap_or_default())
-    };
-    let ((reindex_median_ms, reindex_max_ms), (vector_median_ms, vector_max_ms)) =
-        (median_max(index_ms), median_max(vector_ms));
+    let ((reindex_median_ms, [_, reindex_max_ms]), (vector_median_ms, [_, vector_max_ms])) =
+        (median_and_range(index_ms), median_and_range(vector_ms));
 
     // Restart over the same catalog and data: nothing to embed.
     toolmesh.terminate().await?;
@@ -1126,6 +1130,15 @@ pub(crate) async fn serve_echo(listener: TcpListener) -> anyhow::Result<()> {
         .serve_with_incoming(incoming)
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod median_tests {
+    #[test]
+    fn rounds_are_summarised_by_their_median_and_range() {
+        assert_eq!(super::median_and_range(vec![0.9, 1.2, 0.8]), (0.9, [0.8, 1.2]));
+        assert_eq!(super::median_and_range(vec![3.0, 1.0, 4.0, 2.0]), (2.5, [1.0, 4.0]));
+    }
 }
 
 #[cfg(test)]

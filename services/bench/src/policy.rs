@@ -103,7 +103,9 @@ impl CpuPerCall {
 }
 
 /// Measures both servers `rounds` times with `measure` (which takes `slice`), each round
-/// both back to back; returns their samples and the CPU time each used per call.
+/// both back to back, the governed one first in odd rounds so that a drift of the
+/// machine's speed within a round favours neither; returns their samples and the CPU time
+/// each used per call.
 async fn phase<F, Fut>(
     rounds: usize,
     slice: Duration,
@@ -117,45 +119,16 @@ where
     let mut samples: [Vec<Sample>; 2] = Default::default();
     let mut cpu = [CpuPerCall::default(); 2];
     for r in 0..rounds {
-        let measured = round(r, |i| {
+        let order = if r.is_multiple_of(2) { [0, 1] } else { [1, 0] };
+        for i in order {
             let before = servers[i].cpu_time();
-            let sample = measure(i);
-            async move {
-                let sample = sample.await;
-                (sample, before.zip(servers[i].cpu_time()).map(|(b, a)| a.saturating_sub(b)))
-            }
-        })
-        .await;
-        for (i, (sample, used)) in measured.into_iter().enumerate() {
+            let sample = measure(i).await;
+            let used = before.zip(servers[i].cpu_time()).map(|(b, a)| a.saturating_sub(b));
             cpu[i].add(used, sample.throughput * slice.as_secs_f64());
             samples[i].push(sample);
         }
     }
     (samples, cpu.map(CpuPerCall::us_per_call))
-}
-
-/// The median of `values`, and their lowest and highest.
-fn median_and_range(mut values: Vec<f64>) -> (f64, [f64; 2]) {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    let median = if n % 2 == 1 { values[n / 2] } else { (values[n / 2 - 1] + values[n / 2]) / 2.0 };
-    (median, [values[0], values[n - 1]])
-}
-
-/// Measures both targets with `measure`, back to back, the governed one first in odd
-/// rounds: a drift of the machine's speed within a round then favours neither.
-async fn round<T, F, Fut>(round: usize, mut measure: F) -> [T; 2]
-where
-    F: FnMut(usize) -> Fut,
-    Fut: std::future::Future<Output = T>,
-{
-    if round.is_multiple_of(2) {
-        let open = measure(0).await;
-        [open, measure(1).await]
-    } else {
-        let governed = measure(1).await;
-        [measure(0).await, governed]
-    }
 }
 
 /// The `[auth]` both servers share, and the keys of its principals.
@@ -303,7 +276,7 @@ pub(crate) async fn run(
         load::closed_loop(&targets[i], options.concurrency, slice, request)
     })
     .await;
-    let (throughput_ratio, throughput_ratio_range) = median_and_range(
+    let (throughput_ratio, throughput_ratio_range) = load::median_and_range(
         closed[0].iter().zip(&closed[1]).map(|(o, g)| g.throughput / o.throughput).collect(),
     );
     let [open, governed] = closed.map(load::median);
@@ -311,8 +284,9 @@ pub(crate) async fn run(
     let (half, half_cpu) =
         phase(rounds, slice, servers, |i| load::open_loop(&targets[i], half_rate, slice, request))
             .await;
-    let (p99_added_ms, p99_added_range_ms) =
-        median_and_range(half[0].iter().zip(&half[1]).map(|(o, g)| g.p99_ms - o.p99_ms).collect());
+    let (p99_added_ms, p99_added_range_ms) = load::median_and_range(
+        half[0].iter().zip(&half[1]).map(|(o, g)| g.p99_ms - o.p99_ms).collect(),
+    );
     let [open_half, governed_half] = half.map(load::median);
     let both = |[open, governed]: [Option<f64>; 2]| open.zip(governed).map(|(o, g)| [o, g]);
     Ok(PolicyReport {
@@ -395,11 +369,5 @@ mod tests {
         let (toml, count) = super::rules(std::path::Path::new("/tmp/audit.jsonl"), lean);
         assert_eq!(count, 49);
         assert!(toml.contains("to = \"off\"") && !toml.contains("when"), "{toml}");
-    }
-
-    #[test]
-    fn rounds_are_summarised_by_their_median_and_range() {
-        assert_eq!(super::median_and_range(vec![0.9, 1.2, 0.8]), (0.9, [0.8, 1.2]));
-        assert_eq!(super::median_and_range(vec![3.0, 1.0, 4.0, 2.0]), (2.5, [1.0, 4.0]));
     }
 }
