@@ -141,11 +141,6 @@ impl ChildServer {
         Some(Duration::from_millis(cpu_ticks(&stat)? * 1000 / TICKS_PER_SECOND))
     }
 
-    /// Keeps every thread of the server, and those it starts later, on `cpus`.
-    pub(crate) fn pin(&self, cpus: &[usize]) -> anyhow::Result<()> {
-        pin_process(self.child.id().context("the server has exited")?, cpus)
-    }
-
     /// Stops the server as an operator does, with SIGTERM, and waits for it to exit.
     pub(crate) async fn terminate(mut self) -> anyhow::Result<()> {
         if let Some(pid) = self.child.id() {
@@ -183,6 +178,16 @@ impl Drop for RemoveOnDrop {
 
 /// Starts `exe args…`, which must print `listening on ADDR` as its first stdout line.
 pub(crate) async fn start_child(exe: &Path, args: &[&str]) -> anyhow::Result<ChildServer> {
+    start_child_on(exe, args, None).await
+}
+
+/// Starts `exe` with `args` as [`start_child`] does, on `cpus` when given: from its first
+/// instruction, so that its runtime sizes its thread pool to them.
+pub(crate) async fn start_child_on(
+    exe: &Path,
+    args: &[&str],
+    cpus: Option<&[usize]>,
+) -> anyhow::Result<ChildServer> {
     // A toolmesh started without a data directory gets one of its own, removed afterwards:
     // one process at a time uses a data directory.
     static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -195,13 +200,30 @@ pub(crate) async fn start_child(exe: &Path, args: &[&str]) -> anyhow::Result<Chi
     if let Some(dir) = &data {
         command.arg("--data-dir").arg(dir);
     }
-    let mut child = command
+    command
         .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("starting {}", exe.display()))?;
+        .kill_on_drop(true);
+    let spawned = match cpus {
+        None => command.spawn(),
+        // A process starts with the CPU affinity of the thread that starts it: start it
+        // from a thread of its own, pinned to `cpus`.
+        Some(cpus) => {
+            let runtime = tokio::runtime::Handle::current();
+            std::thread::scope(|scope| {
+                scope
+                    .spawn(|| {
+                        pin_thread(cpus).map_err(std::io::Error::other)?;
+                        let _runtime = runtime.enter();
+                        command.spawn()
+                    })
+                    .join()
+                    .unwrap_or_else(|_| Err(std::io::Error::other("the starting thread panicked")))
+            })
+        }
+    };
+    let mut child = spawned.with_context(|| format!("starting {}", exe.display()))?;
     let stdout = child.stdout.take().context("child stdout")?;
     let mut lines = BufReader::new(stdout).lines();
     let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
@@ -218,25 +240,17 @@ pub(crate) async fn start_child(exe: &Path, args: &[&str]) -> anyhow::Result<Chi
     Ok(ChildServer { child, addr, _data: data.map(RemoveOnDrop) })
 }
 
-/// Keeps every thread of process `pid` on `cpus`; threads it starts later inherit that
-/// from the thread that starts them.
-pub(crate) fn pin_process(pid: u32, cpus: &[usize]) -> anyhow::Result<()> {
-    use nix::sched::{CpuSet, sched_setaffinity};
-    let mut set = CpuSet::new();
+/// Keeps the calling thread, and the threads and processes it starts, on `cpus`.
+pub(crate) fn pin_thread(cpus: &[usize]) -> nix::Result<()> {
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &cpu_set(cpus)?)
+}
+
+fn cpu_set(cpus: &[usize]) -> nix::Result<nix::sched::CpuSet> {
+    let mut set = nix::sched::CpuSet::new();
     for &cpu in cpus {
         set.set(cpu)?;
     }
-    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
-        let Some(tid) = task?.file_name().to_str().and_then(|t| t.parse().ok()) else { continue };
-        // A thread may end between the listing and this.
-        match sched_setaffinity(nix::unistd::Pid::from_raw(tid), &set) {
-            Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
-            Err(error) => {
-                anyhow::bail!("pinning thread {tid} of process {pid} to {cpus:?}: {error}")
-            }
-        }
-    }
-    Ok(())
+    Ok(set)
 }
 
 pub(crate) async fn clients(

@@ -83,7 +83,8 @@ struct Cli {
     policy_without_audit: bool,
     /// With --policy: keep the load generator on the first half of the cores and the
     /// servers on the rest, so that neither takes CPU from the other and half load is half
-    /// of what the servers' own cores can take (Linux only).
+    /// of what the servers' own cores can take. Each process starts on its cores, so its
+    /// runtime runs one worker thread per core it has (Linux only).
     #[arg(long, requires = "policy")]
     pin: bool,
     /// Serve the bare echo baseline instead (used by the bench itself).
@@ -144,6 +145,15 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // With --pin the load generator keeps to its cores from its first thread on, so that
+    // its runtime sizes itself to them.
+    let pinned = match cli.pin.then(pin_load_generator).transpose() {
+        Ok(pinned) => pinned,
+        Err(error) => {
+            eprintln!("toolmesh-bench: {error:#}");
+            return ExitCode::from(2);
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -151,7 +161,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
+    match runtime.block_on(run(cli, pinned)) {
         Ok(code) => code,
         Err(error) => {
             eprintln!("toolmesh-bench: {error:#}");
@@ -160,7 +170,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(args: Cli) -> anyhow::Result<ExitCode> {
+async fn run(args: Cli, pinned: Option<policy::Cores>) -> anyhow::Result<ExitCode> {
     if args.echo_server {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         println!("echo listening on {}", listener.local_addr()?);
@@ -238,12 +248,9 @@ async fn run(args: Cli) -> anyhow::Result<ExitCode> {
             remote::run(&programs, options.duration, options.warmup, options.rounds).await?;
         (remote::render(&report), serde_json::to_value(&report)?)
     } else if args.policy {
-        let variant = policy::Variant {
-            cel: !args.policy_without_cel,
-            audit: !args.policy_without_audit,
-            pin: args.pin,
-        };
-        let report = policy::run(&options, &programs, variant).await?;
+        let variant =
+            policy::Variant { cel: !args.policy_without_cel, audit: !args.policy_without_audit };
+        let report = policy::run(&options, &programs, variant, pinned).await?;
         (policy::render(&report), serde_json::to_value(&report)?)
     } else if args.mcp {
         let report = load::run_mcp(&options, &programs).await?;
@@ -254,6 +261,14 @@ async fn run(args: Cli) -> anyhow::Result<ExitCode> {
     };
     print_report(args.json, &table, &json)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Splits the cores between the load generator and the servers, and keeps this process on
+/// the load generator's.
+fn pin_load_generator() -> anyhow::Result<policy::Cores> {
+    let cores = policy::Cores::split()?;
+    load::pin_thread(&cores.load)?;
+    Ok(cores)
 }
 
 /// Prints a report as its table, or as JSON with `--json`.

@@ -29,16 +29,30 @@ pub(crate) struct Variant {
     pub(crate) cel: bool,
     /// The audit log, to a file.
     pub(crate) audit: bool,
-    /// The load generator and the servers on cores of their own.
-    pub(crate) pin: bool,
 }
 
-/// Which cores the load generator and the servers run on, with `--pin`: the first half
-/// of the cores and the rest.
-fn cores() -> anyhow::Result<(Vec<usize>, Vec<usize>)> {
-    let n = std::thread::available_parallelism()?.get();
-    anyhow::ensure!(n >= 2, "--pin needs at least two cores; this machine has {n}");
-    Ok(((0..n / 2).collect(), (n / 2..n).collect()))
+/// With `--pin`, the cores of the load generator and of the servers: the first half of
+/// the cores this process may run on, and the rest.
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct Cores {
+    pub(crate) load: Vec<usize>,
+    pub(crate) servers: Vec<usize>,
+}
+
+impl Cores {
+    pub(crate) fn split() -> anyhow::Result<Self> {
+        let allowed = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))?;
+        let cpus: Vec<usize> = (0..nix::sched::CpuSet::count())
+            .filter(|&cpu| allowed.is_set(cpu).unwrap_or(false))
+            .collect();
+        anyhow::ensure!(
+            cpus.len() >= 2,
+            "--pin needs at least two cores; this process may run on {}",
+            cpus.len()
+        );
+        let (load, servers) = cpus.split_at(cpus.len() / 2);
+        Ok(Cores { load: load.to_vec(), servers: servers.to_vec() })
+    }
 }
 
 /// Figures of `toolmesh-bench --policy`.
@@ -49,7 +63,7 @@ pub(crate) struct PolicyReport {
     /// Whether every call was audited (to a file).
     pub(crate) audited: bool,
     /// The cores of the load generator and of the servers, when pinned.
-    pub(crate) pinned: Option<(Vec<usize>, Vec<usize>)>,
+    pub(crate) pinned: Option<Cores>,
     /// Closed loop, without policy.
     pub(crate) open: Sample,
     /// Closed loop, with the policy.
@@ -199,19 +213,22 @@ fn rules(audit: &std::path::Path, variant: Variant) -> (String, usize) {
     (toml, count)
 }
 
-/// Starts `toolmesh serve` with `config` (TOML) written to a temporary file.
+/// Starts `toolmesh serve` with `config` (TOML) written to a temporary file, on `cpus` when
+/// given.
 async fn serve(
     programs: &Programs,
     name: &str,
     config: &str,
+    cpus: Option<&[usize]>,
 ) -> anyhow::Result<(load::ChildServer, RemoveOnDrop)> {
     let path =
         std::env::temp_dir().join(format!("toolmesh-bench-{name}-{}.toml", std::process::id()));
     std::fs::write(&path, config)?;
     let arg = path.display().to_string();
-    let child = load::start_child(
+    let child = load::start_child_on(
         &programs.toolmesh,
         &["serve", "--listen", "127.0.0.1:0", "--config", &arg],
+        cpus,
     )
     .await?;
     Ok((child, RemoveOnDrop(path)))
@@ -234,24 +251,17 @@ pub(crate) async fn run(
     options: &BenchOptions,
     programs: &Programs,
     variant: Variant,
+    pinned: Option<Cores>,
 ) -> anyhow::Result<PolicyReport> {
     let (auth, keys) = auth();
     let audit = RemoveOnDrop(
         std::env::temp_dir().join(format!("toolmesh-bench-audit-{}.jsonl", std::process::id())),
     );
     let (rules, count) = rules(&audit.0, variant);
-    let (open_server, _open_config) = serve(programs, "open", &auth).await?;
+    let on = pinned.as_ref().map(|cores| cores.servers.as_slice());
+    let (open_server, _open_config) = serve(programs, "open", &auth, on).await?;
     let (governed_server, _governed_config) =
-        serve(programs, "policy", &format!("{auth}\n{rules}")).await?;
-    let pinned = if variant.pin {
-        let (load, servers) = cores()?;
-        load::pin_process(std::process::id(), &load)?;
-        open_server.pin(&servers)?;
-        governed_server.pin(&servers)?;
-        Some((load, servers))
-    } else {
-        None
-    };
+        serve(programs, "policy", &format!("{auth}\n{rules}"), on).await?;
     let request = CallToolRequest {
         name: options.tool.clone(),
         arguments_json: options.arguments.clone(),
@@ -328,7 +338,7 @@ pub(crate) fn render(report: &PolicyReport) -> String {
         "p99 ms",
         "errors"
     );
-    if let Some((load, servers)) = &report.pinned {
+    if let Some(Cores { load, servers }) = &report.pinned {
         out.push_str(&format!("load generator on cores {load:?}, servers on cores {servers:?}\n"));
     }
     out.push_str(&row("no policy, closed loop", &report.open));
@@ -362,10 +372,10 @@ pub(crate) fn render(report: &PolicyReport) -> String {
 mod tests {
     #[test]
     fn the_benchmark_policy_has_fifty_rules() {
-        let all = super::Variant { cel: true, audit: true, pin: false };
+        let all = super::Variant { cel: true, audit: true };
         let (_, count) = super::rules(std::path::Path::new("/tmp/audit.jsonl"), all);
         assert_eq!(count, 50);
-        let lean = super::Variant { cel: false, audit: false, pin: false };
+        let lean = super::Variant { cel: false, audit: false };
         let (toml, count) = super::rules(std::path::Path::new("/tmp/audit.jsonl"), lean);
         assert_eq!(count, 49);
         assert!(toml.contains("to = \"off\"") && !toml.contains("when"), "{toml}");
