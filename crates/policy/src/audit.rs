@@ -9,45 +9,139 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use serde::Serialize;
-
 use crate::{PolicyError, config::AuditTarget};
 
-/// One audit event.
-#[derive(Debug, Clone, Serialize)]
+/// One audit event. It is written as one JSON line, `{"ts": <seconds since the Unix epoch,
+/// to the microsecond>, "audit": {<the fields below, in this order; those marked optional
+/// only when set>}}`.
+#[derive(Debug, Clone)]
 pub struct AuditEvent<'a> {
     /// `call`, `discovery` or `approval`.
     pub event: &'static str,
     /// The principal's name.
     pub principal: &'a str,
-    /// The principal's agent, if it has one.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// The principal's agent, if it has one (optional).
     pub agent: Option<&'a str>,
     /// The tool called; for a discovery, the RPC or meta-tool (`ListTools`, `searchTools`).
     pub tool: &'a str,
-    /// The call id, for a call.
-    #[serde(skip_serializing_if = "str::is_empty")]
+    /// The call id, for a call (optional: not when empty).
     pub call_id: &'a str,
     /// `allow`, `deny` or `hide`.
     pub decision: &'a str,
     /// The rule that decided (`default` when none matched; for a discovery, the rules
     /// that hid tools).
     pub rule: &'a str,
-    /// For a discovery: how many tools were hidden.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// For a discovery: how many tools were hidden (optional).
     pub hidden: Option<usize>,
     /// `ok`, `tool_error`, or the kind of the error the call ended with.
     pub outcome: &'a str,
-    /// How long the call took, in milliseconds.
-    pub duration_ms: f64,
-    /// The trace the call belongs to, when it is traced.
-    #[serde(skip_serializing_if = "str::is_empty")]
+    /// How long the call took; written as `duration_ms`, in milliseconds to the
+    /// microsecond.
+    pub duration: Duration,
+    /// The trace the call belongs to, when it is traced (optional: not when empty).
     pub trace_id: &'a str,
     /// The policy version that decided.
     pub policy: &'a str,
-    /// For an approval: the person's note.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// For an approval: the person's note (optional).
     pub note: Option<&'a str>,
+}
+
+impl AuditEvent<'_> {
+    /// Appends the event, stamped `ts` (since the Unix epoch), to `line` as one line of
+    /// JSON. Written by hand rather than through serde: this runs on every call, and its
+    /// strings seldom need escaping, which is checked for a whole string at once.
+    fn write_line(&self, ts: Duration, line: &mut Vec<u8>) {
+        line.extend_from_slice(b"{\"ts\":");
+        decimal(line, ts.as_secs(), ts.subsec_micros().into(), 6);
+        line.extend_from_slice(b",\"audit\":{\"event\":");
+        string(line, self.event);
+        field(line, "principal", self.principal);
+        if let Some(agent) = self.agent {
+            field(line, "agent", agent);
+        }
+        field(line, "tool", self.tool);
+        if !self.call_id.is_empty() {
+            field(line, "call_id", self.call_id);
+        }
+        field(line, "decision", self.decision);
+        field(line, "rule", self.rule);
+        if let Some(hidden) = self.hidden {
+            line.extend_from_slice(b",\"hidden\":");
+            digits(line, hidden as u64, 1);
+        }
+        field(line, "outcome", self.outcome);
+        line.extend_from_slice(b",\"duration_ms\":");
+        let micros = u64::try_from(self.duration.as_micros()).unwrap_or(u64::MAX);
+        decimal(line, micros / 1000, micros % 1000, 3);
+        if !self.trace_id.is_empty() {
+            field(line, "trace_id", self.trace_id);
+        }
+        field(line, "policy", self.policy);
+        if let Some(note) = self.note {
+            field(line, "note", note);
+        }
+        line.extend_from_slice(b"}}\n");
+    }
+}
+
+/// Appends `,"name":"value"`.
+fn field(line: &mut Vec<u8>, name: &str, value: &str) {
+    line.extend_from_slice(b",\"");
+    line.extend_from_slice(name.as_bytes());
+    line.extend_from_slice(b"\":");
+    string(line, value);
+}
+
+/// Appends `value` as a JSON string.
+fn string(line: &mut Vec<u8>, value: &str) {
+    let bytes = value.as_bytes();
+    line.push(b'"');
+    // Without a branch per byte, so that the check runs many bytes at a time.
+    let plain = !bytes.iter().fold(false, |any, &b| any | (b < 0x20) | (b == b'"') | (b == b'\\'));
+    if plain {
+        line.extend_from_slice(bytes);
+    } else {
+        let mut start = 0;
+        for (i, &b) in bytes.iter().enumerate() {
+            let escaped: &[u8] = match b {
+                b'"' => b"\\\"",
+                b'\\' => b"\\\\",
+                b'\n' => b"\\n",
+                b'\r' => b"\\r",
+                b'\t' => b"\\t",
+                0x00..=0x1f => {
+                    const HEX: &[u8; 16] = b"0123456789abcdef";
+                    &[b'\\', b'u', b'0', b'0', HEX[usize::from(b >> 4)], HEX[usize::from(b & 0xf)]]
+                }
+                _ => continue,
+            };
+            line.extend_from_slice(&bytes[start..i]);
+            line.extend_from_slice(escaped);
+            start = i + 1;
+        }
+        line.extend_from_slice(&bytes[start..]);
+    }
+    line.push(b'"');
+}
+
+/// Appends `whole.fraction`, the fraction in `places` digits.
+fn decimal(line: &mut Vec<u8>, whole: u64, fraction: u64, places: usize) {
+    digits(line, whole, 1);
+    line.push(b'.');
+    digits(line, fraction, places);
+}
+
+/// Appends `value` in decimal, with leading zeros to at least `width` digits.
+/// (`std::fmt` does the same several times slower, and this runs on every call.)
+fn digits(line: &mut Vec<u8>, mut value: u64, width: usize) {
+    let mut buffer = [0u8; 20];
+    let mut start = buffer.len();
+    while value > 0 || buffer.len() - start < width {
+        start -= 1;
+        buffer[start] = b'0' + (value % 10) as u8;
+        value /= 10;
+    }
+    line.extend_from_slice(&buffer[start..]);
 }
 
 /// How long the writer lets lines gather before it writes them: one wake-up and one write
@@ -151,23 +245,14 @@ impl AuditLog {
     /// Queues `event` as one JSON line, stamped with the time.
     pub fn record(&self, event: &AuditEvent<'_>) {
         let Some(shared) = &self.shared else { return };
-        #[derive(Serialize)]
-        struct Stamped<'a> {
-            ts: f64,
-            audit: &'a AuditEvent<'a>,
-        }
-        let ts = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs_f64();
+        let ts = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
         thread_local! {
             /// The line being serialized, outside the queue's lock; kept for the next one.
             static LINE: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
         }
         LINE.with_borrow_mut(|line| {
             line.clear();
-            if let Err(error) = serde_json::to_writer(&mut *line, &Stamped { ts, audit: event }) {
-                tracing::error!(%error, "an audit event could not be written");
-                return;
-            }
-            line.push(b'\n');
+            event.write_line(ts, line);
             let mut queue = shared.0.lock();
             let was_empty = queue.lines.is_empty();
             if queue.lines.len() + line.len() > shared.0.max_pending {
@@ -282,10 +367,62 @@ mod tests {
             rule: "default",
             hidden: None,
             outcome: "ok",
-            duration_ms: 0.25,
+            duration: Duration::from_micros(250),
             trace_id: "",
             policy: "v1",
             note: None,
+        }
+    }
+
+    #[test]
+    fn every_field_reads_back_as_written_whatever_its_characters() {
+        let awkward: String =
+            (0u8..0x20).map(char::from).chain("\"\\/é😀\u{7f}\u{2028}".chars()).collect();
+        for text in ["", "plain", "say \"hi\"", r"C:\tools\", "line\nbreak", awkward.as_str()] {
+            for optional in [false, true] {
+                let event = AuditEvent {
+                    event: "approval",
+                    principal: text,
+                    agent: optional.then_some(text),
+                    tool: text,
+                    call_id: if optional { text } else { "" },
+                    decision: text,
+                    rule: text,
+                    hidden: optional.then_some(usize::MAX),
+                    outcome: text,
+                    duration: Duration::from_nanos(if optional { 1_234_567_890 } else { 999 }),
+                    trace_id: if optional { text } else { "" },
+                    policy: text,
+                    note: optional.then_some(text),
+                };
+                let mut line = Vec::new();
+                event.write_line(Duration::new(1_764_915_000, 12_345_678), &mut line);
+                assert_eq!(line.iter().filter(|&&b| b == b'\n').count(), 1, "one line");
+                assert_eq!(line.last(), Some(&b'\n'));
+                let value: serde_json::Value = serde_json::from_slice(&line).expect("JSON");
+                assert_eq!(value["ts"], 1_764_915_000.012_345);
+                let audit = value["audit"].as_object().expect("an object");
+                for key in ["principal", "tool", "decision", "rule", "outcome", "policy"] {
+                    assert_eq!(audit[key], text, "{key}");
+                }
+                assert_eq!(audit["event"], "approval");
+                assert_eq!(audit["duration_ms"], if optional { 1234.567 } else { 0.0 });
+                // Empty call and trace ids are left out, as absent agent and note are.
+                let mut fields = 8;
+                for (key, written) in [
+                    ("agent", optional),
+                    ("call_id", optional && !text.is_empty()),
+                    ("trace_id", optional && !text.is_empty()),
+                    ("note", optional),
+                ] {
+                    let expected = written.then_some(text);
+                    assert_eq!(audit.get(key).and_then(|v| v.as_str()), expected, "{key}");
+                    fields += usize::from(written);
+                }
+                let hidden = audit.get("hidden").and_then(serde_json::Value::as_u64);
+                assert_eq!(hidden, optional.then_some(u64::MAX));
+                assert_eq!(audit.len(), fields + usize::from(optional));
+            }
         }
     }
 

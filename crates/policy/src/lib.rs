@@ -29,7 +29,7 @@ pub use config::{
     PrincipalLimitConfig, RuleConfig, ToolLimitConfig,
 };
 pub use limits::{LimitError, Permit, ResultLimit};
-pub use policy::{AGENT_ATTRIBUTE, DEFAULT_RULE, Decision, Policy, Scope};
+pub use policy::{AGENT_ATTRIBUTE, DEFAULT_RULE, Decision, Policy, Scope, Visible};
 
 /// The configuration section this crate reads.
 pub const SECTION: &str = "policy";

@@ -383,7 +383,6 @@ impl Policy {
             principal_json: OnceLock::new(),
             principal_value: OnceLock::new(),
             principal_hash: hasher,
-            first_plan: OnceLock::new(),
         }
     }
 }
@@ -491,9 +490,21 @@ pub struct Scope {
     principal_value: OnceLock<Box<dyn cel::common::value::Val>>,
     /// The hasher of the plans' keys, fed the principal.
     principal_hash: foldhash::fast::FoldHasher<'static>,
-    /// The first plan this scope looked up: a call looks up its tool's plan twice (is the
-    /// tool hidden; then the call's decision), the second time here.
-    first_plan: OnceLock<Arc<Plan>>,
+}
+
+/// A tool the principal sees ([`Scope::visible`]), with what the rules make of it for the
+/// principal: a call of it is decided from here ([`Scope::decide_visible`]).
+pub struct Visible {
+    /// `None` without a `[policy]`.
+    plan: Option<Arc<Plan>>,
+}
+
+impl fmt::Debug for Visible {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Visible")
+            .field("tool", &self.plan.as_ref().map(|plan| &plan.tool.name))
+            .finish()
+    }
 }
 
 impl fmt::Debug for Scope {
@@ -553,30 +564,40 @@ impl Scope {
     /// Returns the rule that hides `spec` from the principal (`agents.<id>` for an agent's
     /// tool list, `default` for the default); `None` when the principal sees it.
     pub fn hidden_by(&self, spec: &ToolSpec) -> Option<Arc<str>> {
+        self.visible(spec).err()
+    }
+
+    /// Returns `spec` as the principal sees it, ready for deciding a call of it; `Err` is
+    /// the rule that hides it, as [`Scope::hidden_by`].
+    pub fn visible(&self, spec: &ToolSpec) -> Result<Visible, Arc<str>> {
         if !self.policy.active {
-            return None;
+            return Ok(Visible { plan: None });
         }
-        self.plan(spec).hidden.clone()
+        let plan = self.plan(spec);
+        match &plan.hidden {
+            Some(rule) => Err(rule.clone()),
+            None => Ok(Visible { plan: Some(plan) }),
+        }
     }
 
     /// Decides a call of `spec` with `arguments`: deny wins; a tool the principal does not
     /// see is [`Decision::Hidden`]; one it sees but may not call so is
     /// [`Decision::Refused`].
     pub fn decide(&self, spec: &ToolSpec, arguments: &Json) -> Decision {
-        match self.hidden_by(spec) {
-            Some(rule) => Decision::Hidden { rule },
-            None => self.decide_visible(spec, arguments),
+        match self.visible(spec) {
+            Err(rule) => Decision::Hidden { rule },
+            Ok(visible) => self.decide_visible(&visible, spec, arguments),
         }
     }
 
-    /// Decides a call of `spec`, which the principal sees ([`Scope::hidden_by`] said so),
-    /// with `arguments`: [`Decision::Allow`] or [`Decision::Refused`]. Only the conditions
-    /// that read the arguments are evaluated; the plan of the tool holds the others.
-    pub fn decide_visible(&self, spec: &ToolSpec, arguments: &Json) -> Decision {
-        if !self.policy.active {
+    /// Decides a call of `spec`, which the principal sees as `visible`, with `arguments`:
+    /// [`Decision::Allow`], [`Decision::Refused`] or [`Decision::Approve`]. Only the
+    /// conditions that read the arguments are evaluated; the plan of the tool holds the
+    /// others.
+    pub fn decide_visible(&self, visible: &Visible, spec: &ToolSpec, arguments: &Json) -> Decision {
+        let Some(plan) = &visible.plan else {
             return Decision::Allow { rule: DEFAULT_RULE.into() };
-        }
-        let plan = self.plan(spec);
+        };
         let tool = ToolVariable::default();
         let converted = OnceCell::new();
         let mut allowed: Option<&Rule> = None;
@@ -643,20 +664,8 @@ impl Scope {
         }
     }
 
-    /// Returns the plan of `spec` for this principal: from the scope, the cache, or made now.
-    fn plan(&self, spec: &ToolSpec) -> Arc<Plan> {
-        if let Some(plan) = self.first_plan.get()
-            && plan.tool.is(spec)
-        {
-            return plan.clone();
-        }
-        let plan = self.find_plan(spec);
-        let _ = self.first_plan.set(plan.clone());
-        plan
-    }
-
     /// Returns the plan of `spec` for this principal from the policy's cache, or made now.
-    fn find_plan(&self, spec: &ToolSpec) -> Arc<Plan> {
+    fn plan(&self, spec: &ToolSpec) -> Arc<Plan> {
         let plans = &self.policy.plans;
         let mut hasher = self.principal_hash.clone();
         ToolKey::hash(spec, &mut hasher);

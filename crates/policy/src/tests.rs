@@ -304,7 +304,7 @@ fn the_audit_log_appends_one_json_line_per_event() {
             rule: "only-admins-delete",
             hidden: None,
             outcome: "ok",
-            duration_ms: 1.5,
+            duration: Duration::from_micros(1500),
             trace_id: "",
             policy: policy.version(),
             note: None,

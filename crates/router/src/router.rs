@@ -266,7 +266,7 @@ impl Router {
                 rule: seen.decision.as_ref().map_or("", Decision::rule),
                 hidden: None,
                 outcome: error_type.unwrap_or("ok"),
-                duration_ms: started.elapsed().as_secs_f64() * 1e3,
+                duration: started.elapsed(),
                 trace_id: &trace_id,
                 policy: policy.version(),
                 note: None,
@@ -294,7 +294,7 @@ impl Router {
         request.profile = admission.profile_of(&request.principal, &request.profile)?;
         let scope = admission.scope(request.principal.clone());
         // Resolved once per call: here, or by callTool, which hands the entry over.
-        let entry = info_span!(names::SPAN_RESOLVE).in_scope(|| {
+        let (entry, visible) = info_span!(names::SPAN_RESOLVE).in_scope(|| {
             let entry = match entry {
                 Some(entry) => entry,
                 None => self
@@ -303,19 +303,23 @@ impl Router {
                     .ok_or_else(|| RouterError::NotFound(request.name.clone()))?,
             };
             // A tool the caller may not see is answered as one that does not exist.
-            if !is_meta(&entry.spec)
-                && let Some(rule) = scope.hidden_by(&entry.spec)
-            {
-                seen.decision = Some(Decision::Hidden { rule });
-                return Err(match door {
-                    Door::Direct => RouterError::NotFound(request.name.clone()),
-                    Door::CallTool(_) => {
-                        RouterError::Refused(Box::new(call_tool_not_found(&request.name)))
+            let visible = match is_meta(&entry.spec) {
+                true => None,
+                false => match scope.visible(&entry.spec) {
+                    Ok(visible) => Some(visible),
+                    Err(rule) => {
+                        seen.decision = Some(Decision::Hidden { rule });
+                        return Err(match door {
+                            Door::Direct => RouterError::NotFound(request.name.clone()),
+                            Door::CallTool(_) => {
+                                RouterError::Refused(Box::new(call_tool_not_found(&request.name)))
+                            }
+                        });
                     }
-                });
-            }
+                },
+            };
             admission.admit(&request.profile, door, &entry.spec)?;
-            Ok::<_, RouterError>(entry)
+            Ok::<_, RouterError>((entry, visible))
         })?;
         seen.source = Some(entry.spec.source.clone());
         let span = Span::current();
@@ -341,8 +345,10 @@ impl Router {
                 Err(RouterError::InvalidArguments { tool: request.name.clone(), violations })
             }
         })?;
-        if !is_meta(&entry.spec) && scope.policy().is_active() {
-            let decision = scope.decide_visible(&entry.spec, &arguments);
+        if let Some(visible) = &visible
+            && scope.policy().is_active()
+        {
+            let decision = scope.decide_visible(visible, &entry.spec, &arguments);
             let refusal = match &decision {
                 Decision::Refused { rule, reason } => {
                     Some(policy_refusal(&request.name, rule, reason))
@@ -539,7 +545,7 @@ impl Router {
                 rule,
                 hidden: None,
                 outcome: if result.is_ok() { "ok" } else { "refused" },
-                duration_ms: started.elapsed().as_secs_f64() * 1e3,
+                duration: started.elapsed(),
                 trace_id: &current_trace_id(),
                 policy: policy.version(),
                 note: Some(&note).filter(|n| !n.is_empty()).map(String::as_str),

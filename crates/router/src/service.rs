@@ -515,7 +515,7 @@ impl Hidden {
             rule: &rules,
             hidden: Some(count),
             outcome: "ok",
-            duration_ms: started.elapsed().as_secs_f64() * 1e3,
+            duration: started.elapsed(),
             trace_id: &crate::router::current_trace_id(),
             policy: policy.version(),
             note: None,

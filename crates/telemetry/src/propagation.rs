@@ -115,6 +115,9 @@ pub struct SpanIds {
 /// Returns the ids of `span`, or `None` when it is not recorded (no exporter).
 pub fn span_ids(span: &tracing::Span) -> Option<SpanIds> {
     use opentelemetry::trace::TraceContextExt;
+    if span.is_disabled() {
+        return None;
+    }
     let context = span.context();
     let span_context = context.span().span_context().clone();
     span_context.is_valid().then(|| SpanIds {
