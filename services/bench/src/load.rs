@@ -467,6 +467,9 @@ pub(crate) async fn run(
         (Some(child), _) => child.addr.to_string(),
         (None, server) => server.clone().context("a server to measure")?,
     };
+    if own.is_some() {
+        until_embedded(&addr, None).await?;
+    }
     let echo = match options.baseline {
         true => Some(start_child(&programs.bench, &["--echo-server"]).await?),
         false => None,
@@ -896,6 +899,14 @@ async fn until_indexed(
         // no CPU from it, and the time measured is still within 1%.
         tokio::time::sleep((started.elapsed() / 100).clamp(POLL, Duration::from_secs(1))).await;
     }
+}
+
+/// Waits until the toolmesh at `addr` has embedded every tool it indexed: a first start
+/// embeds them in the background for seconds, and a load measured beside that would share
+/// the CPU with it.
+pub(crate) async fn until_embedded(addr: &str, token: Option<&str>) -> anyhow::Result<()> {
+    let client = toolmesh::client::connect(addr, token).await?;
+    until_indexed(&client, 0, Instant::now()).await.map(drop)
 }
 
 /// How often [`until_indexed`] asks at first.
