@@ -554,6 +554,7 @@ pub(crate) async fn run_mcp(
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    until_embedded(&addr, None).await?;
 
     let request = CallToolRequest {
         name: "bench_echo".into(),
@@ -901,9 +902,10 @@ async fn until_indexed(
     }
 }
 
-/// Waits until the toolmesh at `addr` has embedded every tool it indexed: a first start
-/// embeds them in the background for seconds, and a load measured beside that would share
-/// the CPU with it.
+/// Waits until the toolmesh at `addr` has embedded every tool it indexed. A first start
+/// embeds them in the background at low priority: about 0.1 s for a few tools on an idle
+/// machine, but seconds under a load that leaves it little CPU, and the first rounds of
+/// that load would share the CPU with it.
 pub(crate) async fn until_embedded(addr: &str, token: Option<&str>) -> anyhow::Result<()> {
     let client = toolmesh::client::connect(addr, token).await?;
     until_indexed(&client, 0, Instant::now()).await.map(drop)
