@@ -598,6 +598,7 @@ impl Scope {
         let Some(plan) = &visible.plan else {
             return Decision::Allow { rule: DEFAULT_RULE.into() };
         };
+        debug_assert!(plan.tool.is(spec), "`visible` is of another tool than {}", spec.name);
         let tool = ToolVariable::default();
         let converted = OnceCell::new();
         let mut allowed: Option<&Rule> = None;
