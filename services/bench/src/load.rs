@@ -468,7 +468,7 @@ pub(crate) async fn run(
         (None, server) => server.clone().context("a server to measure")?,
     };
     if own.is_some() {
-        until_embedded(&addr, None).await?;
+        until_embedded(&toolmesh::client::connect(&addr, None).await?).await?;
     }
     let echo = match options.baseline {
         true => Some(start_child(&programs.bench, &["--echo-server"]).await?),
@@ -554,7 +554,7 @@ pub(crate) async fn run_mcp(
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    until_embedded(&addr, None).await?;
+    until_embedded(&client).await?;
 
     let request = CallToolRequest {
         name: "bench_echo".into(),
@@ -902,13 +902,14 @@ async fn until_indexed(
     }
 }
 
-/// Waits until the toolmesh at `addr` has embedded every tool it indexed. A first start
+/// Waits until the toolmesh `client` calls has embedded every tool it indexed. A first start
 /// embeds them in the background at low priority: about 0.1 s for a few tools on an idle
 /// machine, but seconds under a load that leaves it little CPU, and the first rounds of
 /// that load would share the CPU with it.
-pub(crate) async fn until_embedded(addr: &str, token: Option<&str>) -> anyhow::Result<()> {
-    let client = toolmesh::client::connect(addr, token).await?;
-    until_indexed(&client, 0, Instant::now()).await.map(drop)
+pub(crate) async fn until_embedded(
+    client: &ToolServiceClient<toolmesh::client::Connection>,
+) -> anyhow::Result<()> {
+    until_indexed(client, 0, Instant::now()).await.map(drop)
 }
 
 /// How often [`until_indexed`] asks at first.

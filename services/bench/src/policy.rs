@@ -267,11 +267,13 @@ pub(crate) async fn run(
         arguments_json: options.arguments.clone(),
         ..Default::default()
     };
-    let addrs = [open_server.addr.to_string(), governed_server.addr.to_string()];
-    for addr in &addrs {
-        load::until_embedded(addr, Some(&keys[0])).await?;
+    let targets = [
+        clients(&open_server.addr.to_string(), &keys).await?,
+        clients(&governed_server.addr.to_string(), &keys).await?,
+    ];
+    for clients in &targets {
+        load::until_embedded(&clients[0]).await?;
     }
-    let targets = [clients(&addrs[0], &keys).await?, clients(&addrs[1], &keys).await?];
     for clients in &targets {
         for client in clients {
             let probe = client.clone().call_tool(request.clone()).await.context("probe call")?;

@@ -118,8 +118,8 @@ pub(crate) async fn run(
     )
     .await?;
     let addr = router.addr.to_string();
-    load::until_embedded(&addr, None).await?;
     let clients = load::clients(&addr, 4).await?;
+    load::until_embedded(&clients[0]).await?;
     let remote = CallToolRequest { name: "wait_remote".into(), ..Default::default() };
     let local = CallToolRequest { name: "wait_local".into(), ..Default::default() };
 
