@@ -555,11 +555,16 @@ async fn search_tools_ranks_the_live_catalog() {
     };
     let found = eventually(Duration::from_secs(5), || async {
         let response = search("record a reasoning step before acting", "").await.unwrap();
-        (response.hits.first().map(|h| h.tool.as_ref().unwrap().name.as_str()) == Some("think"))
-            .then_some(response)
+        (response.index_complete
+            && response.hits.first().map(|h| h.tool.as_ref().unwrap().name.as_str())
+                == Some("think"))
+        .then_some(response)
     })
     .await
-    .expect("think ranks first");
+    .expect("think ranks first once the index is complete");
+    // Without a policy the index is counted: every tool of the catalog, each with its vector.
+    let catalog = server.app.registry().snapshot().len() as u64;
+    assert_eq!((found.indexed_tools, found.embedded_tools), (catalog, catalog));
     assert!(
         found.ranking.starts_with("convex[dense=0.5](bm25, minilm"),
         "hybrid ranking with the real model: {}",

@@ -256,6 +256,7 @@ impl Discovery for MetaTools {
             indexed: search.indexed() as u64,
             embedded: search.embedded() as u64,
             index_version: search.version(),
+            complete: search.complete(),
         })
     }
 

@@ -21,6 +21,8 @@ pub struct Found {
     pub embedded: u64,
     /// The catalog version the index reflects.
     pub index_version: u64,
+    /// Whether the index had taken in the latest catalog, every tool with its vector.
+    pub complete: bool,
 }
 
 /// A filter a search applies besides the profile's pool.

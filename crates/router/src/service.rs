@@ -172,12 +172,17 @@ impl ToolServiceImpl {
                 score,
             })
             .collect();
+        // Under a policy the counts of the whole index would say how many tools the caller
+        // may not see; counting only those it may see would decide the policy for every
+        // tool of the index on each search. `index_complete` tells readiness instead.
+        let counted = !admission.policy().is_active();
         Ok(Response::new(v1::SearchToolsResponse {
             hits,
             ranking: found.ranking,
-            indexed_tools: found.indexed,
-            embedded_tools: found.embedded,
+            indexed_tools: if counted { found.indexed } else { 0 },
+            embedded_tools: if counted { found.embedded } else { 0 },
             index_version: found.index_version,
+            index_complete: found.complete,
         }))
     }
 }

@@ -273,6 +273,15 @@ impl SearchHandle {
         self.shared.version.load(Ordering::Acquire)
     }
 
+    /// Returns whether the index has taken in the latest catalog, every tool with its
+    /// vector when search has a model: a search now ranks every tool there is.
+    pub fn complete(&self) -> bool {
+        // The counts before the version: a change that lands between the reads leaves the
+        // index behind the catalog, so it is never taken for complete.
+        let embedded = self.shared.embedder.is_none() || self.embedded() >= self.indexed();
+        embedded && self.version() >= self.registry.snapshot().version
+    }
+
     /// Returns whether search ranks with sentence embeddings as well as BM25.
     pub fn has_embeddings(&self) -> bool {
         self.shared.embedder.is_some()

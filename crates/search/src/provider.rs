@@ -292,6 +292,7 @@ mod tests {
         registry.register(tool("stocks", "Gets stock prices.")).await.unwrap();
         until("the second tool is embedded", || provider.handle().embedded() == 1).await;
         assert_eq!(provider.handle().indexed(), 2);
+        assert!(!provider.handle().complete(), "a tool without its vector: not complete");
         // The toy model gives every text one vector; the lexical ranking still finds weather.
         let hits = provider.handle().search("weather forecast", 3, |_| true).await.unwrap();
         assert!(hits.iter().any(|h| h.tool.spec.name == "weather"), "{hits:?}");
@@ -308,6 +309,7 @@ mod tests {
             .unwrap();
         registry.register(tool("weather", "Gets the weather forecast.")).await.unwrap();
         until("indexed", || provider.handle().indexed() == 1).await;
+        assert!(provider.handle().complete(), "lexical only: complete once indexed");
         let index = |provider: &SearchProvider| {
             provider.health().into_iter().find(|(name, _)| name == "index").unwrap().1
         };
@@ -319,12 +321,14 @@ mod tests {
         old.kill();
         old.wait(None).await.unwrap();
         registry.register(tool("stocks", "Gets stock prices.")).await.unwrap();
+        assert!(!provider.handle().complete(), "the index is behind the catalog");
         let fresh = provider.respawn(supervisor.get_cell(), "killed".into()).await.unwrap();
         assert_ne!(fresh.get_id(), old.get_id());
         until("caught up", || index(&provider).up).await;
         assert_eq!(index(&provider).status, "restarted 1 times; last failure: killed");
         // The fresh actor indexed what changed while none ran, and follows the catalog.
         assert_eq!(provider.handle().indexed(), 2);
+        assert!(provider.handle().complete());
         registry.register(tool("tides", "Gets tide tables.")).await.unwrap();
         until("the fresh actor follows the catalog", || provider.handle().indexed() == 3).await;
         provider.stop(Duration::from_secs(1)).await;

@@ -869,8 +869,9 @@ pub(crate) async fn run_search(
     })
 }
 
-/// Waits until `expected` tools are indexed, each with its vector; returns how many had
-/// their vector at the first answer with all of them indexed.
+/// Waits until `expected` tools are indexed and the index is complete (every tool with its
+/// vector); returns how many had their vector at the first answer with all of them indexed.
+/// Under a policy the server counts none, and `expected` must be 0.
 async fn until_indexed(
     client: &ToolServiceClient<toolmesh::client::Connection>,
     expected: usize,
@@ -884,16 +885,17 @@ async fn until_indexed(
         let response = search_tools(client, "tool", 1).await?;
         if response.indexed_tools as usize >= expected {
             first.get_or_insert(response.embedded_tools);
-            if all_embedded(&response) {
+            if response.index_complete {
                 return Ok(first.unwrap_or_default());
             }
         }
         anyhow::ensure!(
             started.elapsed() < limit,
-            "{} tools indexed, {} of them with their vector, after {} s; {expected} expected",
+            "the index was not complete after {} s: {} tools indexed ({expected} expected), {} \
+             of them with their vector (both 0 under a policy)",
+            limit.as_secs(),
             response.indexed_tools,
             response.embedded_tools,
-            limit.as_secs()
         );
         // Every 5 ms while the wait is short (a restart); later, a hundredth of the time
         // waited so far, so that the polls of a first start, which embeds for minutes, take
@@ -926,11 +928,6 @@ async fn search_tools(
     client.clone().search_tools(request).await.map(tonic::Response::into_inner)
 }
 
-/// Whether every indexed tool has its vector (always, for lexical search).
-fn all_embedded(response: &toolmesh_proto::v1::SearchToolsResponse) -> bool {
-    response.ranking == "bm25" || response.embedded_tools >= response.indexed_tools
-}
-
 /// Tools changed one after another to measure re-indexing.
 pub(crate) const REINDEX_CHANGES: usize = 11;
 
@@ -952,7 +949,7 @@ async fn reindex_once(
 ) -> anyhow::Result<Reindexed> {
     let probe = || async {
         let response = search_tools(client, "tool", 1).await?;
-        anyhow::Ok((response.index_version, all_embedded(&response)))
+        anyhow::Ok((response.index_version, response.index_complete))
     };
     // The server is settled: the cold start, or the previous change, has every vector in,
     // and nothing else writes to the catalog (one change is one catalog version).
