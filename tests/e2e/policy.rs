@@ -12,7 +12,8 @@ use toolmesh::AppOptions;
 use toolmesh_e2e::{TestServer, eventually, tools::ArgsTool};
 use toolmesh_proto::v1::{
     ApprovalAnswer, ApprovalRequest, CallToolClientMessage, CallToolRequest, CallToolResponse,
-    ListToolsRequest, SearchToolsRequest, call_tool_client_message, call_tool_server_message,
+    ListCollectionsRequest, ListToolsRequest, SearchToolsRequest, call_tool_client_message,
+    call_tool_server_message, knowledge_service_client::KnowledgeServiceClient,
     tool_service_client::ToolServiceClient,
 };
 use toolmesh_workers::{LocalTool, ToolLimits};
@@ -404,6 +405,64 @@ async fn a_default_deny_policy_still_gives_k_allowed_search_results() {
     assert!(found.iter().all(|n| n.starts_with("file_") || n == "write_file"), "{found:?}");
     let echo = call(&mut bob, "echo", json!({})).await.unwrap_err();
     assert_eq!(echo.code(), Code::NotFound);
+}
+
+#[tokio::test]
+async fn a_knowledge_collection_is_listed_to_whom_may_see_its_tool_and_to_its_writers() {
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let policy = r#"
+        [[policy.rules]]
+        name = "handbook-for-admins"
+        effect = "deny"
+        tools = ["search_handbook"]
+        when = '!("admin" in principal.roles)'
+
+        [knowledge]
+        writer_role = "dev"
+
+        [[knowledge.collections]]
+        name = "handbook"
+        description = "The staff handbook."
+
+        [[knowledge.collections]]
+        name = "faq"
+        description = "Questions customers ask."
+    "#;
+    let (server, keys) = server(policy, &audit).await;
+    let collections = |key: String| {
+        let addr = server.addr.to_string();
+        async move {
+            let channel = toolmesh::client::channel(&addr, Some(&key)).await.unwrap();
+            let mut client = KnowledgeServiceClient::new(channel);
+            let listed = client.list_collections(ListCollectionsRequest::default()).await;
+            let mut names: Vec<String> =
+                listed.unwrap().into_inner().collections.into_iter().map(|c| c.name).collect();
+            names.sort();
+            names
+        }
+    };
+
+    // alice may see both tools; the bot sees neither the tool nor its collection.
+    assert_eq!(collections(keys.alice.clone()).await, ["faq", "handbook"]);
+    let mut bot = client(&server, &keys.bot).await;
+    assert!(!names(&mut bot, "").await.contains(&"search_handbook".to_owned()));
+    assert_eq!(collections(keys.bot.clone()).await, ["faq"]);
+    // bob may not search the handbook either, but writes to the collections: he sees them.
+    let mut bob = client(&server, &keys.bob).await;
+    assert!(!names(&mut bob, "").await.contains(&"search_handbook".to_owned()));
+    assert_eq!(collections(keys.bob.clone()).await, ["faq", "handbook"]);
+
+    // The hidden collection is audited as a discovery that hid a tool.
+    let server_policy = server.app.router().admission().policy().clone();
+    assert!(server_policy.audit().flush(Duration::from_secs(5)));
+    let listed = audit_lines(&audit)
+        .into_iter()
+        .find(|event| event["tool"] == "ListCollections" && event["principal"] == "bot-key-1");
+    let listed = listed.expect("an audit event of the bot's ListCollections");
+    assert_eq!(listed["decision"], "hide");
+    assert_eq!(listed["rule"], "handbook-for-admins");
+    assert_eq!(listed["hidden"], 1);
 }
 
 #[tokio::test]

@@ -471,19 +471,20 @@ async fn run_stream(
 /// audit event and the decisions metric. A search may look at a tool more than once (again
 /// over every tool when its ranking holds fewer than k the caller may see): each tool
 /// counts once.
-struct Hidden {
+pub struct Hidden {
     principal: Arc<Principal>,
     state: std::sync::Mutex<(std::collections::HashSet<String>, Vec<Arc<str>>)>,
 }
 
 impl Hidden {
-    fn new(principal: Arc<Principal>) -> Self {
+    /// Starts the count of one request of `principal`.
+    pub fn new(principal: Arc<Principal>) -> Self {
         Hidden { principal, state: Default::default() }
     }
 
     /// Notes the rule that hides the tool `name`, if one does; returns whether the tool is
     /// seen.
-    fn note(&self, name: &str, rule: Option<Arc<str>>) -> bool {
+    pub fn note(&self, name: &str, rule: Option<Arc<str>>) -> bool {
         let Some(rule) = rule else { return true };
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if !state.0.contains(name) {
@@ -496,7 +497,7 @@ impl Hidden {
     }
 
     /// Counts the hidden tools and writes one audit event for `rpc`, when any was hidden.
-    fn audit(&self, admission: &Admission, rpc: &str, started: std::time::Instant) {
+    pub fn audit(&self, admission: &Admission, rpc: &str, started: std::time::Instant) {
         let (count, rules) = {
             let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
             if state.0.is_empty() {

@@ -1,6 +1,8 @@
 //! `toolmesh.v1.KnowledgeService`: ingestion, deletion and the list of knowledge
 //! collections, over the [`KnowledgeHandle`].
 
+use std::sync::Arc;
+
 use serde_json::Value;
 use tonic::{Request, Response, Status, Streaming};
 use toolmesh_core::Principal;
@@ -9,17 +11,20 @@ use toolmesh_proto::v1::{
     CollectionInfo, DeleteRequest, DeleteResponse, DocumentFormat, IngestRequest, IngestResponse,
     ListCollectionsRequest, ListCollectionsResponse, knowledge_service_server::KnowledgeService,
 };
+use toolmesh_router::{Hidden, Router};
 use tracing::Instrument;
 
 /// The knowledge API.
 #[derive(Debug, Clone)]
 pub(crate) struct KnowledgeServiceImpl {
     knowledge: KnowledgeHandle,
+    /// The catalog and the policy: which collections' tools a principal may see.
+    router: Router,
 }
 
 impl KnowledgeServiceImpl {
-    pub(crate) fn new(knowledge: KnowledgeHandle) -> Self {
-        KnowledgeServiceImpl { knowledge }
+    pub(crate) fn new(knowledge: KnowledgeHandle, router: Router) -> Self {
+        KnowledgeServiceImpl { knowledge, router }
     }
 }
 
@@ -85,7 +90,7 @@ impl KnowledgeServiceImpl {
     /// Refuses a request whose principal may not write: with `[auth]`, Ingest and Delete
     /// need `[knowledge] writer_role`.
     fn may_write<T>(&self, request: &Request<T>) -> Result<(), Status> {
-        let Some(principal) = request.extensions().get::<std::sync::Arc<Principal>>() else {
+        let Some(principal) = request.extensions().get::<Arc<Principal>>() else {
             return Ok(());
         };
         let role = self.knowledge.writer_role();
@@ -182,9 +187,29 @@ impl KnowledgeServiceImpl {
 
     async fn serve_list_collections(
         &self,
-        _: Request<ListCollectionsRequest>,
+        request: Request<ListCollectionsRequest>,
     ) -> Result<Response<ListCollectionsResponse>, Status> {
-        let collections = self.knowledge.collections().await;
+        let started = std::time::Instant::now();
+        let principal = request
+            .extensions()
+            .get::<Arc<Principal>>()
+            .cloned()
+            .unwrap_or_else(toolmesh_core::open_principal);
+        let mut collections = self.knowledge.collections().await;
+        // Under a policy a collection is listed to those who may see its tool, as its tool
+        // is, and to the writers, who ingest into it by name.
+        let admission = self.router.admission();
+        if admission.policy().is_active() && self.may_write(&request).is_err() {
+            let scope = admission.scope(principal.clone());
+            let catalog = self.router.registry().snapshot();
+            let hidden = Hidden::new(principal);
+            collections.retain(|c| match catalog.get(&c.tool) {
+                Some(tool) => hidden.note(&c.tool, scope.hidden_by(&tool.spec)),
+                // A tool not in the catalog cannot be decided: not listed.
+                None => false,
+            });
+            hidden.audit(&admission, "ListCollections", started);
+        }
         Ok(Response::new(ListCollectionsResponse {
             collections: collections
                 .into_iter()

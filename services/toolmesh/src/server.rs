@@ -117,8 +117,11 @@ where
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(
-            KnowledgeServiceServer::new(KnowledgeServiceImpl::new(app.knowledge().clone()))
-                .max_decoding_message_size(max_message),
+            KnowledgeServiceServer::new(KnowledgeServiceImpl::new(
+                app.knowledge().clone(),
+                app.router().clone(),
+            ))
+            .max_decoding_message_size(max_message),
         )
         .add_service(
             WorkerServiceServer::new(app.remote().service(sessions))
