@@ -276,10 +276,10 @@ impl SearchHandle {
     /// Returns whether the index has taken in the latest catalog, every tool with its
     /// vector when search has a model: a search now ranks every tool there is.
     pub fn complete(&self) -> bool {
-        // The counts before the version: a change that lands between the reads leaves the
-        // index behind the catalog, so it is never taken for complete.
-        let embedded = self.shared.embedder.is_none() || self.embedded() >= self.indexed();
-        embedded && self.version() >= self.registry.snapshot().version
+        // The versions before the counts: a change the index takes in between the reads
+        // shows in the counts as a tool still without its vector, never as complete.
+        let current = self.version() >= self.registry.snapshot().version;
+        current && (self.shared.embedder.is_none() || self.embedded() >= self.indexed())
     }
 
     /// Returns whether search ranks with sentence embeddings as well as BM25.
