@@ -196,8 +196,8 @@ impl KnowledgeServiceImpl {
             .cloned()
             .unwrap_or_else(toolmesh_core::open_principal);
         let mut collections = self.knowledge.collections().await;
-        // Under a policy a collection is listed to those who may see its tool, as its tool
-        // is, and to the writers, who ingest into it by name.
+        // Under a policy a collection is listed where its tool would be: to the principals
+        // that may see the tool. And to the writers, who ingest into it by name.
         let admission = self.router.admission();
         if admission.policy().is_active() && self.may_write(&request).is_err() {
             let scope = admission.scope(principal.clone());
