@@ -34,4 +34,4 @@ pub use deadline::parse_grpc_timeout;
 pub use discovery::{Discovery, Found, Keep};
 pub use error::RouterError;
 pub use router::{CallRequest, Router, RouterOptions};
-pub use service::{Hidden, ToolServiceImpl};
+pub use service::{Hidden, ToolServiceImpl, principal};

@@ -303,9 +303,10 @@ impl Router {
                     .ok_or_else(|| RouterError::NotFound(request.name.clone()))?,
             };
             // A tool the caller may not see is answered as one that does not exist.
-            let visible = match is_meta(&entry.spec) {
-                true => None,
-                false => match scope.visible(&entry.spec) {
+            let visible = if is_meta(&entry.spec) {
+                None
+            } else {
+                match scope.visible(&entry.spec) {
                     Ok(visible) => Some(visible),
                     Err(rule) => {
                         seen.decision = Some(Decision::Hidden { rule });
@@ -316,7 +317,7 @@ impl Router {
                             }
                         });
                     }
-                },
+                }
             };
             admission.admit(&request.profile, door, &entry.spec)?;
             Ok::<_, RouterError>((entry, visible))

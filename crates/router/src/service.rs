@@ -91,7 +91,7 @@ fn client_timeout<T>(request: &Request<T>) -> Option<std::time::Duration> {
 
 /// The principal the front door authenticated the request as; the open principal where no
 /// authentication runs (a service served without the front door's layers).
-fn principal<T>(request: &Request<T>) -> Arc<Principal> {
+pub fn principal<T>(request: &Request<T>) -> Arc<Principal> {
     request.extensions().get::<Arc<Principal>>().cloned().unwrap_or_else(open_principal)
 }
 

@@ -242,15 +242,11 @@ pub(crate) async fn start_child_on(
 
 /// Keeps the calling thread, and the threads and processes it starts, on `cpus`.
 pub(crate) fn pin_thread(cpus: &[usize]) -> nix::Result<()> {
-    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &cpu_set(cpus)?)
-}
-
-fn cpu_set(cpus: &[usize]) -> nix::Result<nix::sched::CpuSet> {
     let mut set = nix::sched::CpuSet::new();
     for &cpu in cpus {
         set.set(cpu)?;
     }
-    Ok(set)
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
 }
 
 pub(crate) async fn clients(

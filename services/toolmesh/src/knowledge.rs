@@ -190,11 +190,7 @@ impl KnowledgeServiceImpl {
         request: Request<ListCollectionsRequest>,
     ) -> Result<Response<ListCollectionsResponse>, Status> {
         let started = std::time::Instant::now();
-        let principal = request
-            .extensions()
-            .get::<Arc<Principal>>()
-            .cloned()
-            .unwrap_or_else(toolmesh_core::open_principal);
+        let principal = toolmesh_router::principal(&request);
         let mut collections = self.knowledge.collections().await;
         // Under a policy a collection is listed where its tool would be: to the principals
         // that may see the tool. And to the writers, who ingest into it by name.
