@@ -47,6 +47,8 @@ pub struct Policy {
     plans: Plans,
     /// `[[policy.profiles]]`: whom each binds, and the profile.
     bindings: Vec<(Who, String)>,
+    /// [`DEFAULT_RULE`], shared: a decision of the default allocates nothing.
+    default_rule: Arc<str>,
 }
 
 /// The plans of (principal, tool) pairs met so far, by a keyed hash of both; each keeps
@@ -204,6 +206,7 @@ impl Policy {
             signer: ApprovalSigner::new(&random_key()),
             plans: Plans::default(),
             bindings: Vec::new(),
+            default_rule: DEFAULT_RULE.into(),
         }
     }
 
@@ -301,6 +304,7 @@ impl Policy {
             signer,
             bindings,
             plans: Plans::default(),
+            default_rule: DEFAULT_RULE.into(),
         })
     }
 
@@ -596,7 +600,7 @@ impl Scope {
     /// others.
     pub fn decide_visible(&self, visible: &Visible, spec: &ToolSpec, arguments: &Json) -> Decision {
         let Some(plan) = &visible.plan else {
-            return Decision::Allow { rule: DEFAULT_RULE.into() };
+            return Decision::Allow { rule: self.policy.default_rule.clone() };
         };
         debug_assert!(plan.tool.is(spec), "`visible` is of another tool than {}", spec.name);
         let tool = ToolVariable::default();
@@ -653,13 +657,13 @@ impl Scope {
         }
         match (allowed, self.policy.config.default) {
             (Some(rule), _) => Decision::Allow { rule: rule.name.clone() },
-            (None, Effect::Allow) => Decision::Allow { rule: DEFAULT_RULE.into() },
+            (None, Effect::Allow) => Decision::Allow { rule: self.policy.default_rule.clone() },
             (None, Effect::Approve) => Decision::Approve {
-                rule: DEFAULT_RULE.into(),
+                rule: self.policy.default_rule.clone(),
                 reason: "every call not allowed by a rule needs a person's approval".into(),
             },
             (None, Effect::Deny) => Decision::Refused {
-                rule: DEFAULT_RULE.into(),
+                rule: self.policy.default_rule.clone(),
                 reason: "no rule allows the call with these arguments".into(),
             },
         }
@@ -716,7 +720,7 @@ impl Scope {
             steps.push(Step { rule: index, decided });
         }
         if hidden.is_none() && !allowed && self.policy.config.default == Effect::Deny {
-            hidden = Some(DEFAULT_RULE.into());
+            hidden = Some(self.policy.default_rule.clone());
         }
         Plan { principal: self.principal.clone(), tool: ToolKey::of(spec), hidden, steps }
     }
