@@ -13,7 +13,10 @@
 mod config;
 mod jwt;
 
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    collections::HashMap,
+    sync::{Arc, OnceLock},
+};
 
 use sha2::{Digest as _, Sha256};
 pub use toolmesh_core::Principal;
@@ -125,9 +128,17 @@ pub struct Authenticator {
     enforced: bool,
     anonymous: Option<Arc<Principal>>,
     public: Vec<String>,
-    api_keys: HashMap<[u8; 32], Principal>,
+    api_keys: HashMap<[u8; 32], KeyPrincipal>,
     issuers: Vec<Issuer>,
     certificates: Option<CertificatesConfig>,
+}
+
+/// The principal of an API key. Every request with the key is the same principal, the key
+/// as its credential included, so it is built at the key's first use and then shared: a
+/// request neither copies it nor makes the policy compare it field by field.
+struct KeyPrincipal {
+    configured: Principal,
+    shared: OnceLock<Arc<Principal>>,
 }
 
 impl std::fmt::Debug for Authenticator {
@@ -177,7 +188,8 @@ impl Authenticator {
                 attributes: key.attributes.clone(),
                 credential: None,
             };
-            if api_keys.insert(digest, principal).is_some() {
+            let key = KeyPrincipal { configured: principal, shared: OnceLock::new() };
+            if api_keys.insert(digest, key).is_some() {
                 return Err((at("sha256"), "the same key is configured twice".into()));
             }
         }
@@ -238,7 +250,19 @@ impl Authenticator {
         }
         if let Some(value) = authorization {
             let token = bearer(value).ok_or(AuthError::NotBearer)?;
-            return self.bearer(token).await.map(Arc::new);
+            let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+            if let Some(key) = self.api_keys.get(&digest) {
+                // Only this key has this digest: the principal built at its first use, with
+                // the key as its credential, is the one of this request too.
+                let shared = key.shared.get_or_init(|| {
+                    Arc::new(Principal {
+                        credential: Some(Secret::new(token)),
+                        ..key.configured.clone()
+                    })
+                });
+                return Ok(shared.clone());
+            }
+            return self.token(token).await.map(Arc::new);
         }
         if let (Some(certificate), Some(config)) = (certificate, &self.certificates) {
             let mut roles = config.roles.clone();
@@ -254,11 +278,8 @@ impl Authenticator {
         self.anonymous.clone().ok_or(AuthError::Missing)
     }
 
-    async fn bearer(&self, token: &str) -> Result<Principal, AuthError> {
-        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        if let Some(principal) = self.api_keys.get(&digest) {
-            return Ok(Principal { credential: Some(Secret::new(token)), ..principal.clone() });
-        }
+    /// Returns the principal of a bearer credential that is no API key: a JWT.
+    async fn token(&self, token: &str) -> Result<Principal, AuthError> {
         if self.issuers.is_empty() || token.bytes().filter(|b| *b == b'.').count() != 2 {
             return Err(AuthError::Invalid);
         }

@@ -83,8 +83,9 @@ async fn an_api_key_is_its_principal_and_an_unknown_one_is_refused() {
     assert_eq!(principal.roles, ["ops"]);
     assert_eq!(principal.attributes["agent"], "deployer");
     assert_eq!(principal.credential.as_ref().map(Secret::expose), Some(key.as_str()));
-    // The scheme in any case.
-    assert!(auth.authenticate(Some(&format!("bearer {key}")), None).await.is_ok());
+    // The scheme in any case; every request with the key is the same principal, shared.
+    let again = auth.authenticate(Some(&format!("bearer {key}")), None).await.expect("again");
+    assert!(Arc::ptr_eq(&principal, &again));
 
     assert_eq!(bearer(&auth, &new_key()).await, Err(AuthError::Invalid));
     assert_eq!(auth.authenticate(Some("Basic abc"), None).await, Err(AuthError::NotBearer));

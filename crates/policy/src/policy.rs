@@ -51,9 +51,10 @@ pub struct Policy {
     default_rule: Arc<str>,
 }
 
-/// The plans of (principal, tool) pairs met so far, by a keyed hash of both; each keeps
-/// the principal and tool it was made for, so that a colliding hash is never taken for a
-/// match. Cleared when full: principals and tools may come and go without bound.
+/// The plans of (principal, tool) pairs met so far, by a keyed hash of the principal's name,
+/// kind and agent and of the tool; each keeps the principal and tool it was made for, so
+/// that a colliding hash (or a principal of the same name with other roles) is never taken
+/// for a match. Cleared when full: principals and tools may come and go without bound.
 #[derive(Default)]
 struct Plans {
     hasher: foldhash::fast::RandomState,
@@ -129,11 +130,12 @@ fn same_principal(a: &Principal, b: &Principal) -> bool {
     a.name == b.name && a.kind == b.kind && a.roles == b.roles && a.attributes == b.attributes
 }
 
+/// Hashes what tells principals apart in practice (one service account may act for several
+/// agents); [`same_principal`] decides.
 fn hash_principal(principal: &Principal, state: &mut impl Hasher) {
     principal.name.hash(state);
     principal.kind.as_str().hash(state);
-    principal.roles.hash(state);
-    principal.attributes.hash(state);
+    agent(principal).hash(state);
 }
 
 impl fmt::Debug for Policy {
@@ -676,9 +678,11 @@ impl Scope {
         ToolKey::hash(spec, &mut hasher);
         let key = hasher.finish();
         let found = plans.map.read().unwrap_or_else(PoisonError::into_inner).get(&key).cloned();
+        // An API key's principal is shared by its requests: then one pointer says it.
         if let Some(plan) = found
             && plan.tool.is(spec)
-            && same_principal(&plan.principal, &self.principal)
+            && (Arc::ptr_eq(&plan.principal, &self.principal)
+                || same_principal(&plan.principal, &self.principal))
         {
             return plan;
         }
