@@ -87,16 +87,19 @@ fn rpc_span<T>(method: &'static str, request: &Request<T>) -> tracing::Span {
 const SERVICE: &str = "toolmesh.v1.KnowledgeService";
 
 impl KnowledgeServiceImpl {
-    /// Refuses a request whose principal may not write: with `[auth]`, Ingest and Delete
-    /// need `[knowledge] writer_role`.
+    /// Returns whether `principal` may write: with `[auth]`, Ingest and Delete need
+    /// `[knowledge] writer_role`; without it, every caller is the open principal.
+    fn writes(&self, principal: &Arc<Principal>) -> bool {
+        toolmesh_core::is_open(principal) || principal.has_role(&self.knowledge.writer_role())
+    }
+
+    /// Refuses a request whose principal may not write ([`Self::writes`]).
     fn may_write<T>(&self, request: &Request<T>) -> Result<(), Status> {
-        let Some(principal) = request.extensions().get::<Arc<Principal>>() else {
-            return Ok(());
-        };
-        let role = self.knowledge.writer_role();
-        if toolmesh_core::is_open(principal) || principal.has_role(&role) {
+        let principal = toolmesh_router::principal(request);
+        if self.writes(&principal) {
             return Ok(());
         }
+        let role = self.knowledge.writer_role();
         Err(Status::permission_denied(format!(
             "principal {:?} may not ingest or delete documents: that needs the role {role:?} \
              ([knowledge] writer_role)",
@@ -195,7 +198,7 @@ impl KnowledgeServiceImpl {
         // Under a policy a collection is listed where its tool would be: to the principals
         // that may see the tool. And to the writers, who ingest into it by name.
         let admission = self.router.admission();
-        if admission.policy().is_active() && self.may_write(&request).is_err() {
+        if admission.policy().is_active() && !self.writes(&principal) {
             let scope = admission.scope(principal.clone());
             let catalog = self.router.registry().snapshot();
             let hidden = Hidden::new(principal);
