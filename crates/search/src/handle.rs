@@ -27,8 +27,12 @@ pub struct SearchHit {
 /// Points and their scores, best first.
 type Ranked = Vec<(PointId, f64)>;
 
-/// Candidates each ranking contributes to the fusion.
-const CANDIDATES: usize = 100;
+/// Candidates each ranking contributes to the fusion. The convex fusion normalises each
+/// ranking's scores over its candidates, so the candidates are the sample of the ranking's
+/// score distribution that a score is measured against: on the benchmark's dev queries, 50
+/// candidates gave Recall@5 0.595, 100 gave 0.603, and 150 to 1,000 all 0.605 (NDCG@10 0.549,
+/// 0.554, 0.554–0.556). 200 is inside that plateau, at about 0.2 ms more per search than 100.
+pub(crate) const CANDIDATES: usize = 200;
 
 /// Longest query searched unless configured otherwise, in bytes: far more than a model
 /// attends to (MiniLM reads 256 tokens), small enough that tokenising it costs microseconds.

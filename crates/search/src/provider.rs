@@ -214,7 +214,7 @@ mod tests {
     use std::sync::atomic::{AtomicBool, AtomicUsize};
 
     use toolmesh_core::{
-        StoreError, ToolSource,
+        StoreError, ToolSource, ToolSpec,
         vector::{CollectionSpec, Filter, Hit, Point, PointId, Query, Record},
     };
     use toolmesh_embed::EmbedError;
@@ -440,6 +440,41 @@ mod tests {
         async fn flush(&self) -> Result<(), StoreError> {
             self.store.flush().await
         }
+    }
+
+    /// When the caller keeps only tools that rank below every candidate of the first
+    /// query, the store is asked again for those tools alone, and the caller still gets
+    /// `top_k` of them, best first.
+    #[tokio::test]
+    async fn a_narrow_keep_still_gets_top_k() {
+        let registry = registry().await;
+        let store = store("narrow").await;
+        let provider = SearchProvider::start(registry.clone(), SearchOptions::new(store.0.clone()))
+            .await
+            .unwrap();
+        let strong = crate::handle::CANDIDATES + 20;
+        let mut tools: Vec<_> = (0..strong)
+            .map(|i| tool(&format!("forecast_{i}"), "Weather forecast: the weather, by weather."))
+            .collect();
+        tools.push(tool("kept_close", "A weather station's readings."));
+        tools.push(tool("kept_far", "Readings of a weather balloon, sensors and logs."));
+        tools.push(tool("kept_none", "Stock prices."));
+        let source = ToolSource::local("t");
+        let update = SourceUpdate { source, tools, toolkits: vec![], unchanged: vec![] };
+        registry.replace_source(update).await.unwrap();
+        until("indexed", || provider.handle().complete()).await;
+        assert_eq!(provider.handle().indexed(), strong + 3);
+
+        let handle = provider.handle();
+        let everyone = handle.search("weather", 5, |_| true).await.unwrap();
+        assert!(everyone.iter().all(|h| h.tool.spec.name.starts_with("forecast_")), "{everyone:?}");
+        let kept = |spec: &ToolSpec| spec.name.starts_with("kept_");
+        let hits = handle.search("weather", 2, kept).await.unwrap();
+        let names: Vec<&str> = hits.iter().map(|h| h.tool.spec.name.as_str()).collect();
+        assert_eq!(names, ["kept_close", "kept_far"]);
+        // More than there are: every kept tool that matches a word of the query.
+        assert_eq!(handle.search("weather", 10, kept).await.unwrap().len(), 2);
+        provider.stop(Duration::from_secs(1)).await;
     }
 
     /// A restart over a catalog larger than a lookup by id suits (the index then lists the
