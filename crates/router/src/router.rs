@@ -247,7 +247,9 @@ impl Router {
         if let Some(kind) = error_type {
             span.record(names::ERROR_TYPE, kind);
         }
-        crate::metrics::call_ended(started.elapsed(), source.as_ref(), error_type);
+        // One reading for the metric and the audit, which then agree on how long it took.
+        let took = started.elapsed();
+        crate::metrics::call_ended(took, source.as_ref(), error_type);
         let policy = admission.policy();
         if let Some(decision) = &seen.decision {
             span.record(names::TOOLMESH_POLICY_DECISION, decision.as_str());
@@ -266,7 +268,7 @@ impl Router {
                 rule: seen.decision.as_ref().map_or("", Decision::rule),
                 hidden: None,
                 outcome: error_type.unwrap_or("ok"),
-                duration: started.elapsed(),
+                duration: took,
                 trace_id: &trace_id,
                 policy: policy.version(),
                 note: None,
