@@ -29,6 +29,13 @@ pub const AGENT_ATTRIBUTE: &str = "agent";
 /// The rule name decisions cite when no rule matched and the default decided.
 pub const DEFAULT_RULE: &str = "default";
 
+/// [`DEFAULT_RULE`] as a decision's rule, shared: a decision of the default allocates
+/// nothing.
+fn default_rule() -> Arc<str> {
+    static RULE: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| DEFAULT_RULE.into());
+    RULE.clone()
+}
+
 /// A compiled `[policy]`: rules, agent tool lists, profile bindings and the audit log.
 /// Cheap to share behind an [`Arc`]; a reload compiles a new one.
 pub struct Policy {
@@ -47,8 +54,6 @@ pub struct Policy {
     plans: Plans,
     /// `[[policy.profiles]]`: whom each binds, and the profile.
     bindings: Vec<(Who, String)>,
-    /// [`DEFAULT_RULE`], shared: a decision of the default allocates nothing.
-    default_rule: Arc<str>,
 }
 
 /// The plans of (principal, tool) pairs met so far, by a keyed hash of the principal's name,
@@ -208,7 +213,6 @@ impl Policy {
             signer: ApprovalSigner::new(&random_key()),
             plans: Plans::default(),
             bindings: Vec::new(),
-            default_rule: DEFAULT_RULE.into(),
         }
     }
 
@@ -306,7 +310,6 @@ impl Policy {
             signer,
             bindings,
             plans: Plans::default(),
-            default_rule: DEFAULT_RULE.into(),
         })
     }
 
@@ -602,7 +605,7 @@ impl Scope {
     /// others.
     pub fn decide_visible(&self, visible: &Visible, spec: &ToolSpec, arguments: &Json) -> Decision {
         let Some(plan) = &visible.plan else {
-            return Decision::Allow { rule: self.policy.default_rule.clone() };
+            return Decision::Allow { rule: default_rule() };
         };
         debug_assert!(plan.tool.is(spec), "`visible` is of another tool than {}", spec.name);
         let tool = ToolVariable::default();
@@ -659,13 +662,13 @@ impl Scope {
         }
         match (allowed, self.policy.config.default) {
             (Some(rule), _) => Decision::Allow { rule: rule.name.clone() },
-            (None, Effect::Allow) => Decision::Allow { rule: self.policy.default_rule.clone() },
+            (None, Effect::Allow) => Decision::Allow { rule: default_rule() },
             (None, Effect::Approve) => Decision::Approve {
-                rule: self.policy.default_rule.clone(),
+                rule: default_rule(),
                 reason: "every call not allowed by a rule needs a person's approval".into(),
             },
             (None, Effect::Deny) => Decision::Refused {
-                rule: self.policy.default_rule.clone(),
+                rule: default_rule(),
                 reason: "no rule allows the call with these arguments".into(),
             },
         }
@@ -724,7 +727,7 @@ impl Scope {
             steps.push(Step { rule: index, decided });
         }
         if hidden.is_none() && !allowed && self.policy.config.default == Effect::Deny {
-            hidden = Some(self.policy.default_rule.clone());
+            hidden = Some(default_rule());
         }
         Plan { principal: self.principal.clone(), tool: ToolKey::of(spec), hidden, steps }
     }

@@ -265,6 +265,15 @@ mod tests {
         Store(Arc::new(toolmesh_vector::EmbeddedStore::open(&dir).await.unwrap()), dir)
     }
 
+    /// A registry and a lexical-only index over it, in a fresh store.
+    async fn lexical(name: &str) -> (RegistryHandle, Store, SearchProvider) {
+        let registry = registry().await;
+        let store = store(name).await;
+        let options = SearchOptions::new(store.0.clone());
+        let provider = SearchProvider::start(registry.clone(), options).await.unwrap();
+        (registry, store, provider)
+    }
+
     async fn until(what: &str, mut done: impl FnMut() -> bool) {
         let waited = tokio::time::timeout(Duration::from_secs(120), async {
             while !done() {
@@ -302,11 +311,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_respawned_index_catches_up_and_health_shows_the_gap() {
-        let registry = registry().await;
-        let store = store("respawn").await;
-        let provider = SearchProvider::start(registry.clone(), SearchOptions::new(store.0.clone()))
-            .await
-            .unwrap();
+        let (registry, _store, provider) = lexical("respawn").await;
         registry.register(tool("weather", "Gets the weather forecast.")).await.unwrap();
         until("indexed", || provider.handle().indexed() == 1).await;
         assert!(provider.handle().complete(), "lexical only: complete once indexed");
@@ -447,11 +452,7 @@ mod tests {
     /// `top_k` of them, best first.
     #[tokio::test]
     async fn a_narrow_keep_still_gets_top_k() {
-        let registry = registry().await;
-        let store = store("narrow").await;
-        let provider = SearchProvider::start(registry.clone(), SearchOptions::new(store.0.clone()))
-            .await
-            .unwrap();
+        let (registry, _store, provider) = lexical("narrow").await;
         let strong = crate::handle::CANDIDATES + 20;
         let mut tools: Vec<_> = (0..strong)
             .map(|i| tool(&format!("forecast_{i}"), "Weather forecast: the weather, by weather."))
