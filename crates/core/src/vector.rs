@@ -28,11 +28,24 @@ pub struct CollectionSpec {
     /// Dimensions of the dense vector, compared by cosine similarity; `None`: points have
     /// no dense vector.
     pub dense_size: Option<usize>,
+    /// How the dense vectors are stored.
+    pub precision: Precision,
     /// Whether points carry a sparse lexical vector ([`LEXICAL`]): term weights from the
     /// caller, scaled by the inverse document frequency the store keeps.
     pub lexical: bool,
     /// Payload fields that filters match on, indexed as keywords.
     pub keyword_fields: Vec<String>,
+}
+
+/// How a collection stores its dense vectors.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Precision {
+    /// 32-bit floats, as given.
+    #[default]
+    Full,
+    /// 16-bit floats: half the memory, and half the bytes an exact scan reads, for scores
+    /// that differ from full precision's in the third or fourth decimal place.
+    Half,
 }
 
 /// A sparse vector: term ids and their weights.
@@ -195,8 +208,22 @@ pub struct Record {
     pub id: PointId,
     /// Its payload.
     pub payload: Map<String, Value>,
-    /// Its dense vector, when asked for.
+    /// Its dense vector, when vectors were asked for.
     pub dense: Option<Vec<f32>>,
+    /// Its lexical vector, when vectors were asked for.
+    pub lexical: Option<SparseVector>,
+}
+
+impl From<Record> for Point {
+    /// The point a record was read from, with what of it was read.
+    fn from(record: Record) -> Point {
+        Point {
+            id: record.id,
+            dense: record.dense,
+            lexical: record.lexical,
+            payload: record.payload,
+        }
+    }
 }
 
 /// A vector store failed.
@@ -282,12 +309,12 @@ pub trait VectorStore: Send + Sync + fmt::Debug {
         points: Vec<Point>,
     ) -> Result<(), StoreError>;
 
-    /// Reads points by id; missing ids are left out.
+    /// Reads points by id, with their vectors or without; missing ids are left out.
     async fn retrieve(
         &self,
         collection: &str,
         ids: Vec<PointId>,
-        with_dense: bool,
+        with_vectors: bool,
     ) -> Result<Vec<Record>, StoreError>;
 
     /// Returns the ids of the points `filter` keeps (all points without one), in no
@@ -312,6 +339,14 @@ pub trait VectorStore: Send + Sync + fmt::Debug {
         field: &str,
         limit: usize,
     ) -> Result<u64, StoreError>;
+
+    /// Deletes the collection and every point in it; one that does not exist is not an
+    /// error.
+    async fn delete_collection(&self, collection: &str) -> Result<(), StoreError>;
+
+    /// Returns whether other processes may use the store: a server's collections may be in
+    /// use by routers of another version, an embedded store's are this process's alone.
+    fn shared(&self) -> bool;
 
     /// Checks that the store answers.
     async fn check(&self) -> Result<(), StoreError>;

@@ -10,7 +10,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use serde_json::{Map, Value, json};
 use toolmesh_core::{
     StoreError, VectorStore,
-    vector::{CollectionSpec, Condition, DENSE, Filter, Point, PointId},
+    vector::{CollectionSpec, Condition, DENSE, Filter, Point, PointId, Precision},
 };
 use toolmesh_embed::Embedder;
 use toolmesh_registry::{Catalog, CatalogChange, RegistryHandle, ToolEntry};
@@ -196,15 +196,23 @@ pub(crate) fn point_id(digest: &TextDigest) -> PointId {
     u64::from_le_bytes(bytes)
 }
 
-/// The collection of the tool points of `model` (or of lexical search alone); named with
-/// the version of the lexical vectors, so that a change of them starts a new collection.
-pub(crate) fn collection_name(model: Option<&str>) -> String {
+/// The version of the tool points' format in the name of their collection, so that a
+/// change of format starts a new collection. 1: full-precision dense vectors; 2: the same
+/// points, their dense vectors at half precision.
+const FORMAT: u32 = 2;
+/// The earlier formats whose points a new collection copies instead of embedding their
+/// texts again: the same digests, lexical vectors and payloads.
+const COPIED_FORMATS: [u32; 1] = [1];
+
+/// The collection of the tool points of `model` (or of lexical search alone) in the points'
+/// format `version`.
+pub(crate) fn collection_name(version: u32, model: Option<&str>) -> String {
     let model: String = model
         .unwrap_or("bm25")
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' })
         .collect();
-    format!("toolmesh-tools-v1-{model}")
+    format!("toolmesh-tools-v{version}-{model}")
 }
 
 impl ToolSearchActor {
@@ -213,7 +221,7 @@ impl ToolSearchActor {
         registry: RegistryHandle,
         options: SearchOptions,
     ) -> Result<(ActorRef<SearchMsg>, SearchHandle), ActorProcessingErr> {
-        let collection = collection_name(options.embedder.as_ref().map(|e| e.model_id()));
+        let collection = collection_name(FORMAT, options.embedder.as_ref().map(|e| e.model_id()));
         let shared = Arc::new(SearchShared {
             store: options.store,
             collection,
@@ -243,6 +251,9 @@ impl ToolSearchActor {
         CollectionSpec {
             name: self.shared.collection.clone(),
             dense_size: self.shared.embedder.as_ref().map(|e| e.dimensions()),
+            // Half the bytes a search's exact scan reads; on the benchmark's queries the
+            // rankings are those of full precision.
+            precision: Precision::Half,
             lexical: true,
             keyword_fields: vec![NAME.into()],
         }
@@ -294,6 +305,12 @@ impl ToolSearchActor {
                 return Ok(());
             }
             state.ensured = true;
+            for version in COPIED_FORMATS {
+                if let Err(error) = self.copy_earlier(version).await {
+                    warn!(%error, version, "copying the tool points of an earlier format failed; \
+                                            tools it lacks are embedded again");
+                }
+            }
         }
         // Texts, digests and lexical vectors of a whole catalog are CPU work: on a blocking
         // thread, with the map of what is indexed lent to it.
@@ -337,6 +354,49 @@ impl ToolSearchActor {
             "search index updated"
         );
         Ok(())
+    }
+
+    /// Copies the points of the collection of the earlier format `version` that the current
+    /// one lacks (or holds without their dense vector), so that an upgrade embeds nothing
+    /// again; then deletes that collection, unless the store is shared, where routers of
+    /// the earlier version may still use it.
+    async fn copy_earlier(&self, version: u32) -> Result<(), StoreError> {
+        let (store, collection) = (&self.shared.store, &self.shared.collection);
+        let embedder = self.shared.embedder.as_ref();
+        let earlier = collection_name(version, embedder.map(|e| e.model_id()));
+        let held = match store.ids(&earlier, None).await {
+            Err(StoreError::NoCollection { .. }) => return Ok(()),
+            held => held?,
+        };
+        let complete = embedder
+            .map(|_| Filter { must: vec![Condition::HasVector(DENSE.into())], must_not: vec![] });
+        let have: std::collections::HashSet<PointId> =
+            store.ids(collection, complete).await?.into_iter().collect();
+        let missing: Vec<PointId> = held.into_iter().filter(|id| !have.contains(id)).collect();
+        let started = Instant::now();
+        for chunk in missing.chunks(STORE_BATCH) {
+            let records = store.retrieve(&earlier, chunk.to_vec(), true).await?;
+            store.upsert(collection, records.into_iter().map(Point::from).collect()).await?;
+        }
+        if !missing.is_empty() {
+            info!(
+                from = %earlier,
+                to = %collection,
+                points = missing.len(),
+                ms = started.elapsed().as_millis() as u64,
+                "copied the tool points of an earlier format"
+            );
+        }
+        if store.shared() {
+            info!(
+                collection = %earlier,
+                "the earlier format's collection is kept for routers of earlier versions \
+                 sharing the store; delete it once none is left"
+            );
+            Ok(())
+        } else {
+            store.delete_collection(&earlier).await
+        }
     }
 
     /// Writes the changes to the store: the points it does not have (lexical only, for

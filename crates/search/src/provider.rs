@@ -359,22 +359,29 @@ mod tests {
     }
 
     /// A store that counts the points written to the store under it, and the listings of
-    /// every id in a collection made to index (not the sweep's, which counts first).
+    /// every id in a collection made to index (not the sweep's, which counts first); and
+    /// says it is shared when told to, as a server is.
     #[derive(Debug)]
     struct Writes {
         store: Arc<dyn VectorStore>,
         points: AtomicUsize,
         listings: AtomicUsize,
         counted: AtomicBool,
+        shared: bool,
     }
 
     impl Writes {
         fn over(store: Arc<dyn VectorStore>) -> Arc<Self> {
+            Writes::with(store, false)
+        }
+
+        fn with(store: Arc<dyn VectorStore>, shared: bool) -> Arc<Self> {
             Arc::new(Writes {
                 store,
                 points: AtomicUsize::new(0),
                 listings: AtomicUsize::new(0),
                 counted: AtomicBool::new(false),
+                shared,
             })
         }
     }
@@ -419,10 +426,12 @@ mod tests {
             collection: &str,
             filter: Option<Filter>,
         ) -> Result<Vec<PointId>, StoreError> {
-            if filter.is_none() && !self.counted.swap(false, Ordering::SeqCst) {
+            let listing = filter.is_none();
+            let ids = self.store.ids(collection, filter).await;
+            if listing && ids.is_ok() && !self.counted.swap(false, Ordering::SeqCst) {
                 self.listings.fetch_add(1, Ordering::SeqCst);
             }
-            self.store.ids(collection, filter).await
+            ids
         }
         async fn query(&self, collection: &str, query: Query) -> Result<Vec<Hit>, StoreError> {
             self.store.query(collection, query).await
@@ -439,12 +448,102 @@ mod tests {
         ) -> Result<u64, StoreError> {
             self.store.distinct(collection, field, limit).await
         }
+        async fn delete_collection(&self, collection: &str) -> Result<(), StoreError> {
+            self.store.delete_collection(collection).await
+        }
+        fn shared(&self) -> bool {
+            self.shared
+        }
         async fn check(&self) -> Result<(), StoreError> {
             self.store.check().await
         }
         async fn flush(&self) -> Result<(), StoreError> {
             self.store.flush().await
         }
+    }
+
+    /// An upgrade over a store that holds the tool points of the earlier format (dense
+    /// vectors at full precision) copies them: nothing is embedded again. A shared store
+    /// keeps the earlier collection for the routers of the earlier version; one that only
+    /// this process uses deletes it, at the first start that finds nothing left to copy.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_upgrade_copies_the_earlier_formats_points_and_embeds_nothing() {
+        const TOOLS: usize = 300;
+        let registry = registry().await;
+        let description =
+            |i| if i == 7 { "Forecasts the weather.".into() } else { format!("Does thing {i}.") };
+        let tools = (0..TOOLS).map(|i| tool(&format!("tool_{i}"), &description(i)));
+        let source = ToolSource::local("t");
+        let update =
+            SourceUpdate { source, tools: tools.collect(), toolkits: vec![], unchanged: vec![] };
+        registry.replace_source(update).await.unwrap();
+        let store = store("upgrade").await;
+        let start = |store: Arc<dyn VectorStore>, model: Arc<Counted>| {
+            let options = SearchOptions { embedder: Some(model), ..SearchOptions::new(store) };
+            SearchProvider::start(registry.clone(), options)
+        };
+        let settled = |provider: &SearchProvider| {
+            let handle = provider.handle();
+            handle.indexed() == TOOLS && handle.embedded() == TOOLS
+        };
+
+        // The earlier format's collection as a router of that version left it: this
+        // version's points, written by its index, moved to a full-precision collection.
+        let model = Arc::new(Counted::default());
+        let first = start(store.0.clone(), model.clone()).await.unwrap();
+        until("every tool embedded", || settled(&first)).await;
+        let current = first.handle().collection().to_owned();
+        first.stop(Duration::from_secs(1)).await;
+        let earlier = crate::actor::collection_name(1, Some(model.model_id()));
+        let spec = CollectionSpec {
+            name: earlier.clone(),
+            dense_size: Some(model.dimensions()),
+            precision: toolmesh_core::vector::Precision::Full,
+            lexical: true,
+            keyword_fields: vec![crate::handle::NAME.into()],
+        };
+        store.0.ensure(&spec).await.unwrap();
+        let ids = store.0.ids(&current, None).await.unwrap();
+        let held = store.0.retrieve(&current, ids, true).await.unwrap();
+        let points = held.iter().cloned().map(Point::from).collect();
+        store.0.upsert(&earlier, points).await.unwrap();
+        store.0.delete_collection(&current).await.unwrap();
+
+        // Upgraded, on a shared store: every point copied, none embedded, the earlier
+        // collection kept.
+        let shared = Writes::with(store.0.clone(), true);
+        let model = Arc::new(Counted::default());
+        let second = start(shared.clone(), model.clone()).await.unwrap();
+        until("every tool has its vector", || settled(&second)).await;
+        assert_eq!(model.0.load(Ordering::SeqCst), 0, "nothing embedded again");
+        assert_eq!(shared.points.load(Ordering::SeqCst), TOOLS, "each point copied once");
+        assert_eq!(store.0.count(&earlier, None).await.unwrap(), TOOLS as u64);
+        let ids: Vec<PointId> = held.iter().map(|r| r.id).collect();
+        let mut copied = store.0.retrieve(&current, ids, true).await.unwrap();
+        let mut held = held;
+        copied.sort_by_key(|r| r.id);
+        held.sort_by_key(|r| r.id);
+        assert_eq!(copied.len(), TOOLS);
+        for (copy, original) in copied.iter().zip(&held) {
+            assert_eq!(copy.id, original.id);
+            assert_eq!((&copy.lexical, &copy.payload), (&original.lexical, &original.payload));
+            assert_eq!(copy.dense, original.dense, "the toy model's vectors are exact in half");
+        }
+        let hits = second.handle().search("weather", 1, |_| true).await.unwrap();
+        assert_eq!(hits[0].tool.spec.name, "tool_7");
+        second.stop(Duration::from_secs(1)).await;
+
+        // Restarted on a store only it uses: nothing is left to copy, and the earlier
+        // collection is deleted.
+        let own = Writes::over(store.0.clone());
+        let model = Arc::new(Counted::default());
+        let third = start(own.clone(), model.clone()).await.unwrap();
+        until("every tool has its vector", || settled(&third)).await;
+        assert_eq!(model.0.load(Ordering::SeqCst), 0);
+        assert_eq!(own.points.load(Ordering::SeqCst), 0);
+        let gone = store.0.count(&earlier, None).await.unwrap_err();
+        assert_eq!(gone.code(), toolmesh_core::ErrorCode::NotFound, "{gone}");
+        third.stop(Duration::from_secs(1)).await;
     }
 
     /// When the caller keeps only tools that rank below every candidate of the first

@@ -15,6 +15,7 @@ use std::{
         Arc, Mutex, PoisonError, RwLock,
         atomic::{AtomicUsize, Ordering},
     },
+    time::{Duration, Instant},
 };
 
 use async_trait::async_trait;
@@ -23,12 +24,13 @@ use qdrant_edge::{
     EdgeSparseVectorParamsBuilder, EdgeVectorParamsBuilder, FacetRequest, FieldIndexOperations,
     Fusion, JsonPath, Modifier, NamedQuery, PayloadFieldSchema, PayloadSchemaType, PointId,
     PointInsertOperations, PointOperations, Prefetch, QueryEnum, QueryRequest, ScoringQuery,
-    ScrollRequest, UpdateOperation, VectorInternal, WithPayloadInterface, WithVector,
+    ScrollRequest, UpdateOperation, VectorInternal, VectorStorageDatatype, WithPayloadInterface,
+    WithVector,
 };
 use serde_json::{Map, Value};
 use toolmesh_core::vector::{
-    CollectionSpec, DENSE, Filter, Hit, LEXICAL, Point, PointId as Id, Query, Record, StoreError,
-    VectorStore,
+    CollectionSpec, DENSE, Filter, Hit, LEXICAL, Point, PointId as Id, Precision, Query, Record,
+    SparseVector, StoreError, VectorStore,
 };
 use tracing::{debug, info, warn};
 
@@ -36,16 +38,20 @@ use crate::filter::edge_filter;
 
 /// Points changed since a collection was last optimised before the next write optimises it,
 /// at the least; and at least half as many as the collection holds, so that filling a
-/// collection optimises it a logarithmic number of times, not once per fixed step.
+/// collection optimises it a logarithmic number of times, not once per fixed step, unless
+/// their dense vectors are more than a segment searched exactly may hold
+/// ([`INDEXING_THRESHOLD_KB`]): those then get their graph.
 const SETTLE_EVERY: usize = 2_000;
 /// Segments below this size (KB of vectors) are searched exactly, without an HNSW graph:
-/// about 13,000 vectors of 384 dimensions. An exact scan of that many takes about a
-/// millisecond, finds the true neighbours, and costs no index build on every change;
-/// larger collections get the graph.
+/// about 13,000 vectors of 384 dimensions at full precision, 26,000 at half. An exact scan
+/// of that many takes a millisecond or two, finds the true neighbours, and costs no index
+/// build on every change; larger collections get the graph.
 const INDEXING_THRESHOLD_KB: usize = 20_000;
 
 /// Points per page when ids are scrolled.
 const SCROLL_PAGE: usize = 10_000;
+/// How long deleting a collection waits for the requests that use it to end.
+const DELETE_WAIT: Duration = Duration::from_secs(10);
 
 /// Qdrant's engine in-process, persisted under a directory.
 #[derive(Debug)]
@@ -208,6 +214,12 @@ fn read_spec(path: &Path) -> Option<CollectionSpec> {
             Value::Null => None,
             size => Some(usize::try_from(size.as_u64()?).ok()?),
         },
+        // Collections made before precision was a choice hold full-precision vectors.
+        precision: match value.get("precision").and_then(Value::as_str) {
+            None | Some("full") => Precision::Full,
+            Some("half") => Precision::Half,
+            Some(_) => return None,
+        },
         lexical: value.get("lexical")?.as_bool()?,
         keyword_fields: value
             .get("keyword_fields")?
@@ -222,6 +234,10 @@ fn write_spec(path: &Path, spec: &CollectionSpec) -> std::io::Result<()> {
     let value = serde_json::json!({
         "name": spec.name,
         "dense_size": spec.dense_size,
+        "precision": match spec.precision {
+            Precision::Full => "full",
+            Precision::Half => "half",
+        },
         "lexical": spec.lexical,
         "keyword_fields": spec.keyword_fields,
     });
@@ -255,7 +271,12 @@ fn create(dir: &Path, spec: &CollectionSpec) -> Result<EdgeShard, String> {
         ..Default::default()
     });
     if let Some(size) = spec.dense_size {
-        config = config.vector(DENSE, EdgeVectorParamsBuilder::new(size, Distance::Cosine).build());
+        let datatype = match spec.precision {
+            Precision::Full => VectorStorageDatatype::Float32,
+            Precision::Half => VectorStorageDatatype::Float16,
+        };
+        let params = EdgeVectorParamsBuilder::new(size, Distance::Cosine).datatype(datatype);
+        config = config.vector(DENSE, params.build());
     }
     if spec.lexical {
         config = config.sparse_vector(
@@ -349,10 +370,22 @@ impl Collection {
             .update(UpdateOperation::PointOperation(operation))
             .map_err(|e| invalid(e.to_string()))?;
         let unsettled = self.unsettled.fetch_add(changed, Ordering::Relaxed) + changed;
-        if unsettled >= SETTLE_EVERY && unsettled >= self.shard().info().points_count / 2 {
+        let past_scanning = unsettled * self.dense_bytes() > INDEXING_THRESHOLD_KB * 1024;
+        if unsettled >= SETTLE_EVERY
+            && (past_scanning || unsettled >= self.shard().info().points_count / 2)
+        {
             self.settle();
         }
         Ok(())
+    }
+
+    /// The bytes of one point's dense vector.
+    fn dense_bytes(&self) -> usize {
+        let element = match self.spec.precision {
+            Precision::Full => 4,
+            Precision::Half => 2,
+        };
+        self.spec.dense_size.unwrap_or(0) * element
     }
 
     /// Lets the engine build indexes and merge segments after many writes.
@@ -379,6 +412,17 @@ fn sized(size: Option<usize>) -> String {
         Some(size) => format!("dense vectors of {size} dimensions"),
         None => "no dense vectors".into(),
     }
+}
+
+/// What a collection of `spec` holds, for messages.
+fn holds(spec: &CollectionSpec) -> String {
+    let precision = match (spec.dense_size, spec.precision) {
+        (None, _) => "",
+        (Some(_), Precision::Full) => " at full precision",
+        (Some(_), Precision::Half) => " at half precision",
+    };
+    let lexical = if spec.lexical { " with lexical vectors" } else { "" };
+    format!("{}{precision}{lexical}", sized(spec.dense_size))
 }
 
 fn payload(payload: Option<qdrant_edge::Payload>) -> Map<String, Value> {
@@ -412,18 +456,15 @@ impl VectorStore for EmbeddedStore {
             found => found.ok(),
         };
         if let Some(existing) = found {
-            if existing.spec.dense_size != spec.dense_size || existing.spec.lexical != spec.lexical
+            let held = &existing.spec;
+            if held.dense_size != spec.dense_size
+                || held.lexical != spec.lexical
+                || held.dense_size.is_some() && held.precision != spec.precision
             {
                 return Err(StoreError::Invalid {
                     store: self.describe(),
                     collection: spec.name.clone(),
-                    reason: format!(
-                        "it holds {}{}, not {}{}",
-                        sized(existing.spec.dense_size),
-                        if existing.spec.lexical { " with lexical vectors" } else { "" },
-                        sized(spec.dense_size),
-                        if spec.lexical { " with lexical vectors" } else { "" },
-                    ),
+                    reason: format!("it holds {}, not {}", holds(held), holds(spec)),
                 });
             }
             return Ok(());
@@ -502,39 +543,43 @@ impl VectorStore for EmbeddedStore {
         &self,
         collection: &str,
         ids: Vec<Id>,
-        with_dense: bool,
+        with_vectors: bool,
     ) -> Result<Vec<Record>, StoreError> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
         self.with(collection, move |c, invalid| {
             let ids: Vec<PointId> = ids.into_iter().map(PointId::NumId).collect();
-            let vectors = if with_dense {
-                WithVector::Selector(vec![DENSE.to_owned()])
-            } else {
-                WithVector::Bool(false)
-            };
             let records = c
                 .shard()
-                .retrieve(&ids, Some(WithPayloadInterface::Bool(true)), Some(vectors))
+                .retrieve(
+                    &ids,
+                    Some(WithPayloadInterface::Bool(true)),
+                    Some(WithVector::Bool(with_vectors)),
+                )
                 .map_err(|e| invalid(e.to_string()))?;
             Ok(records
                 .into_iter()
                 .filter_map(|record| {
-                    let dense = record.vector.and_then(|v| match v {
-                        qdrant_edge::VectorStructInternal::Named(mut named) => {
-                            match named.remove(DENSE) {
-                                Some(VectorInternal::Dense(dense)) => Some(dense),
-                                _ => None,
-                            }
+                    let mut named = match record.vector {
+                        Some(qdrant_edge::VectorStructInternal::Named(named)) => named,
+                        _ => Default::default(),
+                    };
+                    let dense = match named.remove(DENSE) {
+                        Some(VectorInternal::Dense(dense)) => Some(dense),
+                        _ => None,
+                    };
+                    let lexical = match named.remove(LEXICAL) {
+                        Some(VectorInternal::Sparse(sparse)) => {
+                            Some(SparseVector { indices: sparse.indices, values: sparse.values })
                         }
-                        qdrant_edge::VectorStructInternal::Single(dense) => Some(dense),
-                        qdrant_edge::VectorStructInternal::MultiDense(_) => None,
-                    });
+                        _ => None,
+                    };
                     Some(Record {
                         id: numeric(record.id)?,
                         payload: payload(record.payload),
                         dense,
+                        lexical,
                     })
                 })
                 .collect())
@@ -666,6 +711,44 @@ impl VectorStore for EmbeddedStore {
             Ok(facets.hits.len() as u64)
         })
         .await
+    }
+
+    async fn delete_collection(&self, collection: &str) -> Result<(), StoreError> {
+        let removed =
+            self.collections.write().unwrap_or_else(PoisonError::into_inner).remove(collection);
+        let Some(mut removed) = removed else { return Ok(()) };
+        let path = collections_dir(&self.dir).join(directory_name(collection));
+        let store = self.describe();
+        let failed = |reason: String| StoreError::Failed { store: store.clone(), reason };
+        let deleted = blocking(&store, move || {
+            // Requests that took the collection before it left the map end first: its
+            // shard writes its files as it closes, so only then are they deleted.
+            let since = Instant::now();
+            loop {
+                match Arc::try_unwrap(removed) {
+                    Ok(collection) => break drop(collection),
+                    Err(_) if since.elapsed() > DELETE_WAIT => {
+                        return Err("requests kept using it".to_owned());
+                    }
+                    Err(shared) => removed = shared,
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // Without its spec the directory is an unfinished collection, which the next
+            // start removes should this process end before it has.
+            fs::remove_file(path.join(SPEC_FILE))
+                .and_then(|()| fs::remove_dir_all(&path))
+                .map_err(|e| format!("cannot remove {}: {e}", path.display()))
+        });
+        deleted.await?.map_err(|reason| {
+            failed(format!("cannot delete collection {collection:?}: {reason}"))
+        })?;
+        info!(collection, store = %self.describe(), "deleted a collection");
+        Ok(())
+    }
+
+    fn shared(&self) -> bool {
+        false
     }
 
     async fn flush(&self) -> Result<(), StoreError> {

@@ -22,8 +22,8 @@ use qdrant_client::{
 };
 use serde_json::{Map, Value};
 use toolmesh_core::vector::{
-    CollectionSpec, DENSE, Filter, Hit, LEXICAL, Point, PointId, Query, Record, StoreError,
-    VectorStore,
+    CollectionSpec, DENSE, Filter, Hit, LEXICAL, Point, PointId, Precision, Query, Record,
+    SparseVector, StoreError, VectorStore,
 };
 use tracing::info;
 
@@ -142,6 +142,15 @@ fn dense_of(vector: qdrant::VectorOutput) -> Option<Vec<f32>> {
     }
 }
 
+fn sparse_of(vector: qdrant::VectorOutput) -> Option<SparseVector> {
+    match vector.into_vector() {
+        qdrant::vector_output::Vector::Sparse(sparse) => {
+            Some(SparseVector { indices: sparse.indices, values: sparse.values })
+        }
+        _ => None,
+    }
+}
+
 fn selector(filter: qdrant::Filter) -> PointsSelector {
     PointsSelector { points_selector_one_of: Some(PointsSelectorOneOf::Filter(filter)) }
 }
@@ -165,9 +174,13 @@ impl VectorStore for ServerStore {
         let mut create = CreateCollectionBuilder::new(name);
         if let Some(size) = spec.dense_size {
             let mut config = VectorsConfigBuilder::default();
+            let datatype = match spec.precision {
+                Precision::Full => qdrant::Datatype::Float32,
+                Precision::Half => qdrant::Datatype::Float16,
+            };
             config.add_named_vector_params(
                 DENSE,
-                VectorParamsBuilder::new(size as u64, qdrant::Distance::Cosine),
+                VectorParamsBuilder::new(size as u64, qdrant::Distance::Cosine).datatype(datatype),
             );
             create = create.vectors_config(config);
         }
@@ -256,30 +269,29 @@ impl VectorStore for ServerStore {
         &self,
         collection: &str,
         ids: Vec<PointId>,
-        with_dense: bool,
+        with_vectors: bool,
     ) -> Result<Vec<Record>, StoreError> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
         let ids: Vec<qdrant::PointId> = ids.into_iter().map(Into::into).collect();
-        let request = GetPointsBuilder::new(collection, ids).with_payload(true);
-        let request = if with_dense {
-            request.with_vectors(qdrant::VectorsSelector { names: vec![DENSE.to_owned()] })
-        } else {
-            request.with_vectors(false)
-        };
+        let request =
+            GetPointsBuilder::new(collection, ids).with_payload(true).with_vectors(with_vectors);
         let found = self.client.get_points(request).await.map_err(|e| self.error(collection, e))?;
         Ok(found
             .result
             .into_iter()
             .filter_map(|point| {
-                let dense = point.vectors.and_then(|v| match v.vectors_options? {
-                    qdrant::vectors_output::VectorsOptions::Vectors(mut named) => {
-                        dense_of(named.vectors.remove(DENSE)?)
-                    }
-                    qdrant::vectors_output::VectorsOptions::Vector(one) => dense_of(one),
-                });
-                Some(Record { id: numeric(point.id)?, payload: json(point.payload), dense })
+                let mut named = match point.vectors.and_then(|v| v.vectors_options) {
+                    Some(qdrant::vectors_output::VectorsOptions::Vectors(named)) => named.vectors,
+                    _ => HashMap::new(),
+                };
+                Some(Record {
+                    id: numeric(point.id)?,
+                    payload: json(point.payload),
+                    dense: named.remove(DENSE).and_then(dense_of),
+                    lexical: named.remove(LEXICAL).and_then(sparse_of),
+                })
             })
             .collect())
     }
@@ -395,6 +407,21 @@ impl VectorStore for ServerStore {
             FacetCountsBuilder::new(collection, field).limit(limit.max(1) as u64).exact(true);
         let facets = self.client.facet(request).await.map_err(|e| self.error(collection, e))?;
         Ok(facets.hits.len() as u64)
+    }
+
+    async fn delete_collection(&self, collection: &str) -> Result<(), StoreError> {
+        match self.client.delete_collection(collection).await {
+            Ok(_) => {}
+            Err(QdrantError::ResponseError { status })
+                if status.code() == tonic::Code::NotFound => {}
+            Err(e) => return Err(self.error(collection, e)),
+        }
+        info!(collection, store = %self.describe(), "deleted a collection");
+        Ok(())
+    }
+
+    fn shared(&self) -> bool {
+        true
     }
 
     async fn flush(&self) -> Result<(), StoreError> {

@@ -8,7 +8,7 @@ use std::{sync::Arc, time::Duration};
 use serde_json::{Map, Value, json};
 use toolmesh_core::{
     ErrorCode, StoreError, VectorStore,
-    vector::{CollectionSpec, Condition, Filter, Point, Query, Scalar, SparseVector},
+    vector::{CollectionSpec, Condition, Filter, Point, Precision, Query, Scalar, SparseVector},
 };
 use toolmesh_vector::{EmbeddedStore, ServerStore};
 
@@ -22,6 +22,7 @@ fn spec(name: &str) -> CollectionSpec {
     CollectionSpec {
         name: name.to_owned(),
         dense_size: Some(4),
+        precision: Precision::Full,
         lexical: true,
         keyword_fields: vec!["doc".into()],
     }
@@ -98,13 +99,15 @@ async fn behaves(store: Arc<dyn VectorStore>, name: &str) {
     );
     assert_eq!(store.distinct(name, "doc", 100).await.unwrap(), 3);
 
-    // Read back by id, with the vector when asked.
+    // Read back by id, with the vectors when asked.
     let records = store.retrieve(name, vec![2, 99], true).await.unwrap();
     assert_eq!(records.len(), 1);
     assert_eq!(records[0].payload["doc"], "a");
     let dense = records[0].dense.as_ref().expect("the dense vector");
     assert!((dense[1] - 1.0).abs() < 1e-5, "{dense:?}");
-    assert!(store.retrieve(name, vec![3], false).await.unwrap()[0].dense.is_none());
+    assert_eq!(records[0].lexical, Some(terms(&[12])));
+    let bare = &store.retrieve(name, vec![3], false).await.unwrap()[0];
+    assert!(bare.dense.is_none() && bare.lexical.is_none(), "{bare:?}");
 
     // Dense, lexical and fused rankings.
     let dense = store.query(name, query(Some([0.1, 0.0, 1.0, 0.0]), None, 2)).await.unwrap();
@@ -206,6 +209,51 @@ async fn behaves(store: Arc<dyn VectorStore>, name: &str) {
         store.query(name, Query { dense: Some(vec![1.0; 3]), ..query(None, None, 1) }).await;
     assert_eq!(wrong.unwrap_err().code(), ErrorCode::InvalidArgument);
     store.check().await.unwrap();
+
+    half_precision(store.as_ref(), &format!("{name}-half")).await;
+}
+
+/// A collection of half-precision vectors ranks as one of full precision, reads its vectors
+/// back within half precision's error, and is deleted whole.
+async fn half_precision(store: &dyn VectorStore, name: &str) {
+    let spec = CollectionSpec { precision: Precision::Half, ..spec(name) };
+    store.ensure(&spec).await.unwrap();
+    if store.backend() == "embedded" {
+        let full = CollectionSpec { precision: Precision::Full, ..spec.clone() };
+        let refused = store.ensure(&full).await.unwrap_err();
+        assert_eq!(refused.code(), ErrorCode::InvalidArgument, "{refused}");
+        assert!(refused.to_string().contains("at half precision"), "{refused}");
+    }
+    let stored = point(1, [0.3, 0.7, 0.1, 0.2], &[10], "a", 0);
+    store
+        .upsert(
+            name,
+            vec![
+                stored.clone(),
+                point(2, [0.0, 1.0, 0.0, 0.0], &[11], "a", 1),
+                point(3, [0.0, 0.0, 1.0, 0.0], &[10], "b", 0),
+            ],
+        )
+        .await
+        .unwrap();
+    let dense = store.query(name, query(Some([0.1, 0.0, 1.0, 0.0]), None, 2)).await.unwrap();
+    assert_eq!(ids(&dense), [3, 1]);
+    let fused = store.query(name, query(Some([0.3, 0.7, 0.1, 0.2]), Some(&[10]), 3)).await.unwrap();
+    assert_eq!(ids(&fused)[0], 1);
+    let read = &store.retrieve(name, vec![1], true).await.unwrap()[0];
+    let (held, given) = (read.dense.as_ref().unwrap(), stored.dense.as_ref().unwrap());
+    assert!(held.iter().zip(given).all(|(h, g)| (h - g).abs() < 1e-3), "{held:?} {given:?}");
+    assert_eq!(read.lexical, stored.lexical);
+
+    store.delete_collection(name).await.unwrap();
+    let gone = store.count(name, None).await.unwrap_err();
+    assert_eq!(gone.code(), ErrorCode::NotFound, "{gone}");
+    // Deleting what is not there is done already.
+    store.delete_collection(name).await.unwrap();
+    // Made again, it starts empty.
+    store.ensure(&spec).await.unwrap();
+    assert_eq!(store.count(name, None).await.unwrap(), 0);
+    store.delete_collection(name).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -213,7 +261,12 @@ async fn the_embedded_engine_behaves_and_keeps_its_collections_across_a_reopen()
     let dir = temp_dir("behaves");
     let store: Arc<dyn VectorStore> = Arc::new(EmbeddedStore::open(&dir).await.unwrap());
     assert_eq!(store.backend(), "embedded");
+    assert!(!store.shared());
     behaves(store.clone(), "docs").await;
+    // A deleted collection stays deleted across the reopen.
+    store.ensure(&spec("deleted")).await.unwrap();
+    store.upsert("deleted", vec![point(1, [1.0, 0.0, 0.0, 0.0], &[10], "a", 0)]).await.unwrap();
+    store.delete_collection("deleted").await.unwrap();
     // An odd name still gets a directory of its own.
     behaves(store.clone(), "docs/../x y").await;
     // While it is open, no other store opens its directory.
@@ -230,6 +283,8 @@ async fn the_embedded_engine_behaves_and_keeps_its_collections_across_a_reopen()
     // A collection reopened still refuses vectors of another size.
     let refused = reopened.ensure(&CollectionSpec { dense_size: Some(3), ..spec("docs") }).await;
     assert_eq!(refused.unwrap_err().code(), ErrorCode::InvalidArgument);
+    let deleted = reopened.count("deleted", None).await.unwrap_err();
+    assert_eq!(deleted.code(), ErrorCode::NotFound, "{deleted}");
     // Closed, it lets go of the directory even while still referenced, and refuses work.
     reopened.close().await;
     let closed = reopened.count("docs", None).await.unwrap_err();
@@ -313,5 +368,7 @@ async fn a_qdrant_server_behaves_like_the_embedded_engine() {
     let store: Arc<dyn VectorStore> =
         Arc::new(ServerStore::connect(&url, key, Duration::from_secs(10)).unwrap());
     let name = format!("toolmesh-behaviour-{}", std::process::id());
-    behaves(store, &name).await;
+    assert!(store.shared());
+    behaves(store.clone(), &name).await;
+    store.delete_collection(&name).await.unwrap();
 }
