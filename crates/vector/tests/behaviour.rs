@@ -267,6 +267,8 @@ async fn the_embedded_engine_behaves_and_keeps_its_collections_across_a_reopen()
     store.ensure(&spec("deleted")).await.unwrap();
     store.upsert("deleted", vec![point(1, [1.0, 0.0, 0.0, 0.0], &[10], "a", 0)]).await.unwrap();
     store.delete_collection("deleted").await.unwrap();
+    let half = CollectionSpec { precision: Precision::Half, ..spec("half") };
+    store.ensure(&half).await.unwrap();
     // An odd name still gets a directory of its own.
     behaves(store.clone(), "docs/../x y").await;
     // While it is open, no other store opens its directory.
@@ -285,6 +287,10 @@ async fn the_embedded_engine_behaves_and_keeps_its_collections_across_a_reopen()
     assert_eq!(refused.unwrap_err().code(), ErrorCode::InvalidArgument);
     let deleted = reopened.count("deleted", None).await.unwrap_err();
     assert_eq!(deleted.code(), ErrorCode::NotFound, "{deleted}");
+    // A collection keeps its precision across the reopen.
+    reopened.ensure(&half).await.unwrap();
+    let full = reopened.ensure(&CollectionSpec { precision: Precision::Full, ..half }).await;
+    assert_eq!(full.unwrap_err().code(), ErrorCode::InvalidArgument);
     // Closed, it lets go of the directory even while still referenced, and refuses work.
     reopened.close().await;
     let closed = reopened.count("docs", None).await.unwrap_err();
