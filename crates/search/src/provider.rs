@@ -339,7 +339,8 @@ mod tests {
         provider.stop(Duration::from_secs(1)).await;
     }
 
-    /// A model that gives every text the same vector, and counts them.
+    /// A model that counts the texts it embeds and knows one meaning: texts about the
+    /// weather point one way, every other text the other.
     #[derive(Default)]
     struct Counted(AtomicUsize);
 
@@ -354,7 +355,11 @@ mod tests {
 
         fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
             self.0.fetch_add(texts.len(), Ordering::SeqCst);
-            Ok(texts.iter().map(|_| vec![1.0, 0.0]).collect())
+            let about = |text: &&str| text.to_lowercase().contains("weather");
+            Ok(texts
+                .iter()
+                .map(|t| if about(t) { vec![1.0, 0.0] } else { vec![0.0, 1.0] })
+                .collect())
         }
     }
 
