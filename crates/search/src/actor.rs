@@ -1,5 +1,5 @@
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     hash::{BuildHasher, RandomState},
     panic::AssertUnwindSafe,
     sync::{Arc, PoisonError, atomic::Ordering},
@@ -370,8 +370,7 @@ impl ToolSearchActor {
         };
         let complete = embedder
             .map(|_| Filter { must: vec![Condition::HasVector(DENSE.into())], must_not: vec![] });
-        let have: std::collections::HashSet<PointId> =
-            store.ids(collection, complete).await?.into_iter().collect();
+        let have: HashSet<PointId> = store.ids(collection, complete).await?.into_iter().collect();
         let missing: Vec<PointId> = held.into_iter().filter(|id| !have.contains(id)).collect();
         let started = Instant::now();
         for chunk in missing.chunks(STORE_BATCH) {

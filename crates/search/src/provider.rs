@@ -363,6 +363,25 @@ mod tests {
         }
     }
 
+    /// Starts an index over `registry` in `store`, embedding with `model`.
+    async fn embedding(
+        registry: &RegistryHandle,
+        store: Arc<dyn VectorStore>,
+        model: Arc<Counted>,
+    ) -> SearchProvider {
+        let options = SearchOptions { embedder: Some(model), ..SearchOptions::new(store) };
+        SearchProvider::start(registry.clone(), options).await.unwrap()
+    }
+
+    /// Waits until `provider` has indexed `tools` tools, each with its vector.
+    async fn until_embedded(what: &str, provider: &SearchProvider, tools: usize) {
+        until(what, || {
+            let handle = provider.handle();
+            handle.indexed() == tools && handle.embedded() == tools
+        })
+        .await;
+    }
+
     /// A store that counts the points written to the store under it, and the listings of
     /// every id in a collection made to index (not the sweep's, which counts first); and
     /// says it is shared when told to, as a server is.
@@ -483,20 +502,12 @@ mod tests {
             SourceUpdate { source, tools: tools.collect(), toolkits: vec![], unchanged: vec![] };
         registry.replace_source(update).await.unwrap();
         let store = store("upgrade").await;
-        let start = |store: Arc<dyn VectorStore>, model: Arc<Counted>| {
-            let options = SearchOptions { embedder: Some(model), ..SearchOptions::new(store) };
-            SearchProvider::start(registry.clone(), options)
-        };
-        let settled = |provider: &SearchProvider| {
-            let handle = provider.handle();
-            handle.indexed() == TOOLS && handle.embedded() == TOOLS
-        };
 
         // The earlier format's collection as a router of that version left it: this
         // version's points, written by its index, moved to a full-precision collection.
         let model = Arc::new(Counted::default());
-        let first = start(store.0.clone(), model.clone()).await.unwrap();
-        until("every tool embedded", || settled(&first)).await;
+        let first = embedding(&registry, store.0.clone(), model.clone()).await;
+        until_embedded("every tool embedded", &first, TOOLS).await;
         let current = first.handle().collection().to_owned();
         first.stop(Duration::from_secs(1)).await;
         let earlier = crate::actor::collection_name(1, Some(model.model_id()));
@@ -509,7 +520,8 @@ mod tests {
         };
         store.0.ensure(&spec).await.unwrap();
         let ids = store.0.ids(&current, None).await.unwrap();
-        let held = store.0.retrieve(&current, ids, true).await.unwrap();
+        let mut held = store.0.retrieve(&current, ids, true).await.unwrap();
+        held.sort_by_key(|r| r.id);
         let points = held.iter().cloned().map(Point::from).collect();
         store.0.upsert(&earlier, points).await.unwrap();
         store.0.delete_collection(&current).await.unwrap();
@@ -518,16 +530,14 @@ mod tests {
         // collection kept.
         let shared = Writes::with(store.0.clone(), true);
         let model = Arc::new(Counted::default());
-        let second = start(shared.clone(), model.clone()).await.unwrap();
-        until("every tool has its vector", || settled(&second)).await;
+        let second = embedding(&registry, shared.clone(), model.clone()).await;
+        until_embedded("every tool has its vector", &second, TOOLS).await;
         assert_eq!(model.0.load(Ordering::SeqCst), 0, "nothing embedded again");
         assert_eq!(shared.points.load(Ordering::SeqCst), TOOLS, "each point copied once");
         assert_eq!(store.0.count(&earlier, None).await.unwrap(), TOOLS as u64);
         let ids: Vec<PointId> = held.iter().map(|r| r.id).collect();
         let mut copied = store.0.retrieve(&current, ids, true).await.unwrap();
-        let mut held = held;
         copied.sort_by_key(|r| r.id);
-        held.sort_by_key(|r| r.id);
         assert_eq!(copied.len(), TOOLS);
         for (copy, original) in copied.iter().zip(&held) {
             assert_eq!(copy.id, original.id);
@@ -542,8 +552,8 @@ mod tests {
         // collection is deleted.
         let own = Writes::over(store.0.clone());
         let model = Arc::new(Counted::default());
-        let third = start(own.clone(), model.clone()).await.unwrap();
-        until("every tool has its vector", || settled(&third)).await;
+        let third = embedding(&registry, own.clone(), model.clone()).await;
+        until_embedded("every tool has its vector", &third, TOOLS).await;
         assert_eq!(model.0.load(Ordering::SeqCst), 0);
         assert_eq!(own.points.load(Ordering::SeqCst), 0);
         let gone = store.0.count(&earlier, None).await.unwrap_err();
@@ -600,27 +610,19 @@ mod tests {
             let source = ToolSource::local("t");
             SourceUpdate { source, tools, toolkits: vec![], unchanged: vec![] }
         };
-        let start = |store: Arc<dyn VectorStore>, model: Arc<Counted>| {
-            let options = SearchOptions { embedder: Some(model), ..SearchOptions::new(store) };
-            SearchProvider::start(registry.clone(), options)
-        };
-        let settled = |provider: &SearchProvider| {
-            let handle = provider.handle();
-            handle.indexed() == TOOLS && handle.embedded() == TOOLS
-        };
 
         registry.replace_source(catalog("Does the seventh thing.")).await.unwrap();
         let model = Arc::new(Counted::default());
-        let first = start(store.0.clone(), model.clone()).await.unwrap();
-        until("every tool embedded", || settled(&first)).await;
+        let first = embedding(&registry, store.0.clone(), model.clone()).await;
+        until_embedded("every tool embedded", &first, TOOLS).await;
         assert_eq!(model.0.load(Ordering::SeqCst), TOOLS);
         first.stop(Duration::from_secs(1)).await;
 
         registry.replace_source(catalog("Does the seventh thing, differently.")).await.unwrap();
         let writes = Writes::over(store.0.clone());
         let model = Arc::new(Counted::default());
-        let second = start(writes.clone(), model.clone()).await.unwrap();
-        until("every tool embedded again", || settled(&second)).await;
+        let second = embedding(&registry, writes.clone(), model.clone()).await;
+        until_embedded("every tool embedded again", &second, TOOLS).await;
         assert_eq!(model.0.load(Ordering::SeqCst), 1, "only the changed text is embedded");
         // Its lexical point, then the point with its vector.
         assert_eq!(writes.points.load(Ordering::SeqCst), 2);
