@@ -81,6 +81,10 @@ struct Cli {
     /// audit log costs.
     #[arg(long, requires = "policy")]
     policy_without_audit: bool,
+    /// With --policy: a control run, in which the second server has no policy either, to
+    /// see how far the figures stray when the two servers are the same.
+    #[arg(long, requires = "policy")]
+    policy_control: bool,
     /// With --policy: keep the load generator on the first half of the cores and the
     /// servers on the rest, so that neither takes CPU from the other and half load is half
     /// of what the servers' own cores can take. Each process starts on its cores, so its
@@ -248,8 +252,11 @@ async fn run(args: Cli, pinned: Option<policy::Cores>) -> anyhow::Result<ExitCod
             remote::run(&programs, options.duration, options.warmup, options.rounds).await?;
         (remote::render(&report), serde_json::to_value(&report)?)
     } else if args.policy {
-        let variant =
-            policy::Variant { cel: !args.policy_without_cel, audit: !args.policy_without_audit };
+        let variant = policy::Variant {
+            cel: !args.policy_without_cel,
+            audit: !args.policy_without_audit,
+            control: args.policy_control,
+        };
         let report = policy::run(&options, &programs, variant, pinned).await?;
         (policy::render(&report), serde_json::to_value(&report)?)
     } else if args.mcp {

@@ -29,6 +29,9 @@ pub(crate) struct Variant {
     pub(crate) cel: bool,
     /// The audit log, to a file.
     pub(crate) audit: bool,
+    /// A control run: the second server has no policy either, so that what the benchmark
+    /// reads is its own noise.
+    pub(crate) control: bool,
 }
 
 /// With `--pin`, the cores of the load generator and of the servers: the first half of
@@ -62,6 +65,8 @@ pub(crate) struct PolicyReport {
     pub(crate) rules: usize,
     /// Whether every call was audited (to a file).
     pub(crate) audited: bool,
+    /// A control run: neither server had a policy.
+    pub(crate) control: bool,
     /// The cores of the load generator and of the servers, when pinned.
     pub(crate) pinned: Option<Cores>,
     /// Closed loop, without policy.
@@ -257,7 +262,8 @@ pub(crate) async fn run(
     let audit = RemoveOnDrop(
         std::env::temp_dir().join(format!("toolmesh-bench-audit-{}.jsonl", std::process::id())),
     );
-    let (rules, count) = rules(&audit.0, variant);
+    let (rules, count) =
+        if variant.control { (String::new(), 0) } else { rules(&audit.0, variant) };
     let on = pinned.as_ref().map(|cores| cores.servers.as_slice());
     let (open_server, _open_config) = serve(programs, "open", &auth, on).await?;
     let (governed_server, _governed_config) =
@@ -304,7 +310,8 @@ pub(crate) async fn run(
     let both = |[open, governed]: [Option<f64>; 2]| open.zip(governed).map(|(o, g)| [o, g]);
     Ok(PolicyReport {
         rules: count,
-        audited: variant.audit,
+        audited: variant.audit && !variant.control,
+        control: variant.control,
         pinned,
         throughput_ratio,
         throughput_ratio_range,
@@ -329,38 +336,45 @@ pub(crate) fn render(report: &PolicyReport) -> String {
             s.throughput, s.p50_ms, s.p90_ms, s.p99_ms, s.errors
         )
     };
+    let title = if report.control {
+        format!("CallTool, control run: two servers without policy, {PRINCIPALS} principals")
+    } else {
+        format!(
+            "CallTool with and without a policy of {} rules, {PRINCIPALS} principals, {}",
+            report.rules,
+            if report.audited { "every call audited" } else { "no audit" }
+        )
+    };
     let mut out = format!(
-        "CallTool with and without a policy of {} rules, {PRINCIPALS} principals, {}\n\
-         {:<28} {:>10} {:>9} {:>9} {:>9} {:>7}\n",
-        report.rules,
-        if report.audited { "every call audited" } else { "no audit" },
-        "",
-        "calls/s",
-        "p50 ms",
-        "p90 ms",
-        "p99 ms",
-        "errors"
+        "{title}\n{:<28} {:>10} {:>9} {:>9} {:>9} {:>7}\n",
+        "", "calls/s", "p50 ms", "p90 ms", "p99 ms", "errors"
     );
     if let Some(Cores { load, servers }) = &report.pinned {
         out.push_str(&format!("load generator on cores {load:?}, servers on cores {servers:?}\n"));
     }
     out.push_str(&row("no policy, closed loop", &report.open));
-    out.push_str(&row("policy, closed loop", &report.governed));
+    // In a control run the second server has no policy either.
+    let second = if report.control { "control" } else { "policy" };
+    out.push_str(&row(&format!("{second}, closed loop"), &report.governed));
     out.push_str(&row(&format!("no policy, {:.0}/s", report.half_rate), &report.open_half));
-    out.push_str(&row(&format!("policy, {:.0}/s", report.half_rate), &report.governed_half));
+    out.push_str(&row(&format!("{second}, {:.0}/s", report.half_rate), &report.governed_half));
     let [low, high] = report.throughput_ratio_range;
     let [p99_low, p99_high] = report.p99_added_range_ms;
     out.push_str(&format!(
-        "medians of {} paired rounds: throughput with policy {:.3}x (rounds {low:.3}-{high:.3}; goal >= 0.9), \
+        "medians of {} paired rounds: throughput {} {:.3}x (rounds {low:.3}-{high:.3}; goal >= 0.9), \
          p99 added at half load {:+.3} ms (rounds {p99_low:+.3} to {p99_high:+.3}; goal <= 0.1)\n",
-        report.rounds, report.throughput_ratio, report.p99_added_ms
+        report.rounds,
+        if report.control { "of the control" } else { "with policy" },
+        report.throughput_ratio,
+        report.p99_added_ms
     ));
     for (phase, cpu) in
         [("closed loop", report.cpu_us_per_call), ("half load", report.half_cpu_us_per_call)]
     {
         if let Some([open, governed]) = cpu {
             out.push_str(&format!(
-                "server CPU per call, {phase}: {open:.1} us without policy, {governed:.1} us with it ({:.3}x)\n",
+                "server CPU per call, {phase}: {open:.1} us without policy, {governed:.1} us {} ({:.3}x)\n",
+                if report.control { "on the control" } else { "with it" },
                 governed / open
             ));
         }
@@ -375,12 +389,54 @@ pub(crate) fn render(report: &PolicyReport) -> String {
 mod tests {
     #[test]
     fn the_benchmark_policy_has_fifty_rules() {
-        let all = super::Variant { cel: true, audit: true };
+        let all = super::Variant { cel: true, audit: true, control: false };
         let (_, count) = super::rules(std::path::Path::new("/tmp/audit.jsonl"), all);
         assert_eq!(count, 50);
-        let lean = super::Variant { cel: false, audit: false };
+        let lean = super::Variant { cel: false, audit: false, control: false };
         let (toml, count) = super::rules(std::path::Path::new("/tmp/audit.jsonl"), lean);
         assert_eq!(count, 49);
         assert!(toml.contains("to = \"off\"") && !toml.contains("when"), "{toml}");
+    }
+
+    #[test]
+    fn a_control_run_is_reported_as_two_servers_without_policy() {
+        let sample = |throughput: f64| crate::load::Sample {
+            throughput,
+            p50_ms: 0.2,
+            p90_ms: 0.3,
+            p99_ms: 0.6,
+            errors: 0,
+            first_error: None,
+        };
+        let mut report = super::PolicyReport {
+            rules: 0,
+            audited: false,
+            control: true,
+            pinned: None,
+            open: sample(30_000.0),
+            governed: sample(30_300.0),
+            throughput_ratio: 1.01,
+            throughput_ratio_range: [0.97, 1.05],
+            cpu_us_per_call: Some([32.0, 31.5]),
+            half_cpu_us_per_call: None,
+            half_rate: 15_000.0,
+            open_half: sample(15_000.0),
+            governed_half: sample(15_000.0),
+            p99_added_ms: -0.003,
+            p99_added_range_ms: [-0.6, 0.5],
+            rounds: 20,
+        };
+        let table = super::render(&report);
+        assert!(table.starts_with("CallTool, control run: two servers without policy"), "{table}");
+        assert!(table.contains("control, closed loop") && table.contains("control, 15000/s"));
+        assert!(table.contains("throughput of the control 1.010x"), "{table}");
+        assert!(table.contains("31.5 us on the control"), "{table}");
+        assert!(!table.contains("with policy") && !table.contains("with it"), "{table}");
+        report.control = false;
+        report.rules = 50;
+        report.audited = true;
+        let table = super::render(&report);
+        assert!(table.starts_with("CallTool with and without a policy of 50 rules"), "{table}");
+        assert!(table.contains("policy, closed loop") && table.contains("with policy 1.010x"));
     }
 }
