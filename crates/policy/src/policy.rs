@@ -136,11 +136,11 @@ fn same_principal(a: &Principal, b: &Principal) -> bool {
 }
 
 /// Hashes what tells principals apart in practice (one service account may act for several
-/// agents); [`same_principal`] decides.
-fn hash_principal(principal: &Principal, state: &mut impl Hasher) {
+/// agents): the principal and its `agent`; [`same_principal`] decides.
+fn hash_principal(principal: &Principal, agent: Option<&str>, state: &mut impl Hasher) {
     principal.name.hash(state);
     principal.kind.as_str().hash(state);
-    agent(principal).hash(state);
+    agent.hash(state);
 }
 
 impl fmt::Debug for Policy {
@@ -374,21 +374,19 @@ impl Policy {
     /// Returns the policy as it applies to `principal`: the rules written for it, and its
     /// agent's tool list.
     pub fn scope(self: &Arc<Self>, principal: Arc<Principal>) -> Scope {
-        let agent = if self.active {
-            agent(&principal).and_then(|id| self.agents.get(id)).map(|(name, _)| name.clone())
-        } else {
-            None
-        };
         // The principal's part of the plans' keys; the rest is built only when needed.
         let mut hasher = self.plans.hasher.build_hasher();
+        let mut agent_list = None;
         if self.active {
-            hash_principal(&principal, &mut hasher);
+            let id = agent(&principal);
+            agent_list = id.and_then(|id| self.agents.get(id)).map(|(name, _)| name.clone());
+            hash_principal(&principal, id, &mut hasher);
         }
         Scope {
             policy: self.clone(),
             principal,
             rules: OnceLock::new(),
-            agent,
+            agent: agent_list,
             principal_json: OnceLock::new(),
             principal_value: OnceLock::new(),
             principal_hash: hasher,
