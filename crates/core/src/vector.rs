@@ -48,6 +48,27 @@ pub enum Precision {
     Half,
 }
 
+impl Precision {
+    /// Both precisions, for lookups by name.
+    pub const ALL: [Precision; 2] = [Precision::Full, Precision::Half];
+
+    /// Its name: `full` or `half`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Precision::Full => "full",
+            Precision::Half => "half",
+        }
+    }
+
+    /// The bytes one element of a vector takes.
+    pub fn element_bytes(self) -> usize {
+        match self {
+            Precision::Full => 4,
+            Precision::Half => 2,
+        }
+    }
+}
+
 /// A sparse vector: term ids and their weights.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SparseVector {

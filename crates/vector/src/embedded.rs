@@ -216,9 +216,8 @@ fn read_spec(path: &Path) -> Option<CollectionSpec> {
         },
         // Collections made before precision was a choice hold full-precision vectors.
         precision: match value.get("precision").and_then(Value::as_str) {
-            None | Some("full") => Precision::Full,
-            Some("half") => Precision::Half,
-            Some(_) => return None,
+            None => Precision::Full,
+            Some(name) => Precision::ALL.into_iter().find(|p| p.as_str() == name)?,
         },
         lexical: value.get("lexical")?.as_bool()?,
         keyword_fields: value
@@ -234,10 +233,7 @@ fn write_spec(path: &Path, spec: &CollectionSpec) -> std::io::Result<()> {
     let value = serde_json::json!({
         "name": spec.name,
         "dense_size": spec.dense_size,
-        "precision": match spec.precision {
-            Precision::Full => "full",
-            Precision::Half => "half",
-        },
+        "precision": spec.precision.as_str(),
         "lexical": spec.lexical,
         "keyword_fields": spec.keyword_fields,
     });
@@ -381,11 +377,7 @@ impl Collection {
 
     /// The bytes of one point's dense vector.
     fn dense_bytes(&self) -> usize {
-        let element = match self.spec.precision {
-            Precision::Full => 4,
-            Precision::Half => 2,
-        };
-        self.spec.dense_size.unwrap_or(0) * element
+        self.spec.dense_size.unwrap_or(0) * self.spec.precision.element_bytes()
     }
 
     /// Lets the engine build indexes and merge segments after many writes.
@@ -416,10 +408,9 @@ fn sized(size: Option<usize>) -> String {
 
 /// What a collection of `spec` holds, for messages.
 fn holds(spec: &CollectionSpec) -> String {
-    let precision = match (spec.dense_size, spec.precision) {
-        (None, _) => "",
-        (Some(_), Precision::Full) => " at full precision",
-        (Some(_), Precision::Half) => " at half precision",
+    let precision = match spec.dense_size {
+        Some(_) => format!(" at {} precision", spec.precision.as_str()),
+        None => String::new(),
     };
     let lexical = if spec.lexical { " with lexical vectors" } else { "" };
     format!("{}{precision}{lexical}", sized(spec.dense_size))

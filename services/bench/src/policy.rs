@@ -353,18 +353,22 @@ pub(crate) fn render(report: &PolicyReport) -> String {
         out.push_str(&format!("load generator on cores {load:?}, servers on cores {servers:?}\n"));
     }
     out.push_str(&row("no policy, closed loop", &report.open));
-    // In a control run the second server has no policy either.
-    let second = if report.control { "control" } else { "policy" };
+    // The second server, and how its figures are read against the first's: in a control
+    // run it has no policy either.
+    let (second, with, on) = if report.control {
+        ("control", "of the control", "on the control")
+    } else {
+        ("policy", "with policy", "with it")
+    };
     out.push_str(&row(&format!("{second}, closed loop"), &report.governed));
     out.push_str(&row(&format!("no policy, {:.0}/s", report.half_rate), &report.open_half));
     out.push_str(&row(&format!("{second}, {:.0}/s", report.half_rate), &report.governed_half));
     let [low, high] = report.throughput_ratio_range;
     let [p99_low, p99_high] = report.p99_added_range_ms;
     out.push_str(&format!(
-        "medians of {} paired rounds: throughput {} {:.3}x (rounds {low:.3}-{high:.3}; goal >= 0.9), \
+        "medians of {} paired rounds: throughput {with} {:.3}x (rounds {low:.3}-{high:.3}; goal >= 0.9), \
          p99 added at half load {:+.3} ms (rounds {p99_low:+.3} to {p99_high:+.3}; goal <= 0.1)\n",
         report.rounds,
-        if report.control { "of the control" } else { "with policy" },
         report.throughput_ratio,
         report.p99_added_ms
     ));
@@ -373,8 +377,7 @@ pub(crate) fn render(report: &PolicyReport) -> String {
     {
         if let Some([open, governed]) = cpu {
             out.push_str(&format!(
-                "server CPU per call, {phase}: {open:.1} us without policy, {governed:.1} us {} ({:.3}x)\n",
-                if report.control { "on the control" } else { "with it" },
+                "server CPU per call, {phase}: {open:.1} us without policy, {governed:.1} us {on} ({:.3}x)\n",
                 governed / open
             ));
         }
