@@ -74,6 +74,7 @@ fn main() {
                 hidden: None,
                 outcome: "ok",
                 duration: std::time::Duration::from_nanos(u64::from(i % 1000) * 13_700),
+                at: Instant::now(),
                 trace_id: "4bf92f3577b34da6a3ce929d0e0e4736",
                 policy: "3f2a9c",
                 note: None,

@@ -1,12 +1,13 @@
 //! The audit log: one JSON line per call, per approval and per discovery that hid tools,
-//! written off the call path by a thread of its own, in batches.
+//! written off the call path by a thread of its own, in batches. A call only copies its
+//! event's fields into a queue; the writer formats the lines and writes them, a few dozen
+//! at a time, letting the calls' threads have the core in between.
 
 use std::{
-    cell::RefCell,
     fs::OpenOptions,
     io::Write,
     sync::{Arc, Condvar, Mutex, PoisonError, mpsc},
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use crate::{PolicyError, config::AuditTarget};
@@ -17,7 +18,7 @@ use crate::{PolicyError, config::AuditTarget};
 #[derive(Debug, Clone)]
 pub struct AuditEvent<'a> {
     /// `call`, `discovery` or `approval`.
-    pub event: &'static str,
+    pub event: &'a str,
     /// The principal's name.
     pub principal: &'a str,
     /// The principal's agent, if it has one (optional).
@@ -38,6 +39,9 @@ pub struct AuditEvent<'a> {
     /// How long the call took; written as `duration_ms`, in milliseconds to the
     /// microsecond.
     pub duration: Duration,
+    /// When the event happened (for a call, when it ended): written as `ts`. An instant
+    /// the caller has read anyway, so that recording reads no clock.
+    pub at: Instant,
     /// The trace the call belongs to, when it is traced (optional: not when empty).
     pub trace_id: &'a str,
     /// The policy version that decided.
@@ -48,7 +52,7 @@ pub struct AuditEvent<'a> {
 
 impl AuditEvent<'_> {
     /// Appends the event, stamped `ts` (since the Unix epoch), to `line` as one line of
-    /// JSON. Written by hand rather than through serde: this runs on every call, and its
+    /// JSON. Written by hand rather than through serde: this runs for every event, and its
     /// strings seldom need escaping, which is checked for a whole string at once.
     fn write_line(&self, ts: Duration, line: &mut Vec<u8>) {
         line.extend_from_slice(b"{\"ts\":");
@@ -81,6 +85,147 @@ impl AuditEvent<'_> {
             field(line, "note", note);
         }
         line.extend_from_slice(b"}}\n");
+    }
+}
+
+/// An event as it waits for the writer: its times and flags, then its strings, each after
+/// its length. Queueing an event copies its strings and nothing more; the writer turns
+/// events into JSON lines, a batch at a time, off the call path.
+mod record {
+    use std::time::{Duration, Instant};
+
+    use super::AuditEvent;
+
+    const AGENT: u8 = 1;
+    const HIDDEN: u8 = 2;
+    const NOTE: u8 = 4;
+
+    /// The bytes before the strings: `at` (after the log's start, or before it if
+    /// negative) and the duration in nanoseconds, `hidden`, the flags.
+    const HEAD: usize = 8 + 8 + 8 + 1;
+
+    impl AuditEvent<'_> {
+        fn strings(&self) -> [&str; 11] {
+            [
+                self.event,
+                self.principal,
+                self.agent.unwrap_or_default(),
+                self.tool,
+                self.call_id,
+                self.decision,
+                self.rule,
+                self.outcome,
+                self.trace_id,
+                self.policy,
+                self.note.unwrap_or_default(),
+            ]
+        }
+
+        /// How many bytes [`AuditEvent::encode`] appends.
+        pub(super) fn encoded_len(&self) -> usize {
+            HEAD + self.strings().iter().map(|s| 4 + s.len()).sum::<usize>()
+        }
+
+        /// Appends the event to `out`; `at` as its time after `start`.
+        pub(super) fn encode(&self, start: Instant, out: &mut Vec<u8>) {
+            let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+            // Signed: an event may be stamped before the log started.
+            let at = match self.at.checked_duration_since(start) {
+                Some(after) => i64::try_from(after.as_nanos()).unwrap_or(i64::MAX),
+                None => -i64::try_from((start - self.at).as_nanos()).unwrap_or(i64::MAX),
+            };
+            out.extend_from_slice(&at.to_le_bytes());
+            out.extend_from_slice(&nanos(self.duration).to_le_bytes());
+            out.extend_from_slice(&(self.hidden.unwrap_or_default() as u64).to_le_bytes());
+            let mut flags = 0;
+            let optional = [self.agent.is_some(), self.hidden.is_some(), self.note.is_some()];
+            for (set, flag) in optional.into_iter().zip([AGENT, HIDDEN, NOTE]) {
+                if set {
+                    flags |= flag;
+                }
+            }
+            out.push(flags);
+            for s in self.strings() {
+                // An event is far below 4 GiB: the queue holds 64 MiB at most.
+                out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+                out.extend_from_slice(s.as_bytes());
+            }
+        }
+    }
+
+    /// Reads the events that [`AuditEvent::encode`] appended to `bytes` with `start`, in
+    /// order.
+    pub(super) fn decode(bytes: &[u8], start: Instant) -> Events<'_> {
+        Events { bytes, start }
+    }
+
+    pub(super) struct Events<'a> {
+        bytes: &'a [u8],
+        start: Instant,
+    }
+
+    impl<'a> Events<'a> {
+        fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+            let (taken, rest) = self.bytes.split_at_checked(n)?;
+            self.bytes = rest;
+            Some(taken)
+        }
+
+        fn number(&mut self) -> Option<u64> {
+            Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+        }
+
+        fn string(&mut self) -> Option<&'a str> {
+            let len = u32::from_le_bytes(self.take(4)?.try_into().ok()?);
+            std::str::from_utf8(self.take(len as usize)?).ok()
+        }
+
+        fn event(&mut self) -> Option<AuditEvent<'a>> {
+            let at = i64::from_le_bytes(self.number()?.to_le_bytes());
+            let at = match u64::try_from(at) {
+                Ok(after) => self.start.checked_add(Duration::from_nanos(after))?,
+                Err(_) => self.start.checked_sub(Duration::from_nanos(at.unsigned_abs()))?,
+            };
+            let duration = Duration::from_nanos(self.number()?);
+            let hidden = usize::try_from(self.number()?).unwrap_or(usize::MAX);
+            let flags = self.take(1)?[0];
+            let has = |flag: u8| flags & flag != 0;
+            let event = AuditEvent {
+                event: self.string()?,
+                principal: self.string()?,
+                agent: Some(self.string()?).filter(|_| has(AGENT)),
+                tool: self.string()?,
+                call_id: self.string()?,
+                decision: self.string()?,
+                rule: self.string()?,
+                outcome: self.string()?,
+                trace_id: self.string()?,
+                policy: self.string()?,
+                note: Some(self.string()?).filter(|_| has(NOTE)),
+                hidden: has(HIDDEN).then_some(hidden),
+                duration,
+                at,
+            };
+            Some(event)
+        }
+    }
+
+    impl<'a> Iterator for Events<'a> {
+        type Item = AuditEvent<'a>;
+
+        fn next(&mut self) -> Option<Self::Item> {
+            if self.bytes.is_empty() {
+                return None;
+            }
+            let event = self.event();
+            // Only `encode` writes the queue: a record that does not read back is a bug,
+            // and the rest of the batch cannot be framed.
+            debug_assert!(event.is_some(), "an audit record does not read back");
+            if event.is_none() {
+                self.bytes = &[];
+            }
+            event
+        }
     }
 }
 
@@ -148,19 +293,19 @@ fn digits(line: &mut Vec<u8>, mut value: u64, width: usize) {
 /// per batch instead of per call.
 const BATCH: Duration = Duration::from_millis(20);
 
-/// How many bytes of lines may wait for the writer. A target that stops taking them (a
+/// How many bytes of events may wait for the writer. A target that stops taking them (a
 /// stalled disk, a full pipe) must not grow the process without bound: beyond this, events
 /// are dropped, counted, and the writer says how many once it can write again.
 const MAX_PENDING: usize = 64 << 20;
 
-/// Lines waiting for the writer, and callers waiting for them to be written. An event is
-/// serialized into a buffer of the calling thread and copied into `lines`, which the
-/// writer swaps for its own emptied buffer: once the buffers have grown, recording an
-/// event allocates nothing, and no memory is handed from one thread to another to free.
+/// Events waiting for the writer, and callers waiting for them to be written. An event is
+/// encoded straight into `records` ([`AuditEvent::encode`]), which the writer swaps for its
+/// own emptied buffer: once the buffers have grown, recording an event allocates nothing,
+/// and no memory is handed from one thread to another to free.
 #[derive(Default)]
 struct Queue {
-    lines: Vec<u8>,
-    /// Events dropped since the writer last looked, because `lines` was full.
+    records: Vec<u8>,
+    /// Events dropped since the writer last looked, because `records` was full.
     dropped: u64,
     flushes: Vec<mpsc::SyncSender<()>>,
     closed: bool,
@@ -168,6 +313,8 @@ struct Queue {
 
 struct Shared {
     queue: Mutex<Queue>,
+    /// Events are queued with their time after this.
+    start: Instant,
     /// At most this many bytes wait ([`MAX_PENDING`]).
     max_pending: usize,
     /// Told when the queue stops being empty, or closes.
@@ -227,8 +374,12 @@ impl AuditLog {
 
     /// Starts the writer thread on `out`, with at most `max_pending` bytes waiting for it.
     fn with_writer(out: Box<dyn Write + Send>, max_pending: usize) -> Result<Self, PolicyError> {
-        let shared =
-            Arc::new(Shared { queue: Mutex::default(), max_pending, ready: Condvar::new() });
+        let shared = Arc::new(Shared {
+            queue: Mutex::default(),
+            start: Instant::now(),
+            max_pending,
+            ready: Condvar::new(),
+        });
         let writer = shared.clone();
         std::thread::Builder::new()
             .name("toolmesh-audit".into())
@@ -242,34 +393,22 @@ impl AuditLog {
         self.shared.is_some()
     }
 
-    /// Queues `event` as one JSON line, stamped with the time.
+    /// Queues `event`, to be written as one JSON line.
     pub fn record(&self, event: &AuditEvent<'_>) {
         let Some(shared) = &self.shared else { return };
-        let ts = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-        thread_local! {
-            /// The line being serialized, outside the queue's lock; kept for the next one.
-            static LINE: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+        let len = event.encoded_len();
+        let mut queue = shared.0.lock();
+        let was_empty = queue.records.is_empty();
+        if queue.records.len() + len > shared.0.max_pending {
+            queue.dropped += 1;
+        } else {
+            event.encode(shared.0.start, &mut queue.records);
         }
-        LINE.with_borrow_mut(|line| {
-            line.clear();
-            event.write_line(ts, line);
-            let mut queue = shared.0.lock();
-            let was_empty = queue.lines.is_empty();
-            if queue.lines.len() + line.len() > shared.0.max_pending {
-                queue.dropped += 1;
-            } else {
-                queue.lines.extend_from_slice(line);
-            }
-            drop(queue);
-            // The writer waits only on an empty queue: one wake-up per batch.
-            if was_empty {
-                shared.0.ready.notify_one();
-            }
-            // One large event (a long approval note) leaves no large buffer behind.
-            if line.capacity() > 64 << 10 {
-                *line = Vec::new();
-            }
-        });
+        drop(queue);
+        // The writer waits only on an empty queue: one wake-up per batch.
+        if was_empty {
+            shared.0.ready.notify_one();
+        }
     }
 
     /// Waits, up to `timeout`, until every event recorded so far is written out.
@@ -284,12 +423,14 @@ impl AuditLog {
 
 fn write_lines(shared: &Shared, mut out: Box<dyn Write + Send>) {
     let mut failed = false;
-    // The buffer the writer writes from; swapped with the queue's, so both keep their
+    // The buffer of events the writer reads; swapped with the queue's, so both keep their
     // capacity.
+    let mut records = Vec::new();
+    // The JSON lines of a batch, kept for the next one.
     let mut lines = Vec::new();
     loop {
         let mut queue = shared.lock();
-        while queue.lines.is_empty() && queue.flushes.is_empty() && !queue.closed {
+        while queue.records.is_empty() && queue.flushes.is_empty() && !queue.closed {
             queue = shared.ready.wait(queue).unwrap_or_else(PoisonError::into_inner);
         }
         // Let a batch gather, unless someone waits for it or the log is closing.
@@ -298,8 +439,8 @@ fn write_lines(shared: &Shared, mut out: Box<dyn Write + Send>) {
             std::thread::sleep(BATCH);
             queue = shared.lock();
         }
-        lines.clear();
-        std::mem::swap(&mut lines, &mut queue.lines);
+        records.clear();
+        std::mem::swap(&mut records, &mut queue.records);
         let dropped = std::mem::take(&mut queue.dropped);
         let flushes = std::mem::take(&mut queue.flushes);
         let closed = queue.closed;
@@ -311,22 +452,56 @@ fn write_lines(shared: &Shared, mut out: Box<dyn Write + Send>) {
                 "the audit log fell too far behind its target: events were dropped"
             );
         }
-        match out.write_all(&lines).and_then(|()| out.flush()) {
-            Ok(()) => failed = false,
-            Err(error) if !failed => {
-                failed = true;
-                tracing::error!(%error, "cannot write the audit log");
+        // In pieces, each let go of the core after: a batch formatted and written at once
+        // would hold it for a tenth of a millisecond or more, and the calls that arrive
+        // meanwhile would wait for it.
+        // The wall clock now, and the instant with it: an event's time in the log is the
+        // wall clock's, however that was set since the log started.
+        let (now, wall) = (Instant::now(), SystemTime::now());
+        let mut events = record::decode(&records, shared.start).peekable();
+        while events.peek().is_some() {
+            lines.clear();
+            for event in events.by_ref().take(PIECE) {
+                let at = wall.checked_sub(now.saturating_duration_since(event.at));
+                let ts = at.and_then(|at| at.duration_since(UNIX_EPOCH).ok()).unwrap_or_default();
+                event.write_line(ts, &mut lines);
             }
-            Err(_) => {}
+            match out.write_all(&lines) {
+                Ok(()) => failed = false,
+                Err(error) if !failed => {
+                    failed = true;
+                    tracing::error!(%error, "cannot write the audit log");
+                }
+                Err(_) => {}
+            }
+            std::thread::yield_now();
+        }
+        if let Err(error) = out.flush()
+            && !failed
+        {
+            failed = true;
+            tracing::error!(%error, "cannot write the audit log");
         }
         for done in flushes {
             let _ = done.send(());
+        }
+        // One large batch (a burst, a long approval note) leaves no large buffers behind.
+        for buffer in [&mut records, &mut lines] {
+            if buffer.capacity() > MAX_KEPT {
+                *buffer = Vec::new();
+            }
         }
         if closed {
             return;
         }
     }
 }
+
+/// How many events the writer formats and writes before it lets other threads run.
+const PIECE: usize = 32;
+
+/// The writer keeps buffers up to this size from one batch to the next.
+const MAX_KEPT: usize = 4 << 20;
 
 #[cfg(test)]
 mod tests {
@@ -368,6 +543,7 @@ mod tests {
             hidden: None,
             outcome: "ok",
             duration: Duration::from_micros(250),
+            at: Instant::now(),
             trace_id: "",
             policy: "v1",
             note: None,
@@ -391,12 +567,27 @@ mod tests {
                     hidden: optional.then_some(usize::MAX),
                     outcome: text,
                     duration: Duration::from_nanos(if optional { 1_234_567_890 } else { 999 }),
+                    at: Instant::now(),
                     trace_id: if optional { text } else { "" },
                     policy: text,
                     note: optional.then_some(text),
                 };
+                // As the writer reads it: queued as a record, then written as a line.
+                // Stamped after the log's start, or before it.
+                let start = if optional {
+                    event.at - Duration::from_secs(3)
+                } else {
+                    event.at + Duration::from_millis(1500)
+                };
+                let mut records = Vec::new();
+                event.encode(start, &mut records);
+                assert_eq!(records.len(), event.encoded_len());
+                let mut queued = record::decode(&records, start);
+                let read = queued.next().expect("the record reads back");
+                assert!(queued.next().is_none(), "one record");
+                assert_eq!(read.at, event.at);
                 let mut line = Vec::new();
-                event.write_line(Duration::new(1_764_915_000, 12_345_678), &mut line);
+                read.write_line(Duration::new(1_764_915_000, 12_345_678), &mut line);
                 assert_eq!(line.iter().filter(|&&b| b == b'\n').count(), 1, "one line");
                 assert_eq!(line.last(), Some(&b'\n'));
                 let value: serde_json::Value = serde_json::from_slice(&line).expect("JSON");

@@ -305,6 +305,7 @@ fn the_audit_log_appends_one_json_line_per_event() {
             hidden: None,
             outcome: "ok",
             duration: Duration::from_micros(1500),
+            at: std::time::Instant::now() - Duration::from_secs(2),
             trace_id: "",
             policy: policy.version(),
             note: None,
@@ -318,7 +319,10 @@ fn the_audit_log_appends_one_json_line_per_event() {
     assert_eq!(lines[1]["audit"]["decision"], "hide");
     assert_eq!(lines[0]["audit"]["rule"], "only-admins-delete");
     assert_eq!(lines[0]["audit"]["policy"], policy.version());
-    assert!(lines[0]["ts"].as_f64().unwrap() > 1.7e9);
+    // Stamped with the wall clock at the event: two seconds ago.
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let ago = now.as_secs_f64() - lines[0]["ts"].as_f64().unwrap();
+    assert!((1.9..5.0).contains(&ago), "{ago} s ago");
 }
 
 #[test]

@@ -248,7 +248,8 @@ impl Router {
             span.record(names::ERROR_TYPE, kind);
         }
         // One reading for the metric and the audit, which then agree on how long it took.
-        let took = started.elapsed();
+        let ended = std::time::Instant::now();
+        let took = ended.duration_since(started);
         crate::metrics::call_ended(took, source.as_ref(), error_type);
         let policy = admission.policy();
         if let Some(decision) = &seen.decision {
@@ -269,6 +270,7 @@ impl Router {
                 hidden: None,
                 outcome: error_type.unwrap_or("ok"),
                 duration: took,
+                at: ended,
                 trace_id: &trace_id,
                 policy: policy.version(),
                 note: None,
@@ -549,6 +551,7 @@ impl Router {
                 hidden: None,
                 outcome: if result.is_ok() { "ok" } else { "refused" },
                 duration: started.elapsed(),
+                at: std::time::Instant::now(),
                 trace_id: &current_trace_id(),
                 policy: policy.version(),
                 note: Some(&note).filter(|n| !n.is_empty()).map(String::as_str),

@@ -522,6 +522,7 @@ impl Hidden {
             hidden: Some(count),
             outcome: "ok",
             duration: started.elapsed(),
+            at: std::time::Instant::now(),
             trace_id: &crate::router::current_trace_id(),
             policy: policy.version(),
             note: None,
