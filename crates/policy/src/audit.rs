@@ -452,12 +452,12 @@ fn write_lines(shared: &Shared, mut out: Box<dyn Write + Send>) {
                 "the audit log fell too far behind its target: events were dropped"
             );
         }
-        // In pieces, each let go of the core after: a batch formatted and written at once
-        // would hold it for a tenth of a millisecond or more, and the calls that arrive
-        // meanwhile would wait for it.
         // The wall clock now, and the instant with it: an event's time in the log is the
         // wall clock's, however that was set since the log started.
         let (now, wall) = (Instant::now(), SystemTime::now());
+        // In pieces, each letting go of the core after: a batch formatted and written at
+        // once would hold it for a tenth of a millisecond or more, and the calls that
+        // arrive meanwhile would wait for it.
         let mut events = record::decode(&records, shared.start).peekable();
         while events.peek().is_some() {
             lines.clear();
