@@ -181,7 +181,7 @@ mod record {
         }
 
         fn event(&mut self) -> Option<AuditEvent<'a>> {
-            let at = i64::from_le_bytes(self.number()?.to_le_bytes());
+            let at = self.number()?.cast_signed();
             let at = match u64::try_from(at) {
                 Ok(after) => self.start.checked_add(Duration::from_nanos(after))?,
                 Err(_) => self.start.checked_sub(Duration::from_nanos(at.unsigned_abs()))?,
@@ -219,9 +219,12 @@ mod record {
             }
             let event = self.event();
             // Only `encode` writes the queue: a record that does not read back is a bug,
-            // and the rest of the batch cannot be framed.
-            debug_assert!(event.is_some(), "an audit record does not read back");
+            // and the rest of the batch cannot be framed. Said, never passed over.
             if event.is_none() {
+                tracing::error!(
+                    unread_bytes = self.bytes.len(),
+                    "an audit record does not read back: the rest of its batch is lost"
+                );
                 self.bytes = &[];
             }
             event

@@ -540,6 +540,7 @@ impl Router {
             1,
         );
         if policy.audit().is_on() {
+            let ended = std::time::Instant::now();
             policy.audit().record(&AuditEvent {
                 event: "approval",
                 principal: &principal.name,
@@ -550,8 +551,8 @@ impl Router {
                 rule,
                 hidden: None,
                 outcome: if result.is_ok() { "ok" } else { "refused" },
-                duration: started.elapsed(),
-                at: std::time::Instant::now(),
+                duration: ended.duration_since(started),
+                at: ended,
                 trace_id: &current_trace_id(),
                 policy: policy.version(),
                 note: Some(&note).filter(|n| !n.is_empty()).map(String::as_str),

@@ -507,6 +507,7 @@ impl Hidden {
         };
         crate::metrics::policy_decided("hide", "discovery", count as u64);
         let policy = admission.policy();
+        let ended = std::time::Instant::now();
         policy.audit().record(&toolmesh_policy::AuditEvent {
             event: "discovery",
             principal: &self.principal.name,
@@ -521,8 +522,8 @@ impl Hidden {
             rule: &rules,
             hidden: Some(count),
             outcome: "ok",
-            duration: started.elapsed(),
-            at: std::time::Instant::now(),
+            duration: ended.duration_since(started),
+            at: ended,
             trace_id: &crate::router::current_trace_id(),
             policy: policy.version(),
             note: None,
