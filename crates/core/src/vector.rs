@@ -276,6 +276,23 @@ pub enum StoreError {
         /// What does not fit.
         reason: String,
     },
+    /// The store refuses writes: the disk it writes to has less free space than it keeps
+    /// in reserve. Reads go on.
+    #[error(
+        "vector store {store} refuses writes: the disk of {disk} has {free_mb} MiB free, less \
+         than the {min_free_mb} MiB it keeps free (vector.min_free_mb); free space on that \
+         disk or give the data directory a larger one"
+    )]
+    Full {
+        /// The store.
+        store: String,
+        /// The directory whose disk is full.
+        disk: String,
+        /// MiB free on it.
+        free_mb: u64,
+        /// MiB the store keeps free.
+        min_free_mb: u64,
+    },
     /// The store failed otherwise.
     #[error("vector store {store} failed: {reason}")]
     Failed {
@@ -293,6 +310,7 @@ impl StoreError {
             StoreError::Unavailable { .. } => ErrorCode::Unavailable,
             StoreError::NoCollection { .. } => ErrorCode::NotFound,
             StoreError::Invalid { .. } => ErrorCode::InvalidArgument,
+            StoreError::Full { .. } => ErrorCode::ResourceExhausted,
             StoreError::Failed { .. } => ErrorCode::Internal,
         }
     }

@@ -709,55 +709,55 @@ async fn ingest(
     };
 
     let upsert = info_span!("knowledge.upsert", knowledge.collection = %config.name, knowledge.documents = chunked.len() as i64);
-    async {
-        for (document, chunked) in chunked {
-            let chunks = match chunked {
-                Ok(chunks) => chunks,
-                Err(reason) => {
-                    results.push(DocumentResult {
+    // Every document's replacement is handed to the store at once: the store makes writes
+    // waiting together durable with one sync of its journal.
+    let (store, stored) = (&collection.store, &collection.stored);
+    let writes: Vec<_> = chunked
+        .into_iter()
+        .map(|(document, chunked)| {
+            let points = chunked.map(|chunks| {
+                chunks
+                    .iter()
+                    .map(|chunk| {
+                        let mut payload = Map::new();
+                        payload.insert(DOC_ID.into(), json!(document.id));
+                        payload.insert(POSITION.into(), json!(chunk.position));
+                        payload.insert(TEXT.into(), json!(chunk.text));
+                        payload.insert(METADATA.into(), Value::Object(document.metadata.clone()));
+                        Point {
+                            id: chunk_id(&document.id, chunk.position),
+                            dense: vectors.next().flatten(),
+                            lexical: Some(lexical::document(
+                                &terms(&chunk.indexed),
+                                AVERAGE_CHUNK_TERMS,
+                            )),
+                            payload,
+                        }
+                    })
+                    .collect::<Vec<Point>>()
+            });
+            async move {
+                let points = match points {
+                    Ok(points) => points,
+                    Err(reason) => {
+                        return DocumentResult { id: document.id, chunks: 0, error: Some(reason) };
+                    }
+                };
+                let count = points.len();
+                // The document's old chunks go and its new ones come in one step.
+                let old = Filter::is(DOC_ID, Scalar::Str(document.id.clone()));
+                match store.replace(stored, old, points).await {
+                    Ok(()) => DocumentResult { id: document.id, chunks: count, error: None },
+                    Err(error) => DocumentResult {
                         id: document.id,
                         chunks: 0,
-                        error: Some(reason),
-                    });
-                    continue;
+                        error: Some(error.to_string()),
+                    },
                 }
-            };
-            let points: Vec<Point> = chunks
-                .iter()
-                .map(|chunk| {
-                    let mut payload = Map::new();
-                    payload.insert(DOC_ID.into(), json!(document.id));
-                    payload.insert(POSITION.into(), json!(chunk.position));
-                    payload.insert(TEXT.into(), json!(chunk.text));
-                    payload.insert(METADATA.into(), Value::Object(document.metadata.clone()));
-                    Point {
-                        id: chunk_id(&document.id, chunk.position),
-                        dense: vectors.next().flatten(),
-                        lexical: Some(lexical::document(
-                            &terms(&chunk.indexed),
-                            AVERAGE_CHUNK_TERMS,
-                        )),
-                        payload,
-                    }
-                })
-                .collect();
-            let count = points.len();
-            // The document's old chunks go and its new ones come in one step.
-            let old = Filter::is(DOC_ID, Scalar::Str(document.id.clone()));
-            match collection.store.replace(&collection.stored, old, points).await {
-                Ok(()) => {
-                    results.push(DocumentResult { id: document.id, chunks: count, error: None })
-                }
-                Err(error) => results.push(DocumentResult {
-                    id: document.id,
-                    chunks: 0,
-                    error: Some(error.to_string()),
-                }),
             }
-        }
-    }
-    .instrument(upsert)
-    .await;
+        })
+        .collect();
+    results.extend(futures::future::join_all(writes).instrument(upsert).await);
     Ok(results)
 }
 

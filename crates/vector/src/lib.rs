@@ -36,6 +36,10 @@ pub struct VectorConfig {
     pub api_key_env: String,
     /// How long one request to the server may take, in milliseconds.
     pub timeout_ms: u64,
+    /// For `backend = "embedded"`: the MiB the store keeps free on its disk. Below that it
+    /// refuses writes (`RESOURCE_EXHAUSTED`, naming the disk), its health entry goes
+    /// NOT_SERVING, and reads go on; writes resume once space is freed.
+    pub min_free_mb: u64,
     /// `[vector.stores.NAME]`: more stores, each with the keys above, that knowledge
     /// collections may choose by name (`store = "NAME"`); the one above is `default`.
     pub stores: BTreeMap<String, VectorConfig>,
@@ -48,6 +52,7 @@ impl Default for VectorConfig {
             url: None,
             api_key_env: "QDRANT_API_KEY".into(),
             timeout_ms: 2_000,
+            min_free_mb: embedded::DEFAULT_MIN_FREE_MB,
             stores: BTreeMap::new(),
         }
     }
@@ -119,7 +124,9 @@ pub async fn open_all(config: &VectorConfig, data_dir: &Path) -> Result<VectorSt
 /// Opens the one store `config` names (its `stores` aside); an embedded one in `dir`.
 pub async fn open(config: &VectorConfig, dir: &Path) -> Result<Arc<dyn VectorStore>, StoreError> {
     match config.backend {
-        BackendKind::Embedded => Ok(Arc::new(EmbeddedStore::open(dir.to_owned()).await?)),
+        BackendKind::Embedded => {
+            Ok(Arc::new(EmbeddedStore::open_keeping(dir.to_owned(), config.min_free_mb).await?))
+        }
         BackendKind::Qdrant => {
             let url = config.url.as_deref().unwrap_or_default();
             let api_key = std::env::var(&config.api_key_env).ok().filter(|k| !k.is_empty());
