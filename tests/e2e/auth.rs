@@ -177,6 +177,40 @@ async fn without_a_valid_credential_every_call_is_unauthenticated_and_nothing_is
 }
 
 #[tokio::test]
+async fn toolmeshs_own_services_cannot_be_made_public() {
+    for service in
+        ["toolmesh.v1.ToolService", "toolmesh.v1.KnowledgeService", "toolmesh.v1.WorkerService"]
+    {
+        let toml = format!("[auth]\nanonymous = \"guest\"\npublic = [\"{service}\"]\n");
+        let Err(error) = TestServer::start(&toml, AppOptions::default()).await else {
+            panic!("{service} was accepted as public");
+        };
+        let error = format!("{error:#}");
+        assert!(error.contains("auth.public[0]"), "{error}");
+        assert!(error.contains("toolmesh's own services"), "{error}");
+    }
+}
+
+#[tokio::test]
+async fn a_public_service_checks_a_credential_that_is_sent() {
+    let (server, key, _signer, _dir) = secured("").await;
+    let health = |credential: Option<String>| {
+        let addr = server.addr;
+        async move {
+            let channel =
+                toolmesh::client::channel(&addr.to_string(), credential.as_deref()).await.unwrap();
+            let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+            let request = tonic_health::pb::HealthCheckRequest { service: String::new() };
+            health.check(request).await.map(|r| r.into_inner().status())
+        }
+    };
+    assert_eq!(health(None).await.unwrap(), ServingStatus::Serving);
+    assert_eq!(health(Some(key.clone())).await.unwrap(), ServingStatus::Serving);
+    let forged = health(Some("tm_not-a-key-of-this-server".into())).await.unwrap_err();
+    assert_eq!(forged.code(), Code::Unauthenticated, "{forged:?}");
+}
+
+#[tokio::test]
 async fn an_api_key_and_a_token_reach_every_rpc_and_the_tool_sees_the_principal() {
     let (server, key, signer, _dir) = secured("").await;
     let jwt = token(&signer, &claims("bob"));

@@ -131,6 +131,17 @@ async fn a_bad_config_exits_with_one_line_naming_the_key() {
 
     let defaults = run(&["config", "defaults"]).await;
     assert!(stdout(&defaults).contains("[server]"));
+    // Into a pipe whose reader has gone (`toolmesh config defaults | head -0`): it ends
+    // quietly, without a panic.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let closed = std::process::Command::new(toolmesh_bin())
+        .args(["config", "defaults"])
+        .stdout(writer)
+        .output()
+        .unwrap();
+    assert_eq!(closed.status.code(), Some(0), "{}", stderr(&closed));
+    assert!(!stderr(&closed).contains("panicked"), "{}", stderr(&closed));
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/toolmesh.toml");
     let output = tokio::process::Command::new(toolmesh_bin())
         .args(["config", "check", example.to_str().unwrap()])

@@ -610,35 +610,34 @@ command = "/usr/bin/wc"
     assert!(removed.is_some(), "a removed tool is purged");
 }
 
-/// Queries beyond `search.max_query_bytes` (4096 by default) are refused before any work,
-/// through SearchTools and searchTools alike; a query of exactly the limit is searched.
+/// A query beyond `search.max_query_bytes` (4096 by default) — a whole dialogue an agent
+/// passed on — is searched by its beginning, and the answer says how much was cut, through
+/// SearchTools and searchTools alike.
 #[tokio::test]
-async fn search_queries_beyond_the_limit_are_invalid_argument() {
+async fn a_long_query_is_searched_by_its_beginning_and_the_cut_reported() {
     let probe = Arc::new(BlockingProbe::default());
-    let server = server("", &probe).await;
+    let config = "[[tools.command]]\nname = \"word_count\"\ndescription = \"Counts the words of a text document.\"\ncommand = \"/usr/bin/wc\"\n";
+    let server = server(config, &probe).await;
     let mut client = server.client().await;
-    let at_limit = format!("think {}", "a".repeat(4096 - 6));
-    let too_long = format!("{at_limit}b");
+    // 18.7 KB, with a multi-byte character across the limit.
+    let long = format!("count the words {}xé{}", "a ".repeat(2039), "talk ".repeat(2900));
+    assert!(!long.is_char_boundary(4096), "the cut falls inside a character");
     let search = |query: &str| toolmesh_proto::v1::SearchToolsRequest {
         query: query.into(),
         ..Default::default()
     };
+    let answer = client.search_tools(search(&long)).await.expect("a long query is searched");
+    let answer = answer.into_inner();
+    assert_eq!(answer.query_bytes_cut as usize, long.len() - 4095);
+    assert_eq!(answer.hits[0].tool.as_ref().unwrap().name, "word_count", "{answer:?}");
+    let short = client.search_tools(search("count the words")).await.unwrap().into_inner();
+    assert_eq!(short.query_bytes_cut, 0);
 
-    client.search_tools(search(&at_limit)).await.expect("a query at the limit is searched");
-    let status = client.search_tools(search(&too_long)).await.unwrap_err();
-    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
-    assert!(
-        status.message().contains("4097 bytes") && status.message().contains("4096"),
-        "{}",
-        status.message()
-    );
-    let details = status.get_details_bad_request().expect("a BadRequest detail");
-    assert_eq!(details.field_violations[0].field, "query");
-    assert!(status.message().len() < 200, "the query is not echoed");
-
-    let meta = call(&mut client, "searchTools", json!({"query": too_long})).await.unwrap_err();
-    assert_eq!(meta.code(), Code::InvalidArgument, "{meta:?}");
-    assert!(meta.message().contains("4097 bytes"), "{}", meta.message());
+    let meta = call(&mut client, "searchTools", json!({"query": long})).await.unwrap();
+    let structured = structured(&meta);
+    let cut = structured["queryCut"].as_str().unwrap();
+    assert!(cut.contains("first 4095 bytes"), "{cut}");
+    assert_eq!(structured["tools"][0]["name"], "word_count");
 }
 
 /// Sends raw bytes as the request message of `method`, for requests no proper client sends.

@@ -648,6 +648,36 @@ async fn tools_listed_in_pages_are_all_published() {
     server.stop().await.unwrap();
 }
 
+/// A stdio server does not inherit toolmesh's environment (which holds its secrets): it gets
+/// the few variables the MCP SDKs pass on, and what its configuration names.
+#[tokio::test]
+async fn a_stdio_mcp_server_gets_a_minimal_environment() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/mini_server.py");
+    let config = format!(
+        "[[mcp.servers]]\nname = \"mini\"\ntransport = \"stdio\"\ncommand = \"{python}\"\nargs = [\"{script}\"]\nenv = {{ MINI_ENV_TOOL = \"1\", GIVEN = \"yes\" }}\n",
+        python = python(),
+        script = script.display()
+    );
+    let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
+    wait_for_tool(&server, "mini_environment").await;
+    let answer = server.call("mini_environment", json!({})).await.unwrap();
+    let names: Vec<String> = serde_json::from_str(&text(&answer)).unwrap();
+    assert!(names.contains(&"GIVEN".to_owned()) && names.contains(&"PATH".to_owned()), "{names:?}");
+    let allowed = ["HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER", "MINI_ENV_TOOL", "GIVEN"];
+    // This process's variables (cargo's, the CI's, any secret) stay behind; a shell or a
+    // pyenv shim between toolmesh and the server sets a few of its own.
+    let own =
+        |name: &str| ["PWD", "OLDPWD", "SHLVL", "_"].contains(&name) || name.starts_with("PYENV");
+    let leaked: Vec<&String> = names
+        .iter()
+        .filter(|name| !allowed.contains(&name.as_str()) && *name != "TOOLMESH_PROCESS_TAG")
+        .filter(|name| !own(name) && std::env::var_os(name.as_str()).is_some())
+        .collect();
+    assert!(leaked.is_empty(), "the server inherited {leaked:?}");
+    assert!(std::env::var_os("CARGO_MANIFEST_DIR").is_some(), "the test has something to leak");
+    server.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn reload_starts_and_stops_only_the_servers_that_changed() {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/mini_server.py");

@@ -739,6 +739,62 @@ async fn a_call_that_needs_approval_waits_for_the_person_and_is_bound_to_its_arg
 }
 
 #[tokio::test]
+async fn a_toolkit_names_only_the_members_the_caller_may_see() {
+    let dir = tempfile::tempdir().unwrap();
+    let rule = r#"
+        [[policy.rules]]
+        name = "no-thinking-for-devs"
+        effect = "deny"
+        tools = ["think"]
+        when = '"dev" in principal.roles'
+    "#;
+    let (server, keys) = server(rule, &dir.path().join("audit.jsonl")).await;
+    let members = |key: String| {
+        let server = &server;
+        async move {
+            let mut client = client(server, &key).await;
+            let request = ListToolsRequest { toolkit: "reasoning".into(), ..Default::default() };
+            let listed = client.list_tools(request).await.unwrap().into_inner();
+            let tools: Vec<String> = listed.tools.into_iter().map(|t| t.name).collect();
+            let toolkit = listed.toolkits.into_iter().find(|k| k.name == "reasoning").unwrap();
+            (tools, toolkit.tools)
+        }
+    };
+    let (tools, members_for_bob) = members(keys.bob.clone()).await;
+    assert_eq!(tools, ["analyze"]);
+    assert_eq!(members_for_bob, ["analyze"], "the hidden tool is not named by its toolkit");
+    let (_, members_for_alice) = members(keys.alice.clone()).await;
+    assert!(members_for_alice.contains(&"think".to_owned()), "{members_for_alice:?}");
+}
+
+#[tokio::test]
+async fn an_approval_id_approves_its_own_request_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, keys) = server(APPROVALS, &dir.path().join("audit.jsonl")).await;
+    let mut bob = client(&server, &keys.bob).await;
+    let arguments = json!({"path": "/tmp/same"});
+    let (result, asked) =
+        stream_approving(&mut bob, "write_file", arguments.clone(), |r| Some(approve(r, true, "")))
+            .await;
+    assert!(!result.unwrap().is_error);
+    // The same call again, on another stream, answered with the first request's id: refused,
+    // although principal, tool, arguments and policy are the same and the id has not expired.
+    let first = asked[0].clone();
+    let (result, asked) = stream_approving(&mut bob, "write_file", arguments.clone(), |_| {
+        Some(approve(&first, true, "replayed"))
+    })
+    .await;
+    let status = result.unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied);
+    assert!(status.message().contains("another request of the same call"), "{status:?}");
+    assert_ne!(asked[0].approval_id, first.approval_id);
+    // Answered with its own id, it runs.
+    let (result, _) =
+        stream_approving(&mut bob, "write_file", arguments, |r| Some(approve(r, true, ""))).await;
+    assert!(!result.unwrap().is_error);
+}
+
+#[tokio::test]
 async fn an_approval_not_answered_in_time_is_a_refusal() {
     let dir = tempfile::tempdir().unwrap();
     let policy = format!("[policy]\napproval_timeout_ms = 300\n{APPROVALS}");

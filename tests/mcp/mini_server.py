@@ -10,7 +10,8 @@ $MINI_STUCK_CURSOR set, the last page hands back the cursor it was asked for.
 At start it also launches `sleep 600` as its own child, so that tests can check that the
 server's whole process group goes away with it. With $MINI_START_DELAY (seconds) it waits
 that long before it reads its first message, as a slow server starts; with $MINI_FAIL set
-it exits at once, as a server that cannot start.
+it exits at once, as a server that cannot start. With $MINI_ENV_TOOL set it also offers
+`environment`, which answers the names of the variables of its environment.
 """
 
 import json
@@ -37,6 +38,12 @@ TOOLS = [{
     "description": "Echoes its text.",
     "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}},
 } for name in ["echo"] + [f"echo_{i}" for i in range(1, int(os.environ.get("MINI_EXTRA_TOOLS", "0")) + 1)]]
+if os.environ.get("MINI_ENV_TOOL"):
+    TOOLS.append({
+        "name": "environment",
+        "description": "Names the variables of the server's environment.",
+        "inputSchema": {"type": "object"},
+    })
 PAGE_SIZE = int(os.environ.get("MINI_PAGE_SIZE", "0")) or len(TOOLS)
 
 
@@ -65,6 +72,8 @@ for line in sys.stdin:
         }
     elif method == "tools/list":
         result = tools_page(message.get("params"))
+    elif method == "tools/call" and message["params"].get("name") == "environment":
+        result = {"content": [{"type": "text", "text": json.dumps(sorted(os.environ))}]}
     elif method == "tools/call":
         text = (message["params"].get("arguments") or {}).get("text", "")
         result = {"content": [{"type": "text", "text": text}]}

@@ -33,7 +33,9 @@ pub use content::{ContentPart, ToolOutput};
 pub use error::{
     BackendError, CallFailure, ECHO_CHARS, ErrorCode, FailureDetail, FieldViolation, clip,
 };
-pub use principal::{ANONYMOUS, Principal, PrincipalKind, Secret, is_open, open_principal};
+pub use principal::{
+    ANONYMOUS, NoPrincipal, Principal, PrincipalKind, Secret, is_open, open_principal,
+};
 pub use provider::{Health, HealthBoard, Provider, ProviderError};
 pub use tool::{
     InvalidToolName, SourceKind, ToolAnnotations, ToolSource, ToolSpec, Toolkit, validate_tool_name,

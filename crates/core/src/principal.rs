@@ -105,6 +105,12 @@ pub fn is_open(principal: &Arc<Principal>) -> bool {
     Arc::ptr_eq(principal, &open_principal())
 }
 
+/// Marks a request that reached a public service under `[auth]` without a credential, where
+/// `[auth]` names no anonymous principal: it has no principal, and a service that needs one
+/// refuses it (it never falls back to [`open_principal`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NoPrincipal;
+
 /// The name of the anonymous principal when the configuration names none.
 pub const ANONYMOUS: &str = "anonymous";
 

@@ -203,6 +203,18 @@ impl Authenticator {
                 .map_err(|(key, reason)| (format!("jwt[{i}].{key}"), reason))?;
             issuers.push(issuer);
         }
+        for (i, service) in config.public.iter().enumerate() {
+            if service.starts_with("toolmesh.") {
+                return Err((
+                    format!("public[{i}]"),
+                    format!(
+                        "{service:?} is one of toolmesh's own services, which always \
+                         authenticate their callers; to let callers without a credential in, \
+                         name their principal in auth.anonymous"
+                    ),
+                ));
+            }
+        }
         let anonymous = match &config.anonymous {
             Some(name) if name.is_empty() => {
                 return Err((
@@ -224,6 +236,11 @@ impl Authenticator {
             issuers,
             certificates: config.certificates.clone(),
         })
+    }
+
+    /// Returns whether client certificates authenticate principals (`[auth.certificates]`).
+    pub fn takes_certificates(&self) -> bool {
+        self.certificates.is_some()
     }
 
     /// Returns whether requests are authenticated at all (`[auth]` is configured).

@@ -421,6 +421,10 @@ impl Drop for ProcessGroupGuard {
     }
 }
 
+/// The variables of toolmesh's environment a stdio server inherits; the rest of what it
+/// gets is `env` of its configuration.
+const INHERITED: [&str; 6] = ["HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER"];
+
 /// Opens the connection: transport, `initialize`, then every page of `tools/list`.
 async fn connect(
     shared: Arc<ServerShared>,
@@ -434,7 +438,14 @@ async fn connect(
         McpTransport::Stdio { command, args, env, cwd } => {
             let tag = ProcessTag::new();
             let mut cmd = tokio::process::Command::new(command);
-            cmd.args(args).envs(env).env(toolmesh_process::TAG_VAR, tag.as_str());
+            // A server gets the environment the MCP SDKs give theirs, not toolmesh's own
+            // (which may hold keys and secrets): these few variables, and what the
+            // configuration names.
+            cmd.env_clear()
+                .envs(INHERITED.iter().filter_map(|name| Some((name, std::env::var_os(name)?))))
+                .args(args)
+                .envs(env)
+                .env(toolmesh_process::TAG_VAR, tag.as_str());
             if let Some(cwd) = cwd {
                 cmd.current_dir(cwd);
             }

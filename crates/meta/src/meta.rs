@@ -249,8 +249,10 @@ impl Discovery for MetaTools {
                 && pool.as_ref().map_or(!is_meta(spec), |profile| Admission::in_pool(profile, spec))
         };
         let search = &self.inner.search;
+        let query_cut = query.len() - search.cut_query(query).len();
         let hits = search.search(query, top_k, keep).await.map_err(search_refusal)?;
         Ok(Found {
+            query_cut,
             hits: hits.into_iter().map(|hit| (hit.tool, hit.score)).collect(),
             ranking: search.ranking(),
             indexed: search.indexed() as u64,
@@ -279,12 +281,10 @@ impl Discovery for MetaTools {
 /// A failed search as the caller sees it: a bad query names the `query` field.
 fn search_refusal(error: SearchError) -> RouterError {
     let detail = match &error {
-        SearchError::EmptyQuery | SearchError::QueryTooLong { .. } => {
-            FailureDetail::BadRequest(vec![FieldViolation {
-                field: "query".into(),
-                description: error.to_string(),
-            }])
-        }
+        SearchError::EmptyQuery => FailureDetail::BadRequest(vec![FieldViolation {
+            field: "query".into(),
+            description: error.to_string(),
+        }]),
         _ => FailureDetail::None,
     };
     let failure =
@@ -353,11 +353,11 @@ impl MetaTools {
         // The caller's policy filters before the ranking is cut to top_k.
         let scope = self.inner.router.admission().scope(ctx.principal.clone());
         let keep = Box::new(move |spec: &ToolSpec| scope.sees(spec));
-        let hits = Discovery::find(self, query, top_k, profile_name, keep)
+        let found = Discovery::find(self, query, top_k, profile_name, keep)
             .instrument(span.clone())
             .await
-            .map_err(|error| BackendError::Failure(Box::new(error.failure())))?
-            .hits;
+            .map_err(|error| BackendError::Failure(Box::new(error.failure())))?;
+        let hits = found.hits;
         span.record(names::TOOLMESH_SEARCH_RESULTS, hits.len() as i64);
         let grant = SearchGrant::new(
             ctx.session_id.as_deref().unwrap_or_default(),
@@ -375,7 +375,16 @@ impl MetaTools {
                 })
             })
             .collect();
-        let structured = json!({ "tools": tools, "searchToken": self.inner.signer.sign(&grant) });
+        let mut structured =
+            json!({ "tools": tools, "searchToken": self.inner.signer.sign(&grant) });
+        if found.query_cut > 0 {
+            // The model learns that the end of what it asked was not searched.
+            structured["queryCut"] = json!(format!(
+                "only the first {} bytes of the query were searched; {} bytes at its end were not",
+                query.len() - found.query_cut,
+                found.query_cut
+            ));
+        }
         Ok(ToolOutput {
             content: vec![ContentPart::Text(structured.to_string())],
             structured: Some(structured),

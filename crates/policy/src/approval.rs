@@ -23,6 +23,13 @@ pub enum ApprovalMismatch {
     /// The id is for another principal, tool, arguments or policy version.
     #[error("the approval was given for another call ({0} differs)")]
     OtherCall(&'static str),
+    /// The id is for this very call, but was issued to another request of it: an approval
+    /// is given once, to the request that asked.
+    #[error(
+        "the approval was given to another request of the same call; each request is approved \
+         with the id it was sent"
+    )]
+    OtherRequest,
     /// The approval's time is up.
     #[error("the approval has expired")]
     Expired,

@@ -62,6 +62,12 @@ impl WorkerService for WorkerServiceImpl {
             return Err(Status::unavailable("the router is shutting down"));
         }
         let config = self.members.config();
+        if request.extensions().get::<toolmesh_core::NoPrincipal>().is_some() {
+            return Err(Status::unauthenticated(format!(
+                "a worker needs a credential with the role {:?}",
+                config.worker_role
+            )));
+        }
         if let Some(principal) = request.extensions().get::<Arc<Principal>>()
             && !toolmesh_core::is_open(principal)
             && !principal.has_role(&config.worker_role)

@@ -23,6 +23,8 @@ pub struct Found {
     pub index_version: u64,
     /// Whether the index had taken in the latest catalog, every tool with its vector.
     pub complete: bool,
+    /// Bytes at the end of the query that were not searched (`search.max_query_bytes`).
+    pub query_cut: usize,
 }
 
 /// A filter a search applies besides the profile's pool.

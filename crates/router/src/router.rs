@@ -485,6 +485,7 @@ impl Router {
         let principal = &request.principal;
         let approval =
             policy.approval(principal, &request.name, &request.arguments_json, rule, reason, wait);
+        let issued = approval.id.clone();
         let started = std::time::Instant::now();
         let answer = events.approve(approval, wait).await;
         let (outcome, note, result) = match answer {
@@ -502,12 +503,17 @@ impl Router {
                 )),
             ),
             Some(answer) => {
-                let checked = policy.check_approval(
-                    &answer.id,
-                    principal,
-                    &request.name,
-                    &request.arguments_json,
-                );
+                // Signed here for exactly this call, and the id this request was sent: the
+                // approval of an identical call made earlier does not approve this one.
+                let checked = policy
+                    .check_approval(&answer.id, principal, &request.name, &request.arguments_json)
+                    .and_then(|()| {
+                        if answer.id == issued {
+                            Ok(())
+                        } else {
+                            Err(toolmesh_policy::ApprovalMismatch::OtherRequest)
+                        }
+                    });
                 match (checked, answer.approved) {
                     (Err(mismatch), _) => (
                         "mismatch",

@@ -90,9 +90,21 @@ fn client_timeout<T>(request: &Request<T>) -> Option<std::time::Duration> {
 }
 
 /// The principal the front door authenticated the request as; the open principal where no
-/// authentication runs (a service served without the front door's layers).
-pub fn principal<T>(request: &Request<T>) -> Arc<Principal> {
-    request.extensions().get::<Arc<Principal>>().cloned().unwrap_or_else(open_principal)
+/// authentication runs (a service served without the front door's layers). A request the
+/// front door let through to a public service without a principal is refused.
+// The refusal is a `Status`, as every error of a service method.
+#[allow(clippy::result_large_err)]
+pub fn principal<T>(request: &Request<T>) -> Result<Arc<Principal>, Status> {
+    if let Some(principal) = request.extensions().get::<Arc<Principal>>() {
+        return Ok(principal.clone());
+    }
+    if request.extensions().get::<toolmesh_core::NoPrincipal>().is_some() {
+        return Err(Status::unauthenticated(
+            "this service is public, but a request without a credential has no principal: \
+             send a credential, or name one in auth.anonymous",
+        ));
+    }
+    Ok(open_principal())
 }
 
 fn call_request(
@@ -183,6 +195,7 @@ impl ToolServiceImpl {
             embedded_tools: if counted { found.embedded } else { 0 },
             index_version: found.index_version,
             index_complete: found.complete,
+            query_bytes_cut: found.query_cut as u64,
         }))
     }
 }
@@ -197,7 +210,7 @@ impl ToolService for ToolServiceImpl {
     ) -> Result<Response<ListToolsResponse>, Status> {
         let span = rpc_span("ListTools", &request);
         let _entered = span.enter();
-        let principal = principal(&request);
+        let principal = principal(&request)?;
         let request = request.into_inner();
         let page_size = match request.page_size as usize {
             0 => DEFAULT_PAGE_SIZE,
@@ -257,10 +270,21 @@ impl ToolService for ToolServiceImpl {
             tools.iter().map(|t| t.toolkit.as_str()).filter(|t| !t.is_empty()).collect();
         toolkit_names.sort_unstable();
         toolkit_names.dedup();
+        // A toolkit names only the members this caller may see, under this profile.
         let toolkits = toolkit_names
             .into_iter()
             .filter_map(|name| catalog.toolkits.get(name))
-            .map(|toolkit| convert::toolkit(toolkit))
+            .map(|toolkit| {
+                let mut toolkit = convert::toolkit(toolkit);
+                toolkit.tools.retain(|member| {
+                    catalog.get(member).is_some_and(|entry| {
+                        let spec = &entry.spec;
+                        profile.is_none_or(|profile| Admission::visible(profile, spec))
+                            && (is_meta(spec) || scope.hidden_by(spec).is_none())
+                    })
+                });
+                toolkit
+            })
             .collect();
         hidden.audit(&admission, "ListTools", started);
         Ok(Response::new(ListToolsResponse { tools, toolkits, next_page_token }))
@@ -272,7 +296,7 @@ impl ToolService for ToolServiceImpl {
     ) -> Result<Response<CallToolResponse>, Status> {
         let span = rpc_span("CallTool", &request);
         let timeout = client_timeout(&request);
-        let principal = principal(&request);
+        let principal = principal(&request)?;
         let nesting = nesting(&request)?;
         let call = call_request(request.into_inner(), timeout, principal, nesting);
         let result = self
@@ -291,7 +315,7 @@ impl ToolService for ToolServiceImpl {
         request: Request<v1::SearchToolsRequest>,
     ) -> Result<Response<v1::SearchToolsResponse>, Status> {
         let span = rpc_span("SearchTools", &request);
-        let principal = principal(&request);
+        let principal = principal(&request)?;
         self.search(request.into_inner(), principal).instrument(span).await
     }
 
@@ -303,7 +327,7 @@ impl ToolService for ToolServiceImpl {
     ) -> Result<Response<Self::StreamCallToolStream>, Status> {
         let span = rpc_span("StreamCallTool", &request);
         let timeout = client_timeout(&request);
-        let principal = principal(&request);
+        let principal = principal(&request)?;
         let nesting = nesting(&request)?;
         let mut inbound = request.into_inner();
         let start = match inbound.message().await? {
@@ -550,6 +574,22 @@ mod tests {
     use toolmesh_core::Principal;
 
     use super::Hidden;
+
+    #[test]
+    fn a_request_without_a_principal_is_refused_never_taken_for_the_open_one() {
+        let mut request = tonic::Request::new(());
+        request.extensions_mut().insert(toolmesh_core::NoPrincipal);
+        let refused = super::principal(&request).unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+        assert!(refused.message().contains("auth.anonymous"), "{refused:?}");
+        // The configured anonymous principal is taken as it is.
+        let alice = Arc::new(Principal::anonymous("guest"));
+        request.extensions_mut().insert(alice.clone());
+        assert!(Arc::ptr_eq(&super::principal(&request).unwrap(), &alice));
+        // Only a service served without the front door's layers sees the open principal.
+        let bare = tonic::Request::new(());
+        assert!(toolmesh_core::is_open(&super::principal(&bare).unwrap()));
+    }
 
     #[test]
     fn a_tool_looked_at_again_is_hidden_once() {

@@ -6,14 +6,6 @@ pub enum SearchError {
     /// The query is empty or blank.
     #[error("the query is empty")]
     EmptyQuery,
-    /// The query is longer than the configured limit.
-    #[error("the query is {bytes} bytes; at most {limit} are searched (search.max_query_bytes)")]
-    QueryTooLong {
-        /// The query's length in bytes.
-        bytes: usize,
-        /// `search.max_query_bytes`.
-        limit: usize,
-    },
     /// The embedding model failed on the query.
     #[error("embedding the query failed: {0}")]
     Embedding(String),
@@ -29,9 +21,7 @@ impl SearchError {
     /// Returns the error's code.
     pub fn code(&self) -> ErrorCode {
         match self {
-            SearchError::EmptyQuery | SearchError::QueryTooLong { .. } => {
-                ErrorCode::InvalidArgument
-            }
+            SearchError::EmptyQuery => ErrorCode::InvalidArgument,
             SearchError::Embedding(_) | SearchError::Task(_) => ErrorCode::Internal,
             SearchError::Store(error) => error.code(),
         }
@@ -41,7 +31,6 @@ impl SearchError {
     pub fn kind(&self) -> &'static str {
         match self {
             SearchError::EmptyQuery => "empty_query",
-            SearchError::QueryTooLong { .. } => "query_too_long",
             SearchError::Embedding(_) => "embedding_failed",
             SearchError::Task(_) => "search_failed",
             SearchError::Store(toolmesh_core::StoreError::Unavailable { .. }) => {

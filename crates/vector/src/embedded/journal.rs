@@ -373,7 +373,8 @@ mod tests {
         Point {
             id,
             dense: Some(vec![0.25, -1.5, f32::MIN_POSITIVE]),
-            lexical: id.is_multiple_of(2)
+            lexical: id
+                .is_multiple_of(2)
                 .then(|| SparseVector { indices: vec![3, 9], values: vec![0.5, 2.0] }),
             payload,
         }
