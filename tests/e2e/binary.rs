@@ -1630,3 +1630,201 @@ async fn knowledge_ingest_and_query_are_spans_in_the_callers_trace() {
     assert_eq!(int_attr(query, "knowledge.hits"), Some(2));
     assert!(embeds.iter().any(|s| under(s, query)), "an embed span under the query");
 }
+
+/// Ingests `documents` (id, text) into `docs` of the server at `addr`; returns how many the
+/// answer acknowledged.
+async fn ingest_documents(addr: &str, documents: &[(String, String)]) -> u64 {
+    let channel = toolmesh::client::channel(addr, None).await.unwrap();
+    let mut knowledge =
+        toolmesh_proto::v1::knowledge_service_client::KnowledgeServiceClient::new(channel);
+    let documents = documents
+        .iter()
+        .map(|(id, text)| toolmesh_proto::v1::Document {
+            id: id.clone(),
+            text: text.clone(),
+            ..Default::default()
+        })
+        .collect();
+    let request = toolmesh_proto::v1::IngestRequest { collection: "docs".into(), documents };
+    knowledge.ingest(futures::stream::iter([request])).await.unwrap().into_inner().ingested
+}
+
+/// Every passage of `docs` a broad query finds: (document id, text).
+async fn passages(addr: &str, query: &str) -> Vec<(String, String)> {
+    let mut client = toolmesh::client::connect(addr, None).await.unwrap();
+    let request = CallToolRequest {
+        name: "search_docs".into(),
+        arguments_json: json!({"query": query, "top_k": 50}).to_string(),
+        ..Default::default()
+    };
+    let answer = client.call_tool(request).await.unwrap().into_inner();
+    let structured: serde_json::Value =
+        serde_json::from_str(answer.structured_json.as_deref().unwrap()).unwrap();
+    structured["passages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["document_id"].as_str().unwrap().into(), p["text"].as_str().unwrap().into()))
+        .collect()
+}
+
+/// Documents acknowledged by Ingest, and a re-ingestion of some of them acknowledged just
+/// before the router is killed with SIGKILL, are all there after a restart on the same data
+/// directory, each once, at the version acknowledged last.
+#[tokio::test]
+async fn acknowledged_ingests_and_replacements_survive_a_kill() {
+    let data = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("toolmesh.toml");
+    std::fs::write(
+        &config,
+        "[[knowledge.collections]]\nname = \"docs\"\ndescription = \"The handbook.\"\n",
+    )
+    .unwrap();
+    let args = ["--config", config.to_str().unwrap(), "--data-dir", data.path().to_str().unwrap()];
+    let text = |i: usize, version: &str| format!("Handbook page {i} about lighthouses, {version}.");
+    let first: Vec<(String, String)> =
+        (0..5).map(|i| (format!("page-{i}"), text(i, "first edition"))).collect();
+    let second: Vec<(String, String)> =
+        (0..3).map(|i| (format!("page-{i}"), text(i, "second edition"))).collect();
+
+    let mut server = BinaryServer::start(&args, &[]).await.unwrap();
+    let addr = server.addr.to_string();
+    assert_eq!(ingest_documents(&addr, &first).await, 5);
+    assert_eq!(ingest_documents(&addr, &second).await, 3);
+    // Killed right after the acknowledgement: no shutdown, no flush.
+    server.signal(Signal::SIGKILL);
+    server.child.wait().await.unwrap();
+
+    let server = BinaryServer::start(&args, &[]).await.unwrap();
+    let addr = server.addr.to_string();
+    let mut found = passages(&addr, "handbook page about lighthouses").await;
+    found.sort();
+    let mut expected: Vec<(String, String)> = second.iter().chain(&first[3..]).cloned().collect();
+    expected.sort();
+    assert_eq!(found, expected, "every acknowledged document once, at its last version");
+}
+
+/// The gRPC health of `service` at `addr`.
+async fn health_of(addr: &str, service: &str) -> Option<i32> {
+    let channel = toolmesh::client::channel(addr, None).await.ok()?;
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let request = tonic_health::pb::HealthCheckRequest { service: service.into() };
+    health.check(request).await.ok().map(|r| r.into_inner().status)
+}
+
+/// Bytes free on the file system of `path`.
+fn free_bytes(path: &Path) -> u64 {
+    let out = std::process::Command::new("df")
+        .args(["--output=avail", "-B1"])
+        .arg(path)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).lines().nth(1).unwrap().trim().parse().unwrap()
+}
+
+/// With the data directory on a small file system filled past `vector.min_free_mb` (256 MiB
+/// by default), ingestion is refused with RESOURCE_EXHAUSTED naming the disk, the store's
+/// health goes NOT_SERVING, and searches and other tools go on; freed space lets writes in
+/// again. Needs a loop mount (root): skipped, saying so, where it cannot mount.
+#[tokio::test]
+async fn a_nearly_full_disk_refuses_writes_and_serves_everything_else() {
+    let base = tempfile::tempdir().unwrap();
+    let (image, mount) = (base.path().join("disk.img"), base.path().join("disk"));
+    std::fs::create_dir_all(&mount).unwrap();
+    let made = std::process::Command::new("truncate")
+        .args(["-s", "400M"])
+        .arg(&image)
+        .status()
+        .unwrap()
+        .success()
+        && std::process::Command::new("mkfs.ext4")
+            .arg("-q")
+            .arg(&image)
+            .status()
+            .is_ok_and(|s| s.success());
+    let mounted = made
+        && std::process::Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(&image)
+            .arg(&mount)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!(
+            "SKIPPED a_nearly_full_disk_refuses_writes_and_serves_everything_else: cannot loop-mount a file system here (needs root and mkfs.ext4)"
+        );
+        return;
+    }
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(mount.clone());
+    let data = mount.join("data");
+    let config = base.path().join("toolmesh.toml");
+    std::fs::write(
+        &config,
+        "[[knowledge.collections]]\nname = \"docs\"\ndescription = \"The handbook.\"\n",
+    )
+    .unwrap();
+    let args = ["--config", config.to_str().unwrap(), "--data-dir", data.to_str().unwrap()];
+    let server = BinaryServer::start(&args, &[]).await.unwrap();
+    let addr = server.addr.to_string();
+    let first = [("page-0".to_owned(), "Lighthouses guide ships at night.".to_owned())];
+    assert_eq!(ingest_documents(&addr, &first).await, 1);
+
+    // Fill the disk to 200 MiB free, below the 256 MiB the store keeps.
+    let filler = mount.join("filler");
+    let fill = free_bytes(&mount).saturating_sub(200 << 20);
+    assert!(
+        std::process::Command::new("fallocate")
+            .args(["-l", &fill.to_string()])
+            .arg(&filler)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let channel = toolmesh::client::channel(&addr, None).await.unwrap();
+    let mut knowledge =
+        toolmesh_proto::v1::knowledge_service_client::KnowledgeServiceClient::new(channel);
+    let document = toolmesh_proto::v1::Document {
+        id: "page-1".into(),
+        text: "Foghorns sound in the mist.".into(),
+        ..Default::default()
+    };
+    let request =
+        toolmesh_proto::v1::IngestRequest { collection: "docs".into(), documents: vec![document] };
+    let refused = knowledge.ingest(futures::stream::iter([request.clone()])).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(refused.message().contains(data.to_str().unwrap()), "{refused:?}");
+    assert!(refused.message().contains("vector.min_free_mb"), "{refused:?}");
+    let down = eventually(Duration::from_secs(15), || async {
+        (health_of(&addr, "toolmesh.vector.embedded").await == Some(2)).then_some(())
+    });
+    assert!(down.await.is_some(), "the store's health goes NOT_SERVING");
+    // Reads and other tools go on; the process is alive.
+    let found = passages(&addr, "lighthouses").await;
+    assert_eq!(found, [("page-0".to_owned(), first[0].1.clone())]);
+    let mut client = toolmesh::client::connect(&addr, None).await.unwrap();
+    let echo = CallToolRequest {
+        name: "echo".into(),
+        arguments_json: json!({"text": "still here"}).to_string(),
+        ..Default::default()
+    };
+    assert!(!client.call_tool(echo).await.unwrap().into_inner().is_error);
+
+    // Space freed: writes go in again and the health comes back.
+    std::fs::remove_file(&filler).unwrap();
+    let up = eventually(Duration::from_secs(15), || async {
+        (health_of(&addr, "toolmesh.vector.embedded").await == Some(1)).then_some(())
+    });
+    assert!(up.await.is_some(), "the store's health comes back");
+    let again = knowledge.ingest(futures::stream::iter([request])).await.unwrap();
+    assert_eq!(again.into_inner().ingested, 1);
+    drop(server);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+}

@@ -740,24 +740,38 @@ async fn ingest(
                 let points = match points {
                     Ok(points) => points,
                     Err(reason) => {
-                        return DocumentResult { id: document.id, chunks: 0, error: Some(reason) };
+                        return (
+                            DocumentResult { id: document.id, chunks: 0, error: Some(reason) },
+                            None,
+                        );
                     }
                 };
                 let count = points.len();
                 // The document's old chunks go and its new ones come in one step.
                 let old = Filter::is(DOC_ID, Scalar::Str(document.id.clone()));
                 match store.replace(stored, old, points).await {
-                    Ok(()) => DocumentResult { id: document.id, chunks: count, error: None },
-                    Err(error) => DocumentResult {
-                        id: document.id,
-                        chunks: 0,
-                        error: Some(error.to_string()),
-                    },
+                    Ok(()) => {
+                        (DocumentResult { id: document.id, chunks: count, error: None }, None)
+                    }
+                    // A full disk fails the whole ingestion, not a document.
+                    Err(full @ StoreError::Full { .. }) => {
+                        let reason = Some(full.to_string());
+                        (DocumentResult { id: document.id, chunks: 0, error: reason }, Some(full))
+                    }
+                    Err(error) => {
+                        let reason = Some(error.to_string());
+                        (DocumentResult { id: document.id, chunks: 0, error: reason }, None)
+                    }
                 }
             }
         })
         .collect();
-    results.extend(futures::future::join_all(writes).instrument(upsert).await);
+    for (result, full) in futures::future::join_all(writes).instrument(upsert).await {
+        if let Some(full) = full {
+            return Err(KnowledgeError::Store(full));
+        }
+        results.push(result);
+    }
     Ok(results)
 }
 

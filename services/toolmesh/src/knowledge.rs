@@ -145,7 +145,21 @@ impl KnowledgeServiceImpl {
             let mut ingested = if documents.is_empty() {
                 Vec::new().into_iter()
             } else {
-                self.knowledge.ingest(&name, documents).await.map_err(status)?.into_iter()
+                match self.knowledge.ingest(&name, documents).await {
+                    Ok(ingested) => ingested.into_iter(),
+                    Err(error) => {
+                        // Say what of this stream is in, so the caller knows where to resume.
+                        let stored = results.iter().filter(|r| r.error.is_none()).count();
+                        let refused = status(error);
+                        return Err(Status::new(
+                            refused.code(),
+                            format!(
+                                "{}; {stored} documents of this stream were stored before",
+                                refused.message()
+                            ),
+                        ));
+                    }
+                }
             };
             for slot in order {
                 match slot {
