@@ -1633,7 +1633,10 @@ async fn knowledge_ingest_and_query_are_spans_in_the_callers_trace() {
 
 /// Ingests `documents` (id, text) into `docs` of the server at `addr`; returns how many the
 /// answer acknowledged.
-async fn ingest_documents(addr: &str, documents: &[(String, String)]) -> u64 {
+async fn ingest_documents(
+    addr: &str,
+    documents: &[(String, String)],
+) -> Result<u64, tonic::Status> {
     let channel = toolmesh::client::channel(addr, None).await.unwrap();
     let mut knowledge =
         toolmesh_proto::v1::knowledge_service_client::KnowledgeServiceClient::new(channel);
@@ -1646,7 +1649,7 @@ async fn ingest_documents(addr: &str, documents: &[(String, String)]) -> u64 {
         })
         .collect();
     let request = toolmesh_proto::v1::IngestRequest { collection: "docs".into(), documents };
-    knowledge.ingest(futures::stream::iter([request])).await.unwrap().into_inner().ingested
+    Ok(knowledge.ingest(futures::stream::iter([request])).await?.into_inner().ingested)
 }
 
 /// Every passage of `docs` a broad query finds: (document id, text).
@@ -1690,8 +1693,8 @@ async fn acknowledged_ingests_and_replacements_survive_a_kill() {
 
     let mut server = BinaryServer::start(&args, &[]).await.unwrap();
     let addr = server.addr.to_string();
-    assert_eq!(ingest_documents(&addr, &first).await, 5);
-    assert_eq!(ingest_documents(&addr, &second).await, 3);
+    assert_eq!(ingest_documents(&addr, &first).await.unwrap(), 5);
+    assert_eq!(ingest_documents(&addr, &second).await.unwrap(), 3);
     // Killed right after the acknowledgement: no shutdown, no flush.
     server.signal(Signal::SIGKILL);
     server.child.wait().await.unwrap();
@@ -1775,7 +1778,7 @@ async fn a_nearly_full_disk_refuses_writes_and_serves_everything_else() {
     let server = BinaryServer::start(&args, &[]).await.unwrap();
     let addr = server.addr.to_string();
     let first = [("page-0".to_owned(), "Lighthouses guide ships at night.".to_owned())];
-    assert_eq!(ingest_documents(&addr, &first).await, 1);
+    assert_eq!(ingest_documents(&addr, &first).await.unwrap(), 1);
 
     // Fill the disk to 200 MiB free, below the 256 MiB the store keeps.
     let filler = mount.join("filler");
@@ -1788,17 +1791,8 @@ async fn a_nearly_full_disk_refuses_writes_and_serves_everything_else() {
             .unwrap()
             .success()
     );
-    let channel = toolmesh::client::channel(&addr, None).await.unwrap();
-    let mut knowledge =
-        toolmesh_proto::v1::knowledge_service_client::KnowledgeServiceClient::new(channel);
-    let document = toolmesh_proto::v1::Document {
-        id: "page-1".into(),
-        text: "Foghorns sound in the mist.".into(),
-        ..Default::default()
-    };
-    let request =
-        toolmesh_proto::v1::IngestRequest { collection: "docs".into(), documents: vec![document] };
-    let refused = knowledge.ingest(futures::stream::iter([request.clone()])).await.unwrap_err();
+    let second = [("page-1".to_owned(), "Foghorns sound in the mist.".to_owned())];
+    let refused = ingest_documents(&addr, &second).await.unwrap_err();
     assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
     assert!(refused.message().contains(data.to_str().unwrap()), "{refused:?}");
     assert!(refused.message().contains("vector.min_free_mb"), "{refused:?}");
@@ -1823,8 +1817,7 @@ async fn a_nearly_full_disk_refuses_writes_and_serves_everything_else() {
         (health_of(&addr, "toolmesh.vector.embedded").await == Some(1)).then_some(())
     });
     assert!(up.await.is_some(), "the store's health comes back");
-    let again = knowledge.ingest(futures::stream::iter([request])).await.unwrap();
-    assert_eq!(again.into_inner().ingested, 1);
+    assert_eq!(ingest_documents(&addr, &second).await.unwrap(), 1);
     drop(server);
     tokio::time::sleep(Duration::from_secs(2)).await;
 }

@@ -753,14 +753,11 @@ async fn ingest(
                     Ok(()) => {
                         (DocumentResult { id: document.id, chunks: count, error: None }, None)
                     }
-                    // A full disk fails the whole ingestion, not a document.
-                    Err(full @ StoreError::Full { .. }) => {
-                        let reason = Some(full.to_string());
-                        (DocumentResult { id: document.id, chunks: 0, error: reason }, Some(full))
-                    }
                     Err(error) => {
+                        // A full disk fails the whole ingestion, not a document.
+                        let full = matches!(error, StoreError::Full { .. }).then(|| error.clone());
                         let reason = Some(error.to_string());
-                        (DocumentResult { id: document.id, chunks: 0, error: reason }, None)
+                        (DocumentResult { id: document.id, chunks: 0, error: reason }, full)
                     }
                 }
             }

@@ -207,6 +207,12 @@ impl EmbeddedStore {
         Err(StoreError::NoCollection { store: self.describe(), collection: name.to_owned() })
     }
 
+    /// Hands a write to the collection's writer; answers once it is durable and applied.
+    async fn write(&self, name: &str, op: Op) -> Result<(), StoreError> {
+        let collection = self.collection(name)?;
+        collection.ask(&self.describe(), |answer| Message::Write(op, answer)).await
+    }
+
     /// Runs `work` on the collection on a blocking thread.
     async fn with<T, F>(&self, name: &str, work: F) -> Result<T, StoreError>
     where
@@ -226,14 +232,6 @@ impl EmbeddedStore {
             work(&collection, &invalid)
         })
         .await?
-    }
-}
-
-impl EmbeddedStore {
-    /// Hands a write to the collection's writer; answers once it is durable and applied.
-    async fn write(&self, name: &str, op: Op) -> Result<(), StoreError> {
-        let collection = self.collection(name)?;
-        collection.ask(&self.describe(), |answer| Message::Write(op, answer)).await
     }
 }
 
@@ -542,7 +540,7 @@ impl Engine {
     /// The writer's loop: takes every write waiting (up to [`GROUP`]), checks each, makes
     /// the good ones durable with one sync, applies them in order, answers each.
     fn write(&self, mut journal: Journal, messages: mpsc::Receiver<Message>) {
-        let store = describe(self.path.parent().and_then(Path::parent).unwrap_or(&self.path));
+        let store = describe(&self.space.dir);
         let invalid = |reason: String| StoreError::Invalid {
             store: store.clone(),
             collection: self.spec.name.clone(),
@@ -570,49 +568,38 @@ impl Engine {
                     Message::Checkpoint(answer) => checkpoints.push(answer),
                 }
             }
-            // The journal's bytes, and as much again for the segments the writes grow.
-            let bytes: u64 = writes.iter().map(|(record, ..)| 2 * record.len() as u64).sum();
-            if !writes.is_empty()
-                && let Err(full) = self.space.check(bytes)
-            {
-                for (.., answer) in writes.drain(..) {
-                    let _ = answer.send(Err(full.clone()));
-                }
-            }
             if !writes.is_empty() {
-                match journal.append(writes.iter().map(|(record, ..)| record.as_slice())) {
-                    Ok(()) => {
-                        for (_, prepared, answer) in writes {
-                            let _ = answer.send(self.apply(prepared).map_err(&invalid));
-                        }
-                    }
-                    Err(e) => {
-                        let reason = format!("cannot write {}: {e}", journal.path().display());
-                        error!(collection = %self.spec.name, %reason, "a write was refused");
-                        for (.., answer) in writes {
-                            let _ = answer.send(Err(failed(reason.clone())));
-                        }
-                    }
+                // Room for the journal's bytes, and as much again for the segments the
+                // writes grow; then one sync for all of them.
+                let bytes = writes.iter().map(|(record, ..)| 2 * record.len() as u64).sum();
+                let durable = self.space.check(bytes).and_then(|()| {
+                    journal.append(writes.iter().map(|(record, ..)| record.as_slice())).map_err(
+                        |e| {
+                            let reason = format!("cannot write {}: {e}", journal.path().display());
+                            error!(collection = %self.spec.name, %reason, "a write was refused");
+                            failed(reason)
+                        },
+                    )
+                });
+                for (_, prepared, answer) in writes {
+                    let done = match &durable {
+                        Ok(()) => self.apply(prepared).map_err(&invalid),
+                        Err(error) => Err(error.clone()),
+                    };
+                    let _ = answer.send(done);
                 }
             }
-            if self.wants_settling() {
-                // A merge writes the points it merges once more.
-                let points = self.shard().info().points_count as u64;
-                match self.space.check(points * (self.dense_bytes() as u64 + 512)) {
-                    Ok(()) => self.settle(&mut journal),
-                    Err(error) => warn!(collection = %self.spec.name, %error, "not merging"),
-                }
-            } else if journal.len() >= CHECKPOINT_BYTES || !checkpoints.is_empty() {
-                let done = self.checkpoint(&mut journal).map_err(&failed);
-                if let Err(error) = &done {
+            // A merge ends in a checkpoint of its own.
+            let settled = self.wants_settling() && self.settle(&mut journal);
+            let done = if settled || journal.len() < CHECKPOINT_BYTES && checkpoints.is_empty() {
+                Ok(())
+            } else {
+                self.checkpoint(&mut journal).map_err(&failed).inspect_err(|error| {
                     error!(collection = %self.spec.name, %error, "a checkpoint failed");
-                }
-                for answer in checkpoints.drain(..) {
-                    let _ = answer.send(done.clone());
-                }
-            }
+                })
+            };
             for answer in checkpoints {
-                let _ = answer.send(Ok(()));
+                let _ = answer.send(done.clone());
             }
         }
         if journal.len() > 0
@@ -723,15 +710,22 @@ impl Engine {
         self.spec.dense_size.unwrap_or(0) * self.spec.precision.element_bytes()
     }
 
-    /// Lets the engine build indexes and merge segments after many writes. A file marks the
-    /// merge until its result is on disk and the journal empty: a crash in between is
-    /// repaired at the next load.
-    fn settle(&self, journal: &mut Journal) {
+    /// Lets the engine build indexes and merge segments after many writes, where the disk
+    /// has room for it. A file marks the merge until its result is on disk and the journal
+    /// empty: a crash in between is repaired at the next load. Returns whether the merge
+    /// ended in a checkpoint.
+    fn settle(&self, journal: &mut Journal) -> bool {
         self.unsettled.store(0, Ordering::Relaxed);
+        // A merge writes the points it merges once more.
+        let points = self.shard().info().points_count as u64;
+        if let Err(error) = self.space.check(points * (self.dense_bytes() as u64 + 512)) {
+            warn!(collection = %self.spec.name, %error, "not merging");
+            return false;
+        }
         let marker = self.path.join(SETTLING);
         if let Err(e) = fs::File::create(&marker).and_then(|file| file.sync_all()) {
             warn!(collection = %self.spec.name, error = %e, "cannot mark a merge; not merging");
-            return;
+            return false;
         }
         let started = Instant::now();
         match self.shard().optimize() {
@@ -748,8 +742,12 @@ impl Engine {
         match self.checkpoint(journal) {
             Ok(()) => {
                 let _ = fs::remove_file(&marker);
+                true
             }
-            Err(reason) => error!(collection = %self.spec.name, %reason, "a checkpoint failed"),
+            Err(reason) => {
+                error!(collection = %self.spec.name, %reason, "a checkpoint failed");
+                false
+            }
         }
     }
 
