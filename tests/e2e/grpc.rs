@@ -626,12 +626,21 @@ async fn a_long_query_is_searched_by_its_beginning_and_the_cut_reported() {
         query: query.into(),
         ..Default::default()
     };
+    // The index takes the tools in after the start.
+    let short = eventually(Duration::from_secs(30), || {
+        let mut client = client.clone();
+        async move {
+            let short = client.search_tools(search("count the words")).await.ok()?.into_inner();
+            short.index_complete.then_some(short)
+        }
+    })
+    .await
+    .expect("the index takes in the catalog");
+    assert_eq!(short.query_bytes_cut, 0);
     let answer = client.search_tools(search(&long)).await.expect("a long query is searched");
     let answer = answer.into_inner();
     assert_eq!(answer.query_bytes_cut as usize, long.len() - 4095);
     assert_eq!(answer.hits[0].tool.as_ref().unwrap().name, "word_count", "{answer:?}");
-    let short = client.search_tools(search("count the words")).await.unwrap().into_inner();
-    assert_eq!(short.query_bytes_cut, 0);
 
     let meta = call(&mut client, "searchTools", json!({"query": long})).await.unwrap();
     let structured = structured(&meta);
