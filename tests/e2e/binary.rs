@@ -152,6 +152,39 @@ async fn a_bad_config_exits_with_one_line_naming_the_key() {
     assert!(output.status.success(), "the example config is valid: {}", stderr(&output));
 }
 
+/// Three mistakes that used to load and then fail quietly at run time: a condition that
+/// reads a field the principal does not have (it hid every tool), a log filter that reads
+/// as a target (it silenced every log), and a URL placeholder that names no parameter.
+#[tokio::test]
+async fn config_check_refuses_what_could_never_work_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("toolmesh.toml");
+    let tool = "[[tools.http]]\nname = \"weather\"\ndescription = \"d\"\n\
+                url = \"https://weather.invalid/v1?q={{city}}\"\n\
+                [tools.http.parameters]\ntype = \"object\"\n\
+                properties = { city = { type = \"string\" } }\n";
+    let policy = "[policy]\ndefault = \"deny\"\n[[policy.rules]]\nname = \"admins\"\n\
+                  effect = \"allow\"\nwhen = '\"admin\" in principal.roles'\n";
+    for (config, key, says) in [
+        (
+            format!("{tool}{}", policy.replace("principal.roles", "principal.role")),
+            "policy.rules[0].when",
+            "`principal.role` is not a field",
+        ),
+        (format!("[telemetry]\nlog = \"inof\"\n{tool}"), "telemetry.log", "`inof`"),
+        (tool.replace("{{city}}", "{{citty}}"), "tools.http[0].url", "{{citty}}"),
+    ] {
+        std::fs::write(&file, &config).unwrap();
+        let output = run(&["config", "check", file.to_str().unwrap()]).await;
+        assert!(!output.status.success(), "refused: {config}");
+        let err = stderr(&output);
+        assert!(err.contains(key) && err.contains(says), "{key}: {err}");
+    }
+    std::fs::write(&file, format!("{tool}{policy}")).unwrap();
+    let output = run(&["config", "check", file.to_str().unwrap()]).await;
+    assert!(output.status.success(), "{}", stderr(&output));
+}
+
 #[tokio::test]
 async fn sigterm_lets_calls_in_flight_finish() {
     let dir = tempfile::tempdir().unwrap();

@@ -1024,6 +1024,8 @@ impl Config {
             },
             max_call_depth: raw.server.max_call_depth,
         };
+        log_filter(&raw.telemetry.log)
+            .map_err(|reason| key_error("telemetry.log".into(), reason))?;
         let telemetry = TelemetryConfig {
             log: raw.telemetry.log,
             otlp_endpoint: Some(raw.telemetry.otlp_endpoint).filter(|s| !s.trim().is_empty()),
@@ -1094,6 +1096,15 @@ impl Config {
                 .map(to_json)
                 .transpose()
                 .map_err(|reason| key_error(format!("{key}.body"), reason))?;
+            let parameters = &common.parameters;
+            unknown_placeholder(&raw.url, parameters)
+                .map_err(|reason| key_error(format!("{key}.url"), reason))?;
+            let mut texts = Vec::new();
+            json_strings(body.as_ref(), &mut texts);
+            for text in texts {
+                unknown_placeholder(text, parameters)
+                    .map_err(|reason| key_error(format!("{key}.body"), reason))?;
+            }
             http.push(HttpToolConfig {
                 common,
                 method: raw.method,
@@ -1478,4 +1489,67 @@ fn resolve_env_refs(value: &str, env: &HashMap<String, String>) -> Result<String
     }
     out.push_str(rest);
     Ok(out)
+}
+
+/// Refuses a `{{name}}` placeholder in `text` that names no parameter of `parameters`:
+/// it would be filled with nothing at every call.
+fn unknown_placeholder(text: &str, parameters: &Json) -> Result<(), String> {
+    let Some(properties) = parameters.get("properties").and_then(Json::as_object) else {
+        return Ok(());
+    };
+    for part in text.split("{{").skip(1) {
+        let Some((name, _)) = part.split_once("}}") else { continue };
+        let name = name.trim();
+        if !properties.contains_key(name) {
+            let mut known: Vec<&str> = properties.keys().map(String::as_str).collect();
+            known.sort_unstable();
+            return Err(format!(
+                "placeholder `{{{{{name}}}}}` names no parameter (the parameters are: {})",
+                known.join(", ")
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Every string in `value`, keys excluded.
+fn json_strings<'a>(value: Option<&'a Json>, out: &mut Vec<&'a str>) {
+    match value {
+        Some(Json::String(s)) => out.push(s),
+        Some(Json::Array(items)) => items.iter().for_each(|item| json_strings(Some(item), out)),
+        Some(Json::Object(fields)) => fields.values().for_each(|v| json_strings(Some(v), out)),
+        _ => {}
+    }
+}
+
+/// Refuses a log filter whose directive cannot mean what was written: a bare word that is
+/// not a level (`inof` is read as a target, which silences every other log) or a level
+/// that is none. Span and field filters (`target[span{f=v}]=debug`) are left to the
+/// filter's own parser.
+fn log_filter(filter: &str) -> Result<(), String> {
+    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+    let is_level = |word: &str| LEVELS.iter().any(|level| level.eq_ignore_ascii_case(word.trim()));
+    for directive in filter.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        if directive.contains('[') {
+            continue;
+        }
+        match directive.rsplit_once('=') {
+            Some((target, level)) if target.trim().is_empty() || !is_level(level) => {
+                return Err(format!(
+                    "`{directive}` is not `target=level` with a level among {}",
+                    LEVELS.join(", ")
+                ));
+            }
+            Some(_) => {}
+            None if !is_level(directive) => {
+                return Err(format!(
+                    "`{directive}` is not a level ({}); a target needs one too: \
+                     `{directive}=debug`",
+                    LEVELS.join(", ")
+                ));
+            }
+            None => {}
+        }
+    }
+    Ok(())
 }

@@ -331,3 +331,38 @@ fn upstream_credentials_read_their_secrets_and_name_the_key_that_is_wrong() {
     );
     assert!(stdio.contains("mcp.servers[0].credentials"), "{stdio}");
 }
+
+#[test]
+fn a_placeholder_that_names_no_parameter_is_refused_naming_its_key() {
+    let tool = |url: &str, body: &str| {
+        format!(
+            "[[tools.http]]\nname = \"w\"\ndescription = \"d\"\nmethod = \"POST\"\nurl = \"{url}\"\n\
+             body = {body}\n[tools.http.parameters]\ntype = \"object\"\n\
+             properties = {{ city = {{ type = \"string\" }} }}\n"
+        )
+    };
+    let good = tool("https://h.invalid/w?q={{city}}", r#"{ q = "{{ city }}" }"#);
+    load_str(Some(("f.toml", &good)), &env(&[])).unwrap();
+    let url = tool("https://h.invalid/w?q={{citty}}", "{}");
+    let err = load_str(Some(("f.toml", &url)), &env(&[])).unwrap_err().to_string();
+    assert!(err.contains("tools.http[0].url") && err.contains("{{citty}}"), "{err}");
+    assert!(err.contains("city"), "the parameters are named: {err}");
+    let body = tool("https://h.invalid/w", r#"{ nested = ["in {{town}}"] }"#);
+    let err = load_str(Some(("f.toml", &body)), &env(&[])).unwrap_err().to_string();
+    assert!(err.contains("tools.http[0].body") && err.contains("{{town}}"), "{err}");
+}
+
+#[test]
+fn a_log_filter_that_would_silence_the_logs_is_refused() {
+    for good in
+        ["info", "WARN,toolmesh=debug", "info,rmcp::transport::worker=off", "a[s{f=1}]=trace"]
+    {
+        let file = format!("[telemetry]\nlog = \"{good}\"\n");
+        load_str(Some(("f.toml", &file)), &env(&[])).unwrap_or_else(|e| panic!("{good}: {e}"));
+    }
+    for bad in ["inof", "info,toolmesh=verbose", "=debug"] {
+        let file = format!("[telemetry]\nlog = \"{bad}\"\n");
+        let err = load_str(Some(("f.toml", &file)), &env(&[])).unwrap_err().to_string();
+        assert!(err.contains("telemetry.log"), "{bad}: {err}");
+    }
+}

@@ -14,6 +14,7 @@
 
 mod approval;
 mod audit;
+mod check;
 mod compiled;
 mod config;
 mod limits;

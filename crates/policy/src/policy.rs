@@ -17,6 +17,7 @@ use toolmesh_core::{Principal, ToolSpec};
 use crate::{
     AuditLog, PolicyError,
     approval::{ApprovalMismatch, ApprovalSigner},
+    check,
     compiled::{Compiled, Roots},
     config::{BindingConfig, Effect, PolicyConfig},
     limits::{LimitError, Limits, Permit, ResultLimit},
@@ -257,6 +258,9 @@ impl Policy {
                                  and `args`"
                             ),
                         });
+                    }
+                    if let Err(reason) = check::check(program.expression()) {
+                        return Err(PolicyError::Rule { key: format!("rules[{i}].when"), reason });
                     }
                     let args_by_field = variables::selects_args_fields_only(program.expression());
                     let compiled = Compiled::new(program.expression());
