@@ -334,6 +334,45 @@ async fn workers_of_one_tool_must_agree_and_a_tool_goes_with_its_last_worker() {
     drop(third);
 }
 
+/// Two callers choose the same `call_id` for calls in flight at once: each gets its own
+/// answer, and each runs once, though the tool is idempotent and may be repeated.
+#[tokio::test]
+async fn two_calls_with_the_same_caller_chosen_id_each_run_once_and_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger");
+    let router = BinaryServer::start(&[], ROUTER_ENV).await.unwrap();
+    let addr = router.addr.to_string();
+    let worker =
+        BinaryWorker::start(&addr, &worker_toml(dir.path(), "w1", &ledger, 1.0, ""), &[]).unwrap();
+    worker.joined(1).await.unwrap();
+    wait_for_tool(&addr, "record").await;
+    let same_id = |n: u64| {
+        let addr = addr.clone();
+        async move {
+            let mut client = toolmesh::client::connect(&addr, None).await.unwrap();
+            let mut request = tonic::Request::new(CallToolRequest {
+                name: "record".into(),
+                arguments_json: format!("{{\"n\": {n}}}"),
+                call_id: "order-42".into(),
+                ..Default::default()
+            });
+            request.set_timeout(Duration::from_secs(20));
+            client.call_tool(request).await.map(tonic::Response::into_inner)
+        }
+    };
+    let first = tokio::spawn(same_id(1));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let second = same_id(2).await;
+    let first = first.await.unwrap();
+    for (n, answer) in [(1, first), (2, second)] {
+        let answer = answer.unwrap_or_else(|status| panic!("call {n}: {status:?}"));
+        assert_eq!(toolmesh_e2e::text(&answer).trim(), format!("w1 {n}"), "call {n}");
+    }
+    let runs = executions(&ledger);
+    assert_eq!(runs.get(&("record".into(), 1)).map(Vec::len), Some(1), "{runs:?}");
+    assert_eq!(runs.get(&("record".into(), 2)).map(Vec::len), Some(1), "{runs:?}");
+}
+
 #[tokio::test]
 async fn a_call_waits_for_a_free_slot_until_its_deadline_and_cancellation_reaches_the_worker() {
     let dir = tempfile::tempdir().unwrap();

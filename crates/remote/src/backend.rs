@@ -115,8 +115,12 @@ impl Backend for RemoteBackend {
             let _slot = Slot { members: &members, key: link.key };
             let left = ctx.deadline.saturating_duration_since(Instant::now());
             let limit = attempt_limit.map_or(left, |limit| limit.min(left));
+            // The worker's session knows the call by an id this router makes: ids that
+            // callers choose may be the same for two calls at once.
+            let dispatch = members.dispatch_id();
             let call = v1::WorkerCall {
-                call_id: ctx.call_id.clone(),
+                call_id: dispatch.clone(),
+                caller_call_id: ctx.call_id.clone(),
                 tool: self.tool.clone(),
                 arguments_json: arguments_json.clone(),
                 timeout_ms: limit.as_millis() as u64,
@@ -128,16 +132,17 @@ impl Backend for RemoteBackend {
             };
             // A session that ended before the call was sent never ran it: another worker may.
             let Some(pending) = link.start(call) else { continue };
-            return follow(&link, &ctx, pending, limit).await;
+            return follow(&link, &ctx, &dispatch, pending, limit).await;
         }
     }
 }
 
-/// Forwards the events of a call sent to `link` and returns its answer; cancels it on the
-/// worker when the caller cancels or the attempt's time (`limit`) runs out.
+/// Forwards the events of a call sent to `link` as `dispatch` and returns its answer;
+/// cancels it on the worker when the caller cancels or the attempt's time (`limit`) runs out.
 async fn follow(
     link: &Link,
     ctx: &CallContext,
+    dispatch: &str,
     mut pending: Pending,
     limit: Duration,
 ) -> Result<ToolOutput, BackendError> {
@@ -145,7 +150,7 @@ async fn follow(
     tokio::pin!(ends);
     // A call dropped unanswered (the router's deadline came first, the caller went away)
     // is stopped on the worker too; for an answered call this does nothing.
-    let _guard = CancelOnDrop { link, id: &ctx.call_id };
+    let _guard = CancelOnDrop { link, id: dispatch };
     loop {
         tokio::select! {
             biased;
@@ -161,11 +166,11 @@ async fn follow(
             }
             Some(event) = pending.events.recv() => forward(ctx, event).await,
             () = &mut ends => {
-                link.cancel(&ctx.call_id, "start-to-close timeout");
+                link.cancel(dispatch, "start-to-close timeout");
                 return Err(BackendError::DeadlineExceeded(limit));
             }
             () = ctx.cancel.cancelled() => {
-                link.cancel(&ctx.call_id, "cancelled by the caller");
+                link.cancel(dispatch, "cancelled by the caller");
                 return Err(BackendError::Cancelled);
             }
         }

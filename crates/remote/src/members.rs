@@ -205,6 +205,8 @@ pub(crate) struct Members {
     /// pool published last.
     published: tokio::sync::Mutex<HashMap<String, HashMap<String, ToolSpec>>>,
     next_key: AtomicU64,
+    /// The number in the next dispatch id.
+    next_dispatch: AtomicU64,
     /// This router, as workers see it.
     pub(crate) router_id: String,
 }
@@ -219,6 +221,7 @@ impl Members {
             changed: Notify::new(),
             published: Default::default(),
             next_key: AtomicU64::new(1),
+            next_dispatch: AtomicU64::new(1),
             router_id: format!("router-{}", uuid::Uuid::now_v7()),
         }
     }
@@ -229,6 +232,11 @@ impl Members {
 
     pub(crate) fn config(&self) -> Arc<RemoteConfig> {
         self.config.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// A new dispatch id: what a worker's session knows one attempt of a call by.
+    pub(crate) fn dispatch_id(&self) -> String {
+        format!("d{}", self.next_dispatch.fetch_add(1, Ordering::Relaxed))
     }
 
     /// Adds the worker of `hello` whose messages go to `outbound`, and publishes its tools;

@@ -411,6 +411,12 @@ async fn session(
     result
 }
 
+/// The id the caller gave `call`, for spans and nested calls; a router that sends none
+/// (an older one) sent it as the dispatch id.
+fn caller_call_id(call: &v1::WorkerCall) -> &str {
+    if call.caller_call_id.is_empty() { &call.call_id } else { &call.caller_call_id }
+}
+
 /// Runs one call and sends its events and answer.
 async fn execute(
     host: &Host,
@@ -421,7 +427,7 @@ async fn execute(
     let span = info_span!(
         names::SPAN_REMOTE_EXECUTE,
         { names::GEN_AI_TOOL_NAME } = %call.tool,
-        { names::GEN_AI_TOOL_CALL_ID } = %call.call_id,
+        { names::GEN_AI_TOOL_CALL_ID } = %caller_call_id(&call),
         { names::TOOLMESH_CALL_ATTEMPT } = call.attempt,
     );
     toolmesh_telemetry::set_parent_from_headers(&span, &call.trace_context);
@@ -468,7 +474,7 @@ async fn run_call(
     }
     let (events, mut receiver) = EventSink::channel();
     let ctx = CallContext {
-        call_id: call.call_id.clone(),
+        call_id: caller_call_id(&call).to_owned(),
         session_id: Some(call.session_id.clone()).filter(|s| !s.is_empty()),
         profile: None,
         tool: call.tool.clone(),
