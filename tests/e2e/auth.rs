@@ -303,7 +303,7 @@ async fn only_the_writer_role_ingests_and_deletes_documents() {
     // The writer role ingests and deletes.
     let mut writing = knowledge(writer).await;
     let ingested = writing.ingest(tokio_stream::iter([ingest])).await.unwrap().into_inner();
-    assert!(ingested.results.iter().all(|r| r.error.is_empty()), "{ingested:?}");
+    assert!(ingested.failed == 0 && ingested.ingested > 0, "{ingested:?}");
     let deleted = writing.delete(delete).await.unwrap().into_inner();
     assert!(deleted.deleted_chunks > 0, "{deleted:?}");
 }

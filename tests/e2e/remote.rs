@@ -657,3 +657,162 @@ async fn two_routers_share_the_workers_and_accept_each_others_searches() {
     assert_eq!(workers_used.len(), 2, "both workers served calls: {runs:?}");
     assert_eq!(runs.len(), 12, "every call ran once: {runs:?}");
 }
+
+/// The router's resident memory, in MiB.
+fn rss_mib(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() / 1024
+}
+
+/// A worker that speaks the protocol itself sends 1 MiB partial outputs for a
+/// `StreamCallTool` caller that never reads them. Keeping to the window the router gives,
+/// it is held back after a few; ignoring it, its call is failed and stopped. The router's
+/// memory stays flat either way.
+#[tokio::test]
+async fn partial_outputs_for_a_reader_that_stopped_are_held_back_at_the_worker() {
+    use toolmesh_proto::v1::{
+        self as v1, call_tool_client_message, router_message, worker_message,
+        worker_service_client::WorkerServiceClient,
+    };
+    let router = BinaryServer::start(&[], ROUTER_ENV).await.unwrap();
+    let addr = router.addr.to_string();
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let (to_router, outbound) = tokio::sync::mpsc::unbounded_channel();
+    let send = |message| to_router.send(v1::WorkerMessage { message: Some(message) }).unwrap();
+    send(worker_message::Message::Hello(v1::WorkerHello {
+        worker_id: "flooder".into(),
+        pool: String::new(),
+        capacity: 1,
+        tools: vec![v1::Tool {
+            name: "flood".into(),
+            description: "sends partial outputs".into(),
+            input_schema_json: r#"{"type":"object"}"#.into(),
+            ..Default::default()
+        }],
+    }));
+    let mut inbound = WorkerServiceClient::new(channel)
+        .connect(tokio_stream::wrappers::UnboundedReceiverStream::new(outbound))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut next = async || -> Option<router_message::Message> {
+        loop {
+            let message = tokio::time::timeout(Duration::from_secs(4), inbound.message()).await;
+            match message.ok()?.unwrap()?.message? {
+                router_message::Message::Heartbeat(_) => {
+                    send(worker_message::Message::Heartbeat(v1::Heartbeat {}))
+                }
+                message => return Some(message),
+            }
+        }
+    };
+    let Some(router_message::Message::Welcome(welcome)) = next().await else {
+        panic!("no welcome")
+    };
+    assert_eq!(welcome.max_message_bytes, 4 << 20, "the shipped server.max_message_bytes");
+    wait_for_tool(&addr, "flood").await;
+
+    let mut client = toolmesh::client::connect(&addr, None).await.unwrap();
+    let (caller, requests) = tokio::sync::mpsc::channel(1);
+    let start = CallToolRequest { name: "flood".into(), ..Default::default() };
+    let start = call_tool_client_message::Message::Start(start);
+    caller.send(v1::CallToolClientMessage { message: Some(start) }).await.unwrap();
+    // Never read from here on.
+    let _unread = client
+        .stream_call_tool(tokio_stream::wrappers::ReceiverStream::new(requests))
+        .await
+        .unwrap();
+    let Some(router_message::Message::Call(call)) = next().await else { panic!("no call") };
+    assert!(call.partial_window > 0, "the router gives a window: {call:?}");
+    let before = rss_mib(router.pid());
+    let partial = |call_id: &str| {
+        worker_message::Message::Event(v1::WorkerCallEvent {
+            call_id: call_id.to_owned(),
+            event: Some(v1::worker_call_event::Event::Partial(v1::ContentPart {
+                part: Some(v1::content_part::Part::Text("x".repeat(1 << 20))),
+            })),
+        })
+    };
+
+    // Within the window: it sends while it has credit, for four seconds.
+    let (mut credit, mut sent) = (call.partial_window, 0);
+    let until = tokio::time::Instant::now() + Duration::from_secs(4);
+    while sent < 300 && tokio::time::Instant::now() < until {
+        if credit > 0 {
+            send(partial(&call.call_id));
+            (credit, sent) = (credit - 1, sent + 1);
+            continue;
+        }
+        match next().await {
+            Some(router_message::Message::Credit(more)) => {
+                assert_eq!(more.call_id, call.call_id);
+                credit += more.partials;
+            }
+            Some(other) => panic!("unexpected {other:?}"),
+            None => {}
+        }
+    }
+    assert!(sent < 64, "held back after a few partials, not {sent} of 300");
+    let held = rss_mib(router.pid());
+    assert!(held < before + 128, "the router grew from {before} MiB to {held} MiB");
+
+    // Beyond it: the call is failed and stopped on the worker.
+    for _ in 0..3 * call.partial_window {
+        send(partial(&call.call_id));
+    }
+    let stopped = loop {
+        match next().await {
+            Some(router_message::Message::Cancel(cancel)) => break cancel,
+            Some(router_message::Message::Credit(_)) => {}
+            other => panic!("expected the call to be stopped, got {other:?}"),
+        }
+    };
+    assert_eq!(stopped.call_id, call.call_id);
+    assert!(stopped.reason.contains("window"), "{}", stopped.reason);
+    let after = rss_mib(router.pid());
+    assert!(after < before + 128, "the router grew from {before} MiB to {after} MiB");
+}
+
+/// A result larger than the router reads fails its own call; the other call in flight on
+/// the same worker is answered, and the worker stays.
+#[tokio::test]
+async fn an_oversized_worker_result_fails_only_its_own_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger");
+    let router = BinaryServer::start(&[], ROUTER_ENV).await.unwrap();
+    let addr = router.addr.to_string();
+    let big = write_script(dir.path(), "big.sh", "head -c 5000000 /dev/zero | tr '\\0' a");
+    let toml = format!(
+        "{}[[tools.command]]\nname = \"big\"\ndescription = \"prints 5 MB\"\ncommand = \"{}\"\nmax_output_bytes = 6000000\n",
+        worker_toml(dir.path(), "w1", &ledger, 1.5, ""),
+        big.display()
+    );
+    let worker = BinaryWorker::start(&addr, &toml, &[]).unwrap();
+    worker.joined(1).await.unwrap();
+    wait_for_tool(&addr, "big").await;
+    let other = tokio::spawn({
+        let addr = addr.clone();
+        async move { call(&addr, "charge", 1, Duration::from_secs(20)).await }
+    });
+    eventually(Duration::from_secs(5), || async {
+        (!executions(&ledger).is_empty()).then_some(())
+    })
+    .await
+    .expect("the other call started");
+    let mut client = toolmesh::client::connect(&addr, None).await.unwrap();
+    let refused = client
+        .call_tool(CallToolRequest { name: "big".into(), ..Default::default() })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(refused.message().contains("max_message_bytes"), "{}", refused.message());
+    let answered = other.await.unwrap().expect("the other call is answered");
+    assert_eq!(toolmesh_e2e::text(&answered).trim(), "w1 1");
+    assert_eq!(executions(&ledger)[&("charge".into(), 1)], ["w1"], "it ran once");
+    assert!(call(&addr, "record", 2, Duration::from_secs(20)).await.is_ok(), "the worker stayed");
+}

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use toolmesh_core::{Backend, BackendError, CallContext, CallEvent, ToolOutput};
 use toolmesh_proto::v1;
 
-use crate::members::{Link, Members, Pending, Pick};
+use crate::members::{Link, Members, PARTIAL_WINDOW, Pending, Pick};
 
 /// The backend of a tool that remote workers serve.
 #[derive(Debug)]
@@ -129,6 +129,7 @@ impl Backend for RemoteBackend {
                 attempt: ctx.attempt,
                 depth: ctx.depth,
                 caller: caller.clone(),
+                partial_window: PARTIAL_WINDOW,
             };
             // A session that ended before the call was sent never ran it: another worker may.
             let Some(pending) = link.start(call) else { continue };
@@ -151,6 +152,7 @@ async fn follow(
     // A call dropped unanswered (the router's deadline came first, the caller went away)
     // is stopped on the worker too; for an answered call this does nothing.
     let _guard = CancelOnDrop { link, id: dispatch };
+    let mut forwarded = 0;
     loop {
         tokio::select! {
             biased;
@@ -164,7 +166,19 @@ async fn follow(
                     reason: "the session ended".into(),
                 }));
             }
-            Some(event) = pending.events.recv() => forward(ctx, event).await,
+            Some(event) = pending.events.recv() => {
+                let partial = matches!(event, CallEvent::Partial(_));
+                forward(ctx, event).await;
+                // The caller took it: the worker may send another in its place. Credit goes
+                // back by half windows, not one message per partial.
+                if partial {
+                    forwarded += 1;
+                    if forwarded >= PARTIAL_WINDOW / 2 {
+                        link.credit(dispatch, forwarded);
+                        forwarded = 0;
+                    }
+                }
+            }
             () = &mut ends => {
                 link.cancel(dispatch, "start-to-close timeout");
                 return Err(BackendError::DeadlineExceeded(limit));

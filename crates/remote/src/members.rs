@@ -46,17 +46,26 @@ struct Calls {
     draining: bool,
 }
 
+/// Partial outputs a worker may send for one call before the router gives credit for more
+/// (`WorkerCall.partial_window`): what the router holds of a call whose caller reads
+/// slowly.
+pub(crate) const PARTIAL_WINDOW: u32 = 16;
+
+/// Room in a call's event queue beyond its window, for progress reports. Progress is
+/// coalesced by nature: a report that finds no room is dropped, never a partial output.
+const PROGRESS_ROOM: usize = 8;
+
 /// A call sent to a worker, waiting for its answer.
 #[derive(Debug)]
 struct Waiting {
-    events: mpsc::UnboundedSender<CallEvent>,
+    events: mpsc::Sender<CallEvent>,
     reply: oneshot::Sender<Result<ToolOutput, BackendError>>,
 }
 
 /// What the dispatcher receives of one call on a worker.
 #[derive(Debug)]
 pub(crate) struct Pending {
-    pub(crate) events: mpsc::UnboundedReceiver<CallEvent>,
+    pub(crate) events: mpsc::Receiver<CallEvent>,
     pub(crate) reply: oneshot::Receiver<Result<ToolOutput, BackendError>>,
 }
 
@@ -78,7 +87,7 @@ impl Link {
     /// Sends call `call` and returns where its events and answer arrive; `None` when the
     /// session has ended or the worker drains (the worker never saw the call).
     pub(crate) fn start(&self, call: v1::WorkerCall) -> Option<Pending> {
-        let (events, events_rx) = mpsc::unbounded_channel();
+        let (events, events_rx) = mpsc::channel(PARTIAL_WINDOW as usize + PROGRESS_ROOM);
         let (reply, reply_rx) = oneshot::channel();
         // Under the lock, so that no call follows the drain's acknowledgement.
         let mut calls = self.lock();
@@ -110,10 +119,45 @@ impl Link {
         }
     }
 
-    /// Hands an event of call `id` to its caller.
+    /// Hands an event of call `id` to its caller, without waiting: the session's other
+    /// calls must not wait for this one's reader. A progress report that finds the queue
+    /// nearly full is dropped (a later one says more); a partial output beyond the call's
+    /// window fails the call, which is stopped on the worker.
     pub(crate) fn event(&self, id: &str, event: CallEvent) {
-        if let Some(waiting) = self.lock().waiting.get(id) {
-            let _ = waiting.events.send(event);
+        let mut calls = self.lock();
+        let Some(waiting) = calls.waiting.get(id) else { return };
+        let overflow = match event {
+            CallEvent::Progress { .. } if waiting.events.capacity() <= PARTIAL_WINDOW as usize => {
+                return;
+            }
+            event => matches!(
+                waiting.events.try_send(event),
+                Err(mpsc::error::TrySendError::Full(CallEvent::Partial(_)))
+            ),
+        };
+        if overflow && let Some(waiting) = calls.waiting.remove(id) {
+            drop(calls);
+            let reason = format!(
+                "{} sent more than {PARTIAL_WINDOW} partial outputs ahead of its reader, its \
+                 window",
+                self.describe()
+            );
+            warn!(call_id = %id, "{reason}");
+            self.send(Message::Cancel(v1::CancelWorkerCall {
+                call_id: id.to_owned(),
+                reason: reason.clone(),
+            }));
+            let _ = waiting.reply.send(Err(BackendError::Remote {
+                code: toolmesh_core::ErrorCode::Internal,
+                message: reason,
+            }));
+        }
+    }
+
+    /// Gives call `id` credit for `partials` more partial outputs: as many were forwarded.
+    pub(crate) fn credit(&self, id: &str, partials: u32) {
+        if self.lock().waiting.contains_key(id) {
+            self.send(Message::Credit(v1::PartialCredit { call_id: id.to_owned(), partials }));
         }
     }
 

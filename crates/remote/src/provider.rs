@@ -35,10 +35,17 @@ impl RemoteWorkers {
 
     /// The gRPC service workers connect to. Its sessions end when `closing` is cancelled
     /// (a draining router, once its calls are answered) or when the provider stops.
-    pub fn service(&self, closing: CancellationToken) -> WorkerServiceImpl {
+    /// The gRPC service workers connect to; `max_message_bytes` is the largest message it
+    /// reads, which workers are told.
+    pub fn service(
+        &self,
+        closing: CancellationToken,
+        max_message_bytes: usize,
+    ) -> WorkerServiceImpl {
         WorkerServiceImpl {
             members: self.members.clone(),
             closing: Closing { router: closing, provider: self.closing.clone() },
+            max_message_bytes,
         }
     }
 

@@ -27,6 +27,7 @@ pub const WORKER_SERVICE_NAME: &str = "toolmesh.v1.WorkerService";
 pub struct WorkerServiceImpl {
     pub(crate) members: Arc<Members>,
     pub(crate) closing: Closing,
+    pub(crate) max_message_bytes: usize,
 }
 
 /// What ends every session: the router is shutting down and has no calls left, or the
@@ -97,6 +98,7 @@ impl WorkerService for WorkerServiceImpl {
             router_id: self.members.router_id.clone(),
             heartbeat_interval_ms: config.heartbeat_interval_ms.try_into().unwrap_or(u32::MAX),
             heartbeat_timeout_ms: config.heartbeat_timeout_ms.try_into().unwrap_or(u32::MAX),
+            max_message_bytes: self.max_message_bytes as u64,
         };
         let link = self.members.join(hello, outbound, welcome).await?;
         let span = tracing::info_span!("worker session", worker = %link.worker, pool = %link.pool);

@@ -1,7 +1,8 @@
 use std::{collections::HashMap, pin::Pin, sync::Arc};
 
-use futures::Stream;
-use tokio::sync::{mpsc, oneshot};
+use futures::{Stream, StreamExt as _};
+use prost::Message as _;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
@@ -30,6 +31,13 @@ const MAX_PAGE_SIZE: usize = 1000;
 const PAGE_TOKEN_PREFIX: &str = "after:";
 /// Server messages buffered per stream before the tool's events wait for the client.
 const STREAM_BUFFER: usize = 64;
+/// Bytes of events buffered per stream before the tool's events wait for the client: 64
+/// partial outputs of a megabyte each are not held for a reader that stopped.
+const STREAM_BYTES: usize = 4 << 20;
+
+/// A message for the client, with the share of the stream's byte budget it holds until
+/// the client's stream takes it.
+type Outbound = (Result<CallToolServerMessage, Status>, Option<OwnedSemaphorePermit>);
 
 /// The gRPC `toolmesh.v1.ToolService`.
 #[derive(Clone)]
@@ -349,7 +357,8 @@ impl ToolService for ToolServiceImpl {
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let router = self.router.clone();
         tokio::spawn(run_stream(router, call, inbound, tx).instrument(span));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        let messages = ReceiverStream::new(rx).map(|(message, _budget): Outbound| message);
+        Ok(Response::new(Box::pin(messages)))
     }
 }
 
@@ -357,20 +366,21 @@ impl ToolService for ToolServiceImpl {
 /// `cancel` message, a reset stream or a client that went away into cancellation.
 ///
 /// The call itself is polled throughout, so its deadline holds whatever the reader does.
-/// An event is taken from the tool only once the outbound stream has room for it
-/// (a reserved permit): a reader that lags leaves progress coalesced and partial outputs
-/// waiting in the tool's bounded queue, never piling up here.
+/// One event at a time is taken from the tool, and sent once the outbound stream has room
+/// for it, in messages and in bytes ([`STREAM_BYTES`]): a reader that lags leaves progress
+/// coalesced and partial outputs waiting in the tool's bounded queue, never piling up
+/// here.
 async fn run_stream(
     router: Router,
     call: CallRequest,
     mut inbound: Streaming<CallToolClientMessage>,
-    tx: mpsc::Sender<Result<CallToolServerMessage, Status>>,
+    tx: mpsc::Sender<Outbound>,
 ) {
     use call_tool_server_message::Message;
     let call_id = call.call_id.clone();
     let started =
         CallToolServerMessage { message: Some(Message::Started(v1::CallStarted { call_id })) };
-    if tx.send(Ok(started)).await.is_err() {
+    if tx.send((Ok(started), None)).await.is_err() {
         return;
     }
     let cancel = CancellationToken::new();
@@ -386,21 +396,34 @@ async fn run_stream(
     let mut approvable = true;
     let mut pending: HashMap<String, oneshot::Sender<ApprovalAnswer>> = HashMap::new();
     let mut next_question = 0u64;
+    let budget = Arc::new(Semaphore::new(STREAM_BYTES));
+    // The event taken from the tool, waiting for room in the stream: one at most.
+    let mut held: Option<CallToolServerMessage> = None;
     let result = loop {
+        let cost = held.as_ref().map_or(0, |m| m.encoded_len().min(STREAM_BYTES) as u32);
         tokio::select! {
             biased;
             result = &mut run => break result,
+            event = event_rx.recv(), if reader && held.is_none() => {
+                held = Some(convert::event(event));
+            }
             sent = async {
                 let permit = tx.reserve().await?;
-                Ok::<_, mpsc::error::SendError<()>>((permit, event_rx.recv().await))
-            }, if reader => match sent {
-                Ok((permit, event)) => permit.send(Ok(convert::event(event))),
-                Err(_) => {
+                let share = budget.clone().acquire_many_owned(cost).await.ok();
+                Ok::<_, mpsc::error::SendError<()>>((permit, share))
+            }, if reader && held.is_some() => match (sent, held.take()) {
+                (Ok((permit, share)), Some(message)) => permit.send((Ok(message), share)),
+                _ => {
                     debug!("the client stopped reading; cancelling the call");
                     reader = false;
                     cancel.cancel();
                 }
             },
+            () = tx.closed(), if reader => {
+                debug!("the client went away; cancelling the call");
+                reader = false;
+                cancel.cancel();
+            }
             asked = async {
                 let permit = tx.reserve().await?;
                 Ok::<_, mpsc::error::SendError<()>>((permit, prompts.recv().await))
@@ -408,7 +431,7 @@ async fn run_stream(
                 Ok((permit, Some(prompt))) => {
                     next_question += 1;
                     let id = format!("e{next_question}");
-                    permit.send(Ok(convert::elicitation(id.clone(), prompt.elicitation)));
+                    permit.send((Ok(convert::elicitation(id.clone(), prompt.elicitation)), None));
                     questions.insert(id, prompt.reply);
                 }
                 // The sink is gone with the call, whose result comes next.
@@ -424,7 +447,7 @@ async fn run_stream(
             }, if reader && approvable => match asked {
                 Ok((permit, Some(prompt))) => {
                     let id = prompt.approval.id.clone();
-                    permit.send(Ok(convert::approval(prompt.approval)));
+                    permit.send((Ok(convert::approval(prompt.approval)), None));
                     pending.insert(id, prompt.reply);
                 }
                 Ok((_, None)) => approvable = false,
@@ -477,8 +500,10 @@ async fn run_stream(
         }
     };
     // Events the tool emitted before returning are queued already; deliver them first.
-    while let Some(event) = event_rx.try_recv() {
-        if tx.send(Ok(convert::event(event))).await.is_err() {
+    let queued =
+        held.into_iter().chain(std::iter::from_fn(|| event_rx.try_recv().map(convert::event)));
+    for message in queued {
+        if tx.send((Ok(message), None)).await.is_err() {
             return;
         }
     }
@@ -488,7 +513,7 @@ async fn run_stream(
         }),
         Err(error) => Err(status(&error)),
     };
-    let _ = tx.send(last).await;
+    let _ = tx.send((last, None)).await;
 }
 
 /// The tools a discovery request left out because the caller may not see them, for its

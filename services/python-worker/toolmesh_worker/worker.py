@@ -20,6 +20,7 @@ log = logging.getLogger("toolmesh_worker")
 
 # gRPC status code numbers a worker reports (google.rpc.Code).
 INVALID_ARGUMENT, DEADLINE_EXCEEDED, CANCELLED, INTERNAL, NOT_FOUND = 3, 4, 1, 13, 5
+RESOURCE_EXHAUSTED = 8
 
 
 class ToolError(Exception):
@@ -165,6 +166,7 @@ class Worker:
             if first.WhichOneof("message") != "welcome":
                 raise RuntimeError("the router did not welcome the worker")
             interval = first.welcome.heartbeat_interval_ms / 1000
+            self._max_message = first.welcome.max_message_bytes
             log.info("connected to %s (%s)", router, first.welcome.router_id)
             print(f"toolmesh python worker {self.worker_id} connected", flush=True)
             stop = threading.Event()
@@ -241,7 +243,18 @@ class Worker:
             result = worker_pb2.WorkerCallResult(call_id=request.call_id, error=outcome)
         else:
             result = worker_pb2.WorkerCallResult(call_id=request.call_id, response=outcome)
-        send(worker_pb2.WorkerMessage(result=result))
+        message = worker_pb2.WorkerMessage(result=result)
+        # A message larger than the router reads would end the session and every call on
+        # it: only this call fails.
+        limit = getattr(self, "_max_message", 0)
+        if limit and message.ByteSize() + 5 > limit:
+            error = worker_pb2.WorkerCallError(
+                code=RESOURCE_EXHAUSTED,
+                message=f"the result of {message.ByteSize()} bytes is larger than the router "
+                        f"accepts ({limit} bytes, its server.max_message_bytes)")
+            message = worker_pb2.WorkerMessage(
+                result=worker_pb2.WorkerCallResult(call_id=request.call_id, error=error))
+        send(message)
 
     def _run(self, request, call):
         entry = self._tools.get(request.tool)

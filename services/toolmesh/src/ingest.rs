@@ -40,6 +40,8 @@ pub struct IngestSummary {
     pub chunks: u64,
     /// Documents that failed, with the reason.
     pub failed: Vec<(String, String)>,
+    /// Documents that failed beyond those the server named.
+    pub unlisted_failures: u64,
     /// Files skipped: not text or Markdown by their extension.
     pub skipped: Vec<PathBuf>,
 }
@@ -242,14 +244,12 @@ pub async fn ingest(
             .await
             .map_err(|status| anyhow::anyhow!("ingest into {collection:?}: {}", status.message()))?
             .into_inner();
+        summary.ingested += response.ingested;
+        summary.chunks += response.chunks;
+        summary.unlisted_failures += response.failed.saturating_sub(response.results.len() as u64);
         for result in response.results {
-            if result.error.is_empty() {
-                summary.ingested += 1;
-                summary.chunks += u64::from(result.chunks);
-            } else {
-                progress.note(&format!("{}: {}", result.id, result.error));
-                summary.failed.push((result.id, result.error));
-            }
+            progress.note(&format!("{}: {}", result.id, result.error));
+            summary.failed.push((result.id, result.error));
         }
         progress.advance(sent, summary.chunks);
     }

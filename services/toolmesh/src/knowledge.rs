@@ -33,6 +33,9 @@ fn status(error: KnowledgeError) -> Status {
 }
 
 /// The document of a message, or why it cannot be one.
+/// Failed documents an ingestion's answer names; `failed` counts them all.
+const LISTED_FAILURES: usize = 100;
+
 fn document(message: toolmesh_proto::v1::Document) -> Result<Document, DocumentResult> {
     let failed = |id: &str, reason: String| DocumentResult {
         id: id.to_owned(),
@@ -114,7 +117,22 @@ impl KnowledgeServiceImpl {
         self.may_write(&request)?;
         let mut stream = request.into_inner();
         let mut collection: Option<String> = None;
-        let mut results: Vec<DocumentResult> = Vec::new();
+        // Counts, and the first failures: an answer that named every document would grow
+        // past what clients read with a long stream.
+        let (mut stored, mut chunks, mut failed) = (0u64, 0u64, 0u64);
+        let mut failures: Vec<DocumentResult> = Vec::new();
+        let mut tally = |result: DocumentResult| match result.error {
+            None => {
+                stored += 1;
+                chunks += result.chunks as u64;
+            }
+            Some(_) => {
+                failed += 1;
+                if failures.len() < LISTED_FAILURES {
+                    failures.push(result);
+                }
+            }
+        };
         while let Some(message) = stream.message().await? {
             let name = match (&collection, message.collection.as_str()) {
                 (None, "") => {
@@ -149,7 +167,6 @@ impl KnowledgeServiceImpl {
                     Ok(ingested) => ingested.into_iter(),
                     Err(error) => {
                         // Say what of this stream is in, so the caller knows where to resume.
-                        let stored = results.iter().filter(|r| r.error.is_none()).count();
                         let refused = status(error);
                         return Err(Status::new(
                             refused.code(),
@@ -163,21 +180,19 @@ impl KnowledgeServiceImpl {
             };
             for slot in order {
                 match slot {
-                    Ok(()) => results.extend(ingested.next()),
-                    Err(result) => results.push(result),
+                    Ok(()) => ingested.next().into_iter().for_each(&mut tally),
+                    Err(result) => tally(result),
                 }
             }
         }
         if collection.is_none() {
             return Err(Status::invalid_argument("an ingestion needs at least one message"));
         }
-        let failed = results.iter().filter(|r| r.error.is_some()).count() as u64;
-        let chunks = results.iter().map(|r| r.chunks as u64).sum();
         Ok(Response::new(IngestResponse {
-            ingested: results.len() as u64 - failed,
+            ingested: stored,
             chunks,
             failed,
-            results: results
+            results: failures
                 .into_iter()
                 .map(|r| toolmesh_proto::v1::DocumentResult {
                     id: r.id,

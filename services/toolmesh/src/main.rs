@@ -426,10 +426,11 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<ExitCode> {
         summary.ingested,
         summary.chunks,
         args.collection,
-        summary.failed.len(),
+        summary.failed.len() as u64 + summary.unlisted_failures,
         skipped.len() + links_out.len()
     );
-    Ok(if summary.failed.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    let clean = summary.failed.is_empty() && summary.unlisted_failures == 0;
+    Ok(if clean { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
 fn load_config(path: Option<&Path>) -> anyhow::Result<toolmesh_config::Config> {

@@ -124,7 +124,7 @@ where
             .max_decoding_message_size(max_message),
         )
         .add_service(
-            WorkerServiceServer::new(app.remote().service(sessions))
+            WorkerServiceServer::new(app.remote().service(sessions, max_message))
                 .max_decoding_message_size(max_message),
         )
         .add_service(

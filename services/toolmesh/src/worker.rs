@@ -17,6 +17,7 @@ use std::{
 };
 
 use anyhow::Context as _;
+use prost::Message as _;
 use serde::Deserialize;
 use tokio::{
     sync::{Semaphore, mpsc, watch},
@@ -335,7 +336,8 @@ async fn session(
     let silence = Duration::from_millis(u64::from(welcome.heartbeat_timeout_ms.max(200)));
     let mut beat = tokio::time::interval_at(Instant::now() + interval, interval);
     let mut heard = Instant::now();
-    let calls: Arc<Mutex<HashMap<String, CancellationToken>>> = Arc::default();
+    let max_message = usize::try_from(welcome.max_message_bytes).unwrap_or(usize::MAX);
+    let calls: Arc<Mutex<HashMap<String, Running>>> = Arc::default();
     let mut running = JoinSet::new();
     let mut draining = false;
     // The router's word that no call follows the drain.
@@ -350,22 +352,39 @@ async fn session(
                     heard = Instant::now();
                     match message.message {
                         Some(router_message::Message::Call(call)) => {
-                            let cancel = CancellationToken::new();
+                            let call_state = Running {
+                                cancel: CancellationToken::new(),
+                                window: (call.partial_window > 0)
+                                    .then(|| Arc::new(Semaphore::new(call.partial_window as usize))),
+                            };
+                            let out = Out {
+                                messages: outbound.clone(),
+                                max_message,
+                                window: call_state.window.clone(),
+                            };
+                            let cancel = call_state.cancel.clone();
                             calls.lock().unwrap_or_else(PoisonError::into_inner)
-                                .insert(call.call_id.clone(), cancel.clone());
-                            let (host, outbound, calls) = (host.clone(), outbound.clone(), calls.clone());
+                                .insert(call.call_id.clone(), call_state);
+                            let (host, calls) = (host.clone(), calls.clone());
                             running.spawn(async move {
                                 let id = call.call_id.clone();
-                                execute(&host, call, &outbound, cancel).await;
+                                execute(&host, call, &out, cancel).await;
                                 calls.lock().unwrap_or_else(PoisonError::into_inner).remove(&id);
                             });
                         }
                         Some(router_message::Message::Cancel(cancel)) => {
-                            let token = calls.lock().unwrap_or_else(PoisonError::into_inner)
+                            let call = calls.lock().unwrap_or_else(PoisonError::into_inner)
                                 .remove(&cancel.call_id);
-                            if let Some(token) = token {
+                            if let Some(call) = call {
                                 debug!(call_id = %cancel.call_id, reason = %cancel.reason, "call cancelled");
-                                token.cancel();
+                                call.cancel.cancel();
+                            }
+                        }
+                        Some(router_message::Message::Credit(credit)) => {
+                            let calls = calls.lock().unwrap_or_else(PoisonError::into_inner);
+                            if let Some(window) = calls.get(&credit.call_id).and_then(|c| c.window.as_ref()) {
+                                let room = Semaphore::MAX_PERMITS - window.available_permits();
+                                window.add_permits((credit.partials as usize).min(room));
                             }
                         }
                         Some(router_message::Message::DrainAck(_)) => acknowledged = true,
@@ -395,8 +414,8 @@ async fn session(
         }
     };
     // The router answered the calls of a broken session itself: stop them here.
-    for (_, token) in calls.lock().unwrap_or_else(PoisonError::into_inner).drain() {
-        token.cancel();
+    for (_, call) in calls.lock().unwrap_or_else(PoisonError::into_inner).drain() {
+        call.cancel.cancel();
     }
     running.shutdown().await;
     if result.is_ok() {
@@ -417,13 +436,44 @@ fn caller_call_id(call: &v1::WorkerCall) -> &str {
     if call.caller_call_id.is_empty() { &call.call_id } else { &call.caller_call_id }
 }
 
-/// Runs one call and sends its events and answer.
-async fn execute(
-    host: &Host,
-    call: v1::WorkerCall,
-    outbound: &mpsc::UnboundedSender<WorkerMessage>,
+/// A call the worker runs: how to stop it, and the partial outputs it may still send.
+struct Running {
     cancel: CancellationToken,
-) {
+    /// `None` when the router gives no window.
+    window: Option<Arc<Semaphore>>,
+}
+
+/// Where a call's messages go to the router.
+struct Out {
+    messages: mpsc::UnboundedSender<WorkerMessage>,
+    /// The largest message the router reads; a larger one would end the session.
+    max_message: usize,
+    window: Option<Arc<Semaphore>>,
+}
+
+impl Out {
+    /// The refusal of a message of `len` bytes that the router would not read, if it is one.
+    fn too_large(&self, what: &str, len: usize) -> Option<BackendError> {
+        // Five bytes of gRPC framing go with each message.
+        (self.max_message > 0 && len.saturating_add(5) > self.max_message).then(|| {
+            BackendError::Remote {
+                code: toolmesh_core::ErrorCode::ResourceExhausted,
+                message: format!(
+                    "{what} of {len} bytes is larger than the router accepts ({} bytes, its \
+                     server.max_message_bytes)",
+                    self.max_message
+                ),
+            }
+        })
+    }
+
+    fn send(&self, message: Message) {
+        let _ = self.messages.send(WorkerMessage { message: Some(message) });
+    }
+}
+
+/// Runs one call and sends its events and answer.
+async fn execute(host: &Host, call: v1::WorkerCall, out: &Out, cancel: CancellationToken) {
     let span = info_span!(
         names::SPAN_REMOTE_EXECUTE,
         { names::GEN_AI_TOOL_NAME } = %call.tool,
@@ -432,29 +482,45 @@ async fn execute(
     );
     toolmesh_telemetry::set_parent_from_headers(&span, &call.trace_context);
     let id = call.call_id.clone();
-    let outcome = run_call(host, call, outbound, cancel).instrument(span).await;
-    let outcome = match outcome {
-        Ok(output) => worker_call_result::Outcome::Response(convert::response(id.clone(), output)),
-        Err(error) => worker_call_result::Outcome::Error(v1::WorkerCallError {
+    let outcome = run_call(host, call, out, cancel).instrument(span).await;
+    let error = |error: BackendError| {
+        worker_call_result::Outcome::Error(v1::WorkerCallError {
             code: toolmesh_proto::status_code(error.code()) as u32,
             message: error.to_string(),
+        })
+    };
+    let mut result = v1::WorkerCallResult {
+        call_id: id.clone(),
+        outcome: Some(match outcome {
+            Ok(output) => {
+                worker_call_result::Outcome::Response(convert::response(id.clone(), output))
+            }
+            Err(failure) => error(failure),
         }),
     };
-    let result = v1::WorkerCallResult { call_id: id, outcome: Some(outcome) };
-    let _ = outbound.send(WorkerMessage { message: Some(Message::Result(result)) });
+    // Only this call fails: a message the router cannot read would end the session, and
+    // every other call on it with the outcome unknown.
+    let message = Message::Result(result.clone());
+    let len = WorkerMessage { message: Some(message) }.encoded_len();
+    if let Some(refused) = out.too_large("the result", len) {
+        warn!(call_id = %id, "{refused}");
+        result.outcome = Some(error(refused));
+    }
+    out.send(Message::Result(result));
 }
 
 async fn run_call(
     host: &Host,
     call: v1::WorkerCall,
-    outbound: &mpsc::UnboundedSender<WorkerMessage>,
+    out: &Out,
     cancel: CancellationToken,
 ) -> Result<toolmesh_core::ToolOutput, BackendError> {
     let deadline = Instant::now() + Duration::from_millis(call.timeout_ms.max(1));
+    let expired = || BackendError::DeadlineExceeded(Duration::from_millis(call.timeout_ms));
     let _slot = tokio::select! {
         slot = host.slots.acquire() => slot.map_err(|_| BackendError::Internal("the worker is stopping".into()))?,
         () = cancel.cancelled() => return Err(BackendError::Cancelled),
-        () = tokio::time::sleep_until(deadline) => return Err(BackendError::DeadlineExceeded(Duration::from_millis(call.timeout_ms))),
+        () = tokio::time::sleep_until(deadline) => return Err(expired()),
     };
     let Some(entry) = host.registry.resolve(&call.tool) else {
         return Err(BackendError::Remote {
@@ -488,7 +554,10 @@ async fn run_call(
     let _cancel_on_drop = cancel.clone().drop_guard();
     let running = tokio::time::timeout_at(deadline, entry.backend.call(ctx, arguments));
     tokio::pin!(running);
-    let send = |event: CallEvent| {
+    // Sends an event; a partial output waits for the router's credit, which holds the
+    // tool back (its sink fills) while the caller reads slowly.
+    let send = async |event: CallEvent| -> Result<(), BackendError> {
+        let partial = matches!(event, CallEvent::Partial(_));
         let event = match event {
             CallEvent::Progress { progress, total, message } => {
                 worker_call_event::Event::Progress(v1::Progress { progress, total, message })
@@ -498,20 +567,36 @@ async fn run_call(
             }
         };
         let event = v1::WorkerCallEvent { call_id: call.call_id.clone(), event: Some(event) };
-        let _ = outbound.send(WorkerMessage { message: Some(Message::Event(event)) });
+        let len = WorkerMessage { message: Some(Message::Event(event.clone())) }.encoded_len();
+        if let Some(refused) = out.too_large("a partial output", len) {
+            return Err(refused);
+        }
+        if let (true, Some(window)) = (partial, &out.window) {
+            tokio::select! {
+                permit = window.acquire() => {
+                    if let Ok(permit) = permit {
+                        permit.forget();
+                    }
+                }
+                () = cancel.cancelled() => return Err(BackendError::Cancelled),
+                () = tokio::time::sleep_until(deadline) => return Err(expired()),
+            }
+        }
+        out.send(Message::Event(event));
+        Ok(())
     };
     let outcome = loop {
         tokio::select! {
             outcome = &mut running => break outcome,
-            event = receiver.recv() => send(event),
+            event = receiver.recv() => send(event).await?,
         }
     };
     while let Some(event) = receiver.try_recv() {
-        send(event);
+        send(event).await?;
     }
     match outcome {
         Ok(outcome) => outcome,
-        Err(_) => Err(BackendError::DeadlineExceeded(Duration::from_millis(call.timeout_ms))),
+        Err(_) => Err(expired()),
     }
 }
 
