@@ -1184,6 +1184,34 @@ async fn an_ingestion_answer_counts_documents_and_names_only_the_first_failures(
     assert!(bytes < 64 << 10, "the answer is {bytes} bytes");
 }
 
+/// 120 "words" of 15,000 characters (a data URI, minified code) are a few tokens each to
+/// the model: chunks are cut by bytes too, and a search answer stays small.
+#[tokio::test]
+async fn chunks_and_search_answers_are_bounded_in_bytes() {
+    let data = tempfile::tempdir().unwrap();
+    let server = TestServer::start_in(KNOWLEDGE, AppOptions::default(), data.path()).await.unwrap();
+    let word = "QUJD".repeat(3_750);
+    let blob = vec![word.as_str(); 120].join(" ");
+    let text = format!("The logo of the release notes, inline: {blob}");
+    let ingested = ingest(&server, "docs", vec![knowledge_document("logo.md", &text, false, "en")])
+        .await
+        .unwrap();
+    assert_eq!(ingested.failed, 0, "{ingested:?}");
+    assert!(ingested.chunks >= 400, "cut by bytes: {} chunks", ingested.chunks);
+    let answer = server
+        .call("search_docs", json!({"query": "release notes logo", "top_k": 50}))
+        .await
+        .unwrap();
+    let bytes = prost::Message::encoded_len(&answer);
+    assert!(bytes < 600 << 10, "the answer is {bytes} bytes");
+    let found = toolmesh_e2e::passages(&answer);
+    assert!(
+        !found.is_empty() && found.iter().all(|(_, text)| text.len() <= 4096),
+        "{}",
+        found.len()
+    );
+}
+
 /// The passages of a knowledge search, as (document id, text).
 async fn passages(server: &TestServer, arguments: Value) -> Vec<(String, String)> {
     toolmesh_e2e::passages(&server.call("search_docs", arguments).await.unwrap())

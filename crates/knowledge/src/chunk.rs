@@ -40,12 +40,12 @@ impl ChunkSizer for Words {
     }
 }
 
-/// Splits `text` into chunks of at most `tokens` tokens of `embedder` (words without one),
-/// each repeating up to `overlap` tokens of the one before.
+/// Splits `text` into chunks of at most `tokens` tokens of `embedder` (words without one)
+/// and at most `bytes` bytes, each repeating up to `overlap` tokens of the one before.
 pub fn chunks(
     text: &str,
     markdown: bool,
-    tokens: usize,
+    (tokens, bytes): (usize, usize),
     overlap: usize,
     embedder: Option<&dyn Embedder>,
 ) -> Result<Vec<Chunk>, String> {
@@ -57,6 +57,9 @@ pub fn chunks(
         }
         None => split(text, markdown, ChunkConfig::new(tokens).with_sizer(Words), overlap)?,
     };
+    // A few tokens may be megabytes (a data URI, minified code): such a piece is cut again
+    // by bytes, in one linear pass.
+    let pieces = pieces.into_iter().flat_map(|(offset, piece)| by_bytes(offset, piece, bytes));
     let headings = if markdown { headings(text) } else { Vec::new() };
     Ok(pieces
         .into_iter()
@@ -71,6 +74,35 @@ pub fn chunks(
             Chunk { position, offset, text: piece.to_owned(), indexed }
         })
         .collect())
+}
+
+/// `piece` (at `offset`) in parts of at most `bytes` bytes, cut after the last whitespace
+/// in a part's second half where there is one, else at a character boundary.
+fn by_bytes(offset: usize, piece: &str, bytes: usize) -> Vec<(usize, &str)> {
+    let bytes = bytes.max(4);
+    let mut parts = Vec::with_capacity(piece.len() / bytes + 1);
+    let (mut at, mut rest) = (offset, piece);
+    while rest.len() > bytes {
+        let mut end = bytes;
+        while !rest.is_char_boundary(end) {
+            end -= 1;
+        }
+        if let Some(space) = rest[end / 2..end].rfind(char::is_whitespace) {
+            let space = end / 2 + space;
+            end = space + rest[space..].chars().next().map_or(1, char::len_utf8);
+        }
+        let (part, tail) = rest.split_at(end);
+        let kept = part.trim_end();
+        if !kept.trim_start().is_empty() {
+            parts.push((at, kept));
+        }
+        at += end;
+        rest = tail;
+    }
+    if !rest.trim().is_empty() {
+        parts.push((at, rest));
+    }
+    parts
 }
 
 fn split<S: ChunkSizer>(
@@ -134,7 +166,7 @@ mod tests {
         let text = "# Guide\n\nIntro words here.\n\n## Install\n\n".to_owned()
             + &"Run the installer and wait for it to finish. ".repeat(12)
             + "\n\n## Use\n\nCall the tool with a query.\n";
-        let found = chunks(&text, true, 40, 8, None).unwrap();
+        let found = chunks(&text, true, (40, 4096), 8, None).unwrap();
         assert!(found.len() > 2, "{found:?}");
         assert!(found.iter().all(|c| c.text.split_whitespace().count() <= 40), "{found:?}");
         assert_eq!(
@@ -160,7 +192,7 @@ mod tests {
             .map(|i| format!("Sentence number {i} ends here."))
             .collect::<Vec<_>>()
             .join(" ");
-        let found = chunks(&text, false, 30, 10, None).unwrap();
+        let found = chunks(&text, false, (30, 4096), 10, None).unwrap();
         assert!(found.len() >= 3);
         // The second chunk starts inside the first: they overlap.
         assert!(found[1].offset < found[0].offset + found[0].text.len(), "{found:?}");
@@ -171,5 +203,27 @@ mod tests {
                 .map(|h| h.2.as_str())
                 .eq(["Real"])
         );
+    }
+
+    #[test]
+    fn long_words_are_cut_by_bytes_as_well_as_by_tokens() {
+        // 120 "words" of 15,000 characters: 120 tokens by the count, 1.8 MB by the bytes.
+        let word = "A".repeat(15_000);
+        let text = vec![word.as_str(); 120].join(" ");
+        let found = chunks(&text, false, (120, 4096), 24, None).unwrap();
+        assert!(found.iter().all(|c| c.text.len() <= 4096), "a chunk over 4096 bytes");
+        let covered: usize = found.iter().map(|c| c.text.len()).sum();
+        assert!(covered >= text.len() - 120, "the whole text is chunked: {covered}");
+        assert!(found.iter().all(|c| text[c.offset..].starts_with(&c.text)), "offsets hold");
+        let mixed = format!("{} é {}", "é".repeat(3000), "b ".repeat(3000));
+        let parts = chunks(&mixed, false, (120, 4096), 0, None).unwrap();
+        assert!(
+            parts.iter().all(|c| c.text.len() <= 4096 && mixed[c.offset..].starts_with(&c.text))
+        );
+        // Ordinary prose is cut by its tokens, as before.
+        let prose = (0..60).map(|i| format!("Sentence {i} ends.")).collect::<Vec<_>>().join(" ");
+        let by_tokens = chunks(&prose, false, (30, 4096), 0, None).unwrap();
+        assert!(by_tokens.iter().all(|c| c.text.split_whitespace().count() <= 30));
+        assert!(by_tokens.iter().any(|c| c.text.split_whitespace().count() > 25));
     }
 }

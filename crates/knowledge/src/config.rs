@@ -57,6 +57,10 @@ pub struct CollectionConfig {
     /// Tokens a chunk repeats from the end of the one before.
     #[serde(default = "default_chunk_overlap")]
     pub chunk_overlap: usize,
+    /// Longest chunk, in bytes: a "word" of thousands of characters (a data URI, minified
+    /// code) is a few tokens to the model, but every byte of it goes into an answer.
+    #[serde(default = "default_chunk_bytes")]
+    pub chunk_bytes: usize,
     /// Passages returned when the caller names no `top_k`.
     #[serde(default = "default_top_k")]
     pub top_k: usize,
@@ -78,12 +82,20 @@ fn default_chunk_overlap() -> usize {
     24
 }
 
+fn default_chunk_bytes() -> usize {
+    4096
+}
+
 fn default_top_k() -> usize {
     5
 }
 
 /// The most passages one search returns.
 pub const MAX_TOP_K: usize = 50;
+
+/// The most bytes of passages (text and metadata) one search answer holds; passages past
+/// it are left out, and the answer says how many.
+pub(crate) const MAX_ANSWER_BYTES: usize = 256 << 10;
 
 impl CollectionConfig {
     /// Returns the tool's name.
@@ -126,6 +138,9 @@ impl KnowledgeConfig {
             }
             if c.chunk_overlap >= c.chunk_tokens {
                 return Err((key("chunk_overlap"), "must be less than chunk_tokens".into()));
+            }
+            if c.chunk_bytes < 256 {
+                return Err((key("chunk_bytes"), "must be at least 256".into()));
             }
             if c.top_k == 0 || c.top_k > MAX_TOP_K {
                 return Err((key("top_k"), format!("must be 1 to {MAX_TOP_K}")));

@@ -651,7 +651,7 @@ async fn ingest(
                     chunks(
                         &document.text,
                         document.markdown,
-                        config.chunk_tokens,
+                        (config.chunk_tokens, config.chunk_bytes),
                         config.chunk_overlap,
                         embedder.as_deref(),
                     )

@@ -9,7 +9,7 @@ use toolmesh_core::{
 };
 
 use crate::{
-    config::{CollectionConfig, MAX_TOP_K},
+    config::{CollectionConfig, MAX_ANSWER_BYTES, MAX_TOP_K},
     retriever::{KnowledgeError, Passage, Shared},
 };
 
@@ -63,7 +63,8 @@ impl SearchTool {
                     "metadata": {"type": "object"}
                 },
                 "required": ["document_id", "chunk", "score", "text", "metadata"]
-            }}},
+            }},
+            "left_out": {"type": "integer", "description": "Passages that matched but did not fit in the answer."}},
             "required": ["passages"]
         });
         let source = ToolSource { kind: SourceKind::Knowledge, name: config.name.clone() };
@@ -119,7 +120,8 @@ impl Backend for SearchTool {
             found = search => found.map_err(failure)?,
             () = ctx.cancel.cancelled() => return Err(BackendError::Cancelled),
         };
-        let structured = json!({
+        let (passages, left_out) = within_answer(passages, MAX_ANSWER_BYTES);
+        let mut structured = json!({
             "passages": passages.iter().map(|p| json!({
                 "document_id": p.document_id,
                 "chunk": p.chunk,
@@ -128,16 +130,45 @@ impl Backend for SearchTool {
                 "metadata": p.metadata,
             })).collect::<Vec<_>>()
         });
+        let mut text = render(&self.collection, query, &passages);
+        if left_out > 0 {
+            structured["left_out"] = json!(left_out);
+            text.push_str(&format!(
+                "\n\n({left_out} more matching passages left out: an answer holds at most {} KiB)",
+                MAX_ANSWER_BYTES >> 10
+            ));
+        }
         Ok(ToolOutput {
-            content: vec![toolmesh_core::ContentPart::Text(render(
-                &self.collection,
-                query,
-                &passages,
-            ))],
+            content: vec![toolmesh_core::ContentPart::Text(text)],
             structured: Some(structured),
             is_error: false,
         })
     }
+}
+
+/// The passages, best first, that fit in an answer of `budget` bytes (each passage's text
+/// is in it twice: rendered and structured), and how many were left out. A passage whose
+/// document metadata alone does not fit goes without it.
+fn within_answer(passages: Vec<Passage>, budget: usize) -> (Vec<Passage>, usize) {
+    let (mut used, mut left_out) = (0, 0);
+    let mut kept = Vec::with_capacity(passages.len());
+    for mut passage in passages {
+        let text = 2 * passage.text.len() + passage.document_id.len() + 128;
+        let metadata = Value::Object(std::mem::take(&mut passage.metadata));
+        let metadata_bytes = serde_json::to_string(&metadata).map_or(0, |m| m.len());
+        if used + text + metadata_bytes <= budget {
+            used += text + metadata_bytes;
+            let Value::Object(metadata) = metadata else { unreachable!("made an object above") };
+            passage.metadata = metadata;
+            kept.push(passage);
+        } else if used + text <= budget && metadata_bytes > budget / 4 {
+            used += text;
+            kept.push(passage);
+        } else {
+            left_out += 1;
+        }
+    }
+    (kept, left_out)
 }
 
 fn failure(error: KnowledgeError) -> BackendError {
@@ -147,5 +178,40 @@ fn failure(error: KnowledgeError) -> BackendError {
             BackendError::Unavailable { backend: "knowledge".into(), reason: error.to_string() }
         }
         code => BackendError::Remote { code, message: error.to_string() },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn passage(id: &str, text_bytes: usize, metadata_bytes: usize) -> Passage {
+        let mut metadata = Map::new();
+        if metadata_bytes > 0 {
+            metadata.insert("blob".into(), Value::String("m".repeat(metadata_bytes)));
+        }
+        Passage {
+            document_id: id.into(),
+            chunk: 0,
+            score: 1.0,
+            text: "t".repeat(text_bytes),
+            metadata,
+        }
+    }
+
+    #[test]
+    fn an_answer_keeps_the_best_passages_that_fit_and_counts_the_rest() {
+        let passages = vec![
+            passage("a", 4096, 10),
+            passage("huge-metadata", 4096, 1 << 20),
+            passage("too-long", 200_000, 0),
+            passage("b", 4096, 10),
+        ];
+        let (kept, left_out) = within_answer(passages, 64 << 10);
+        let ids: Vec<_> = kept.iter().map(|p| p.document_id.as_str()).collect();
+        assert_eq!(ids, ["a", "huge-metadata", "b"]);
+        assert!(kept[1].metadata.is_empty(), "metadata that cannot fit is left out");
+        assert_eq!(kept[0].metadata.len(), 1);
+        assert_eq!(left_out, 1);
     }
 }
