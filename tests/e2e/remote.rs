@@ -816,3 +816,122 @@ async fn an_oversized_worker_result_fails_only_its_own_call() {
     assert_eq!(executions(&ledger)[&("charge".into(), 1)], ["w1"], "it ran once");
     assert!(call(&addr, "record", 2, Duration::from_secs(20)).await.is_ok(), "the worker stayed");
 }
+
+/// A worker that speaks the protocol itself, announcing `tools`: its session, or why the
+/// router refused it.
+async fn raw_worker(
+    addr: &str,
+    id: &str,
+    tools: Vec<toolmesh_proto::v1::Tool>,
+) -> Result<
+    (
+        tokio::sync::mpsc::UnboundedSender<toolmesh_proto::v1::WorkerMessage>,
+        tonic::Streaming<toolmesh_proto::v1::RouterMessage>,
+    ),
+    tonic::Status,
+> {
+    use toolmesh_proto::v1::{
+        self as v1, worker_message, worker_service_client::WorkerServiceClient,
+    };
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let (to_router, outbound) = tokio::sync::mpsc::unbounded_channel();
+    let hello = v1::WorkerHello { worker_id: id.into(), pool: String::new(), capacity: 1, tools };
+    to_router
+        .send(v1::WorkerMessage { message: Some(worker_message::Message::Hello(hello)) })
+        .unwrap();
+    let mut inbound = WorkerServiceClient::new(channel)
+        .connect(tokio_stream::wrappers::UnboundedReceiverStream::new(outbound))
+        .await?
+        .into_inner();
+    // The welcome, or the refusal.
+    inbound.message().await?.ok_or_else(|| tonic::Status::unknown("no welcome"))?;
+    Ok((to_router, inbound))
+}
+
+/// A tool whose input schema carries `bytes` of description.
+fn heavy_tool(name: &str, bytes: usize) -> toolmesh_proto::v1::Tool {
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {"sku": {"type": "string", "description": "s".repeat(bytes)}}
+    });
+    toolmesh_proto::v1::Tool {
+        name: name.into(),
+        description: "Looks up an inventory item by its SKU.".into(),
+        input_schema_json: schema.to_string(),
+        ..Default::default()
+    }
+}
+
+/// A definition is bounded (256 KiB): a worker announcing a 3.7 MB schema is refused,
+/// naming the tool and the bound. Definitions within it are listed and searched in answers
+/// bounded by bytes as well as by count, so that no client on gRPC's default 4 MiB limit
+/// fails discovery.
+#[tokio::test]
+async fn tool_definitions_and_discovery_answers_are_bounded_in_bytes() {
+    use toolmesh_proto::v1::{ListToolsRequest, SearchToolsRequest};
+    let router = BinaryServer::start(&[], ROUTER_ENV).await.unwrap();
+    let addr = router.addr.to_string();
+    let refused = raw_worker(&addr, "huge", vec![heavy_tool("huge_lookup", 3_700_000)])
+        .await
+        .expect_err("a 3.7 MB definition is refused");
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(
+        refused.message().contains("huge_lookup") && refused.message().contains("262144"),
+        "{}",
+        refused.message()
+    );
+    // Three workers with six tools of 200 KB each: 3.6 MB of definitions.
+    let mut sessions = Vec::new();
+    for w in 0..3 {
+        let tools = (0..6).map(|t| heavy_tool(&format!("inventory_{w}_{t}"), 200_000)).collect();
+        sessions.push(raw_worker(&addr, &format!("w{w}"), tools).await.unwrap());
+    }
+    wait_for_tool(&addr, "inventory_2_5").await;
+    let mut client = toolmesh::client::connect(&addr, None).await.unwrap();
+    let (mut pages, mut listed, mut token) = (0, 0, String::new());
+    loop {
+        let request = ListToolsRequest { page_token: token.clone(), ..Default::default() };
+        let page = client.list_tools(request).await.unwrap().into_inner();
+        assert!(prost::Message::encoded_len(&page) <= 2 << 20, "page {pages} too large");
+        listed += page.tools.iter().filter(|t| t.name.starts_with("inventory_")).count();
+        pages += 1;
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    assert_eq!(listed, 18, "every tool is listed, over {pages} pages");
+    assert!(pages >= 2, "the definitions do not fit in one page");
+    let search = || SearchToolsRequest {
+        query: "inventory item SKU".into(),
+        top_k: 18,
+        ..Default::default()
+    };
+    let found = eventually(Duration::from_secs(20), || {
+        let mut client = client.clone();
+        async move {
+            let found = client.search_tools(search()).await.unwrap().into_inner();
+            (found.hits.len() + found.hits_cut as usize == 18).then_some(found)
+        }
+    })
+    .await
+    .expect("the tools are indexed");
+    assert!(found.hits_cut > 0 && !found.hits.is_empty(), "cut by bytes: {}", found.hits_cut);
+    assert!(prost::Message::encoded_len(&found) <= 2 << 20);
+    let meta = client
+        .call_tool(CallToolRequest {
+            name: "searchTools".into(),
+            arguments_json: r#"{"query": "inventory item SKU", "topK": 18}"#.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(prost::Message::encoded_len(&meta) <= 4 << 20, "searchTools stays readable");
+    assert!(toolmesh_e2e::text(&meta).contains("toolsLeftOut"), "the cut is said");
+    drop(sessions);
+}

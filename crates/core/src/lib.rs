@@ -38,6 +38,7 @@ pub use principal::{
 };
 pub use provider::{Health, HealthBoard, Provider, ProviderError};
 pub use tool::{
-    InvalidToolName, SourceKind, ToolAnnotations, ToolSource, ToolSpec, Toolkit, validate_tool_name,
+    InvalidToolName, MAX_LISTING_BYTES, SourceKind, ToolAnnotations, ToolSource, ToolSpec, Toolkit,
+    validate_tool_name,
 };
 pub use vector::{StoreError, VectorStore, VectorStores};

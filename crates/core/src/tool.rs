@@ -147,6 +147,12 @@ pub fn validate_tool_name(name: &str) -> Result<(), InvalidToolName> {
     if valid { Ok(()) } else { Err(InvalidToolName { name: name.to_owned() }) }
 }
 
+/// The most bytes of tool definitions one discovery answer holds (a `ListTools` page, a
+/// `SearchTools` answer, a `searchTools` result): with definitions of up to 256 KiB each, a
+/// count alone could make an answer larger than the 4 MiB a gRPC client reads by default.
+/// A page ends early (its token leads on); a search leaves the rest out and says how many.
+pub const MAX_LISTING_BYTES: usize = 2 << 20;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use toolmesh_config::{MAX_TOP_K, ProfileConfig, RoutingConfig};
 use toolmesh_core::{
     Backend, BackendError, CallContext, CallFailure, ContentPart, FailureDetail, FieldViolation,
-    Nesting, ToolAnnotations, ToolOutput, ToolSource, ToolSpec,
+    MAX_LISTING_BYTES, Nesting, ToolAnnotations, ToolOutput, ToolSource, ToolSpec,
 };
 use toolmesh_policy::Scope;
 use toolmesh_registry::{Catalog, RegistryError, RegistryHandle, SourceUpdate, ToolEntry};
@@ -357,7 +357,24 @@ impl MetaTools {
             .instrument(span.clone())
             .await
             .map_err(|error| BackendError::Failure(Box::new(error.failure())))?;
-        let hits = found.hits;
+        // Best first, while the result holds them: its text repeats the JSON, so half of
+        // the bound goes to each.
+        let (mut tools, mut hits, mut bytes, mut left_out) = (Vec::new(), Vec::new(), 0, 0);
+        for (tool, score) in found.hits {
+            let definition = json!({
+                "name": tool.spec.name,
+                "description": tool.spec.description,
+                "inputSchema": *tool.spec.input_schema,
+            });
+            let size = definition.to_string().len();
+            if tools.is_empty() || bytes + size <= MAX_LISTING_BYTES / 2 {
+                bytes += size;
+                tools.push(definition);
+                hits.push((tool, score));
+            } else {
+                left_out += 1;
+            }
+        }
         span.record(names::TOOLMESH_SEARCH_RESULTS, hits.len() as i64);
         let grant = SearchGrant::new(
             ctx.session_id.as_deref().unwrap_or_default(),
@@ -365,18 +382,14 @@ impl MetaTools {
             span_ids(&span),
             hits.iter().map(|(tool, _)| tool.spec.name.as_str()),
         );
-        let tools: Vec<Value> = hits
-            .iter()
-            .map(|(tool, _)| {
-                json!({
-                    "name": tool.spec.name,
-                    "description": tool.spec.description,
-                    "inputSchema": *tool.spec.input_schema,
-                })
-            })
-            .collect();
         let mut structured =
             json!({ "tools": tools, "searchToken": self.inner.signer.sign(&grant) });
+        if left_out > 0 {
+            structured["toolsLeftOut"] = json!(format!(
+                "{left_out} more matching tools did not fit in this result; a narrower query \
+                 finds them"
+            ));
+        }
         if found.query_cut > 0 {
             // The model learns that the end of what it asked was not searched.
             structured["queryCut"] = json!(format!(

@@ -9,6 +9,42 @@ use toolmesh_core::{Backend, ToolSpec, clip, validate_tool_name};
 
 use crate::RegistryError;
 
+/// The largest definition a tool may have, in bytes of its description, title, tags and
+/// schemas as JSON. Every client reads every definition it lists: three tools with schemas
+/// of megabytes would put a listing past gRPC's default 4 MiB message.
+pub const MAX_DEFINITION_BYTES: usize = 256 << 10;
+
+/// Refuses a definition larger than [`MAX_DEFINITION_BYTES`]; counts without allocating.
+fn within_bound(spec: &ToolSpec) -> Result<(), RegistryError> {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(
+        spec.description.len()
+            + spec.title.len()
+            + spec.tags.iter().map(String::len).sum::<usize>(),
+    );
+    for schema in std::iter::once(&spec.input_schema).chain(&spec.output_schema) {
+        // Writing into a counter cannot fail.
+        let _ = serde_json::to_writer(&mut count, schema.as_ref());
+    }
+    if count.0 > MAX_DEFINITION_BYTES {
+        return Err(RegistryError::TooLarge {
+            tool: spec.name.clone(),
+            bytes: count.0,
+            limit: MAX_DEFINITION_BYTES,
+        });
+    }
+    Ok(())
+}
+
 /// One tool of the catalog: its definition, compiled validators and backend.
 #[derive(Clone)]
 pub struct ToolEntry {
@@ -59,6 +95,7 @@ impl ToolEntry {
     /// 2020-12 are understood (`$schema` selects one; 2020-12 when absent).
     pub fn new(spec: ToolSpec, backend: Arc<dyn Backend>) -> Result<Self, RegistryError> {
         validate_tool_name(&spec.name)?;
+        within_bound(&spec)?;
         let input = compile(&spec.name, "input", &spec.input_schema)?;
         let output = match (&spec.output_schema, spec.validate_output) {
             (Some(schema), true) => Some(compile(&spec.name, "output", schema)?),
@@ -76,6 +113,7 @@ impl ToolEntry {
     /// `compile` says why.
     pub fn deferred(spec: ToolSpec, backend: Arc<dyn Backend>) -> Result<Self, RegistryError> {
         validate_tool_name(&spec.name)?;
+        within_bound(&spec)?;
         Ok(ToolEntry { spec, backend, schemas: Arc::default() })
     }
 

@@ -16,6 +16,19 @@ pub enum RegistryError {
         /// What the schema compiler said.
         reason: String,
     },
+    /// The tool's definition is larger than a definition may be.
+    #[error(
+        "tool {tool}: its definition is {bytes} bytes, more than the {limit} a definition may \
+         have (description, title, tags and schemas)"
+    )]
+    TooLarge {
+        /// The tool.
+        tool: String,
+        /// Its definition's size.
+        bytes: usize,
+        /// The bound.
+        limit: usize,
+    },
     /// Some of a toolkit's tools already exist; the toolkit was not registered.
     #[error("toolkit {toolkit} rejected: tools {tools:?} already exist")]
     ToolkitCollision {
@@ -60,6 +73,7 @@ impl RegistryError {
         match self {
             RegistryError::InvalidName(_)
             | RegistryError::InvalidSchema { .. }
+            | RegistryError::TooLarge { .. }
             | RegistryError::ToolkitCollision { .. }
             | RegistryError::ToolkitExists(_)
             | RegistryError::Nested { .. }

@@ -23,7 +23,7 @@ mod state;
 
 pub use actor::RegistryActor;
 pub use catalog::{Catalog, CatalogChange, PublishedCatalog};
-pub use entry::{SchemaViolation, ToolEntry};
+pub use entry::{MAX_DEFINITION_BYTES, SchemaViolation, ToolEntry};
 pub use error::RegistryError;
 pub use handle::RegistryHandle;
 pub use messages::{Registered, RegistryMsg, SourceUpdate};

@@ -420,4 +420,22 @@ mod tests {
         let err = ToolEntry::new(spec, Arc::new(Nop)).unwrap_err();
         assert!(matches!(err, RegistryError::InvalidSchema { which: "input", .. }));
     }
+
+    #[test]
+    fn a_definition_past_the_bound_is_refused_however_it_is_published() {
+        let schema = json!({"type": "object", "description": "d".repeat(300 << 10)});
+        let spec = ToolSpec::new("big", "d", schema, ToolSource::local("x"));
+        for refused in [
+            ToolEntry::new(spec.clone(), Arc::new(Nop)).unwrap_err(),
+            ToolEntry::deferred(spec, Arc::new(Nop)).unwrap_err(),
+        ] {
+            assert!(matches!(refused, RegistryError::TooLarge { limit: 262_144, .. }), "{refused}");
+        }
+        let within = json!({"type": "object", "description": "d".repeat(200 << 10)});
+        ToolEntry::deferred(
+            ToolSpec::new("ok", "d", within, ToolSource::local("x")),
+            Arc::new(Nop),
+        )
+        .unwrap();
+    }
 }

@@ -7,8 +7,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use toolmesh_core::{
-    ApprovalAnswer, ElicitationAnswer, ErrorCode, EventSink, HealthBoard, Nesting, Principal,
-    open_principal,
+    ApprovalAnswer, ElicitationAnswer, ErrorCode, EventSink, HealthBoard, MAX_LISTING_BYTES,
+    Nesting, Principal, open_principal,
 };
 use toolmesh_proto::{
     convert,
@@ -184,14 +184,20 @@ impl ToolServiceImpl {
             .await
             .map_err(|error| status(&error))?;
         hidden.audit(&admission, "SearchTools", started);
-        let hits = found
-            .hits
-            .into_iter()
-            .map(|(tool, score)| v1::SearchHit {
+        // Best first, while the answer holds them.
+        let (mut hits, mut bytes, mut hits_cut) = (Vec::new(), 0, 0);
+        for (tool, score) in found.hits {
+            let hit = v1::SearchHit {
                 tool: Some(convert::tool(&tool.spec, self.health.of(&tool.spec.source))),
                 score,
-            })
-            .collect();
+            };
+            if hits.is_empty() || bytes + hit.encoded_len() <= MAX_LISTING_BYTES {
+                bytes += hit.encoded_len();
+                hits.push(hit);
+            } else {
+                hits_cut += 1;
+            }
+        }
         // Under a policy the counts of the whole index would say how many tools the caller
         // may not see; counting only those it may see would decide the policy for every
         // tool of the index on each search. `index_complete` tells readiness instead.
@@ -204,6 +210,7 @@ impl ToolServiceImpl {
             index_version: found.index_version,
             index_complete: found.complete,
             query_bytes_cut: found.query_cut as u64,
+            hits_cut,
         }))
     }
 }
@@ -250,6 +257,7 @@ impl ToolService for ToolServiceImpl {
         let catalog = self.router.registry().snapshot();
         let mut tools = Vec::with_capacity(page_size.min(catalog.len()));
         let mut next_page_token = String::new();
+        let mut bytes = 0;
         for (_, entry) in catalog.after(after) {
             let spec = &entry.spec;
             let matches = filter.keeps(spec)
@@ -258,21 +266,34 @@ impl ToolService for ToolServiceImpl {
             if !matches {
                 continue;
             }
-            if tools.len() == page_size {
+            let full = tools.len() == page_size;
+            let mut tool = None;
+            if !full {
+                let mut converted = convert::tool(spec, self.health.of(&spec.source));
+                // searchTools describes this profile's pool, as the catalog is now and as the
+                // principal may see it.
+                if let Some(description) =
+                    self.discovery.describe(spec, &profile_name, &catalog, &scope)
+                {
+                    converted.description = description;
+                }
+                tool = Some(converted);
+            }
+            match tool {
+                // A page is bounded in bytes as well as in tools.
+                Some(tool)
+                    if tools.is_empty() || bytes + tool.encoded_len() <= MAX_LISTING_BYTES =>
+                {
+                    bytes += tool.encoded_len();
+                    tools.push(tool);
+                }
                 // Another match exists: the page is full and a next page follows.
-                let last: &v1::Tool = tools.last().expect("page_size > 0");
-                next_page_token = format!("{PAGE_TOKEN_PREFIX}{}", last.name);
-                break;
+                _ => {
+                    let last: &v1::Tool = tools.last().expect("a full page holds a tool");
+                    next_page_token = format!("{PAGE_TOKEN_PREFIX}{}", last.name);
+                    break;
+                }
             }
-            let mut tool = convert::tool(spec, self.health.of(&spec.source));
-            // searchTools describes this profile's pool, as the catalog is now and as the
-            // principal may see it.
-            if let Some(description) =
-                self.discovery.describe(spec, &profile_name, &catalog, &scope)
-            {
-                tool.description = description;
-            }
-            tools.push(tool);
         }
         let mut toolkit_names: Vec<&str> =
             tools.iter().map(|t| t.toolkit.as_str()).filter(|t| !t.is_empty()).collect();
