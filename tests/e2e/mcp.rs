@@ -289,6 +289,41 @@ async fn survives_a_restart(liveness: &str) {
     assert_eq!(text(&back), "Echo: back");
 }
 
+/// Kills the server under a read-only call with a 20 s deadline, for good: the repeated
+/// call waits for the connection `reconnect_wait_ms` (5 s by default) after it was lost,
+/// not for the whole deadline (it failed after 19.9 s).
+#[tokio::test]
+async fn a_read_only_call_fails_within_seconds_when_its_server_dies_for_good() {
+    let port = free_port();
+    let mut upstream = HttpEverything::start(port).await;
+    let config = format!(
+        "[[mcp.servers]]\nname = \"web\"\ntransport = \"streamable-http\"\nurl = \"http://127.0.0.1:{port}/mcp\"\ntimeout_ms = 60000\n"
+    );
+    let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
+    wait_for_tool(&server, "web_trigger-long-running-operation").await;
+    let pending = tokio::spawn({
+        let mut client = server.client().await;
+        async move {
+            let mut request = tonic::Request::new(CallToolRequest {
+                name: "web_trigger-long-running-operation".into(),
+                arguments_json: json!({"duration": 10, "steps": 2}).to_string(),
+                ..Default::default()
+            });
+            request.set_timeout(Duration::from_secs(20));
+            client.call_tool(request).await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    upstream.child.kill().await.unwrap();
+    let killed = std::time::Instant::now();
+    let failed = pending.await.unwrap().expect_err("the server is gone");
+    assert_eq!(failed.code(), tonic::Code::Unavailable, "{failed:?}");
+    assert!(failed.message().contains("reconnect_wait_ms"), "{}", failed.message());
+    // Found dead by the liveness probe (5 s, then two quicker ones), then 5 s of waiting
+    // for a reconnect: about 12 s at worst, whatever the deadline.
+    assert!(killed.elapsed() < Duration::from_secs(13), "failed after {:?}", killed.elapsed());
+}
+
 #[tokio::test]
 async fn python_sdk_server_results_progress_cancellation_and_list_changed() {
     let dir = tempfile::tempdir().unwrap();

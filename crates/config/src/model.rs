@@ -371,6 +371,10 @@ pub struct McpServerConfig {
     /// connection lost, fail its calls in flight with UNAVAILABLE and start a reconnect. Any answer, an error included, proves
     /// the server alive. `None`: no probes.
     pub ping_interval: Option<Duration>,
+    /// How long after a lost connection a repeated call (a read-only or idempotent tool's)
+    /// waits for the server to be connected again; past it the call fails with UNAVAILABLE,
+    /// whatever its deadline, so a dead server fails its calls within seconds.
+    pub reconnect_wait: Duration,
     /// Calls to this server that may run at once; more fail at once with
     /// RESOURCE_EXHAUSTED.
     pub max_concurrency: NonZeroUsize,
@@ -781,6 +785,8 @@ struct RawMcpServer {
     connect: ConnectMode,
     #[serde(default = "default_ping_interval_ms")]
     ping_interval_ms: u64,
+    #[serde(default = "default_reconnect_wait_ms")]
+    reconnect_wait_ms: u64,
     #[serde(default = "default_idle_timeout_ms")]
     idle_timeout_ms: u64,
     #[serde(default = "default_mcp_max_concurrency")]
@@ -806,6 +812,10 @@ fn default_idle_timeout_ms() -> u64 {
 }
 
 fn default_ping_interval_ms() -> u64 {
+    5_000
+}
+
+fn default_reconnect_wait_ms() -> u64 {
     5_000
 }
 
@@ -1242,6 +1252,11 @@ impl Config {
                 )?,
                 ping_interval: (raw.ping_interval_ms > 0)
                     .then(|| Duration::from_millis(raw.ping_interval_ms)),
+                reconnect_wait: positive_ms(
+                    raw.reconnect_wait_ms,
+                    &format!("{key}.reconnect_wait_ms"),
+                    &key_error,
+                )?,
                 max_concurrency: raw.max_concurrency,
                 remember_tools: raw.remember_tools,
                 credentials: server_credentials,

@@ -548,7 +548,8 @@ async fn watch_idle(
 /// lightest request its protocol revision defines: `ping` up to 2025-11-25, and
 /// `server/discover` on 2026-07-28, which has no `ping`. Any answer, a JSON-RPC error
 /// included, proves the peer alive; a closed transport, or [`PROBE_MISSES`] probes in a
-/// row that fail or go unanswered within `interval`, declare the connection lost.
+/// row that fail or go unanswered within `interval` (after a miss, the next comes at a
+/// fifth of the interval), declare the connection lost.
 async fn probe(
     peer: rmcp::service::Peer<RoleClient>,
     modern: bool,
@@ -559,9 +560,13 @@ async fn probe(
 ) {
     let mut missed = 0;
     loop {
+        // After a miss the next probe comes sooner: a dead server is found within about an
+        // interval, and calls waiting on it (repeated ones too) learn it in seconds.
+        let wait =
+            if missed == 0 { interval } else { (interval / 5).max(Duration::from_millis(200)) };
         tokio::select! {
             () = lost.cancelled() => return,
-            () = tokio::time::sleep(interval) => {}
+            () = tokio::time::sleep(wait) => {}
         }
         let request = if modern {
             ClientRequest::DiscoverRequest(DiscoverRequest::new(DiscoverRequestParams {}))
@@ -648,6 +653,8 @@ impl Actor for McpClientActor {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         self.shared.peer.store(None);
+        *self.shared.lost_at.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some(tokio::time::Instant::now());
         self.shared.lost.load().cancel();
         state.connection = None;
         let update = SourceUpdate {
@@ -853,6 +860,8 @@ impl McpClientActor {
     fn lose(&self, myself: &ActorRef<McpMsg>, state: &mut McpClientState, reason: String) {
         let server = self.shared.name();
         self.shared.peer.store(None);
+        *self.shared.lost_at.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some(tokio::time::Instant::now());
         self.shared.lost.load().cancel();
         state.connection = None;
         warn!(server, %reason, "mcp server disconnected; its calls fail with UNAVAILABLE until it is back");

@@ -209,6 +209,16 @@ impl McpBackend {
         if !repeat && !opening {
             return Err(self.unavailable(reason(&self.shared.health.load())));
         }
+        // A repeated call waits for the connection until `reconnect_wait` after it was
+        // lost, not until its own deadline: a dead server fails its calls within seconds.
+        let until = if repeat {
+            let lost =
+                *self.shared.lost_at.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let lost = lost.unwrap_or_else(tokio::time::Instant::now);
+            ctx.deadline.min(lost + self.shared.config.reconnect_wait)
+        } else {
+            ctx.deadline
+        };
         // Subscribe before asking or looking, so that no outcome can slip by unseen.
         let mut attempts = self.shared.attempts.subscribe();
         // Connecting a server that is already connecting changes nothing.
@@ -226,10 +236,12 @@ impl McpBackend {
             tokio::select! {
                 biased;
                 () = ctx.cancel.cancelled() => return Err(BackendError::Cancelled),
-                () = tokio::time::sleep_until(ctx.deadline) => {
+                () = tokio::time::sleep_until(until) => {
                     let why = if repeat {
                         format!(
-                            "the connection, lost during an earlier attempt, was not back in time: {}",
+                            "the connection, lost during an earlier attempt, was not back within \
+                             {} ms (reconnect_wait_ms): {}",
+                            self.shared.config.reconnect_wait.as_millis(),
                             reason(&self.shared.health.load())
                         )
                     } else {

@@ -176,6 +176,7 @@ mod tests {
             connect: ConnectMode::Eager,
             idle_timeout: Duration::from_secs(1),
             ping_interval: None,
+            reconnect_wait: std::time::Duration::from_secs(5),
             max_concurrency: std::num::NonZeroUsize::new(1).unwrap(),
             remember_tools: true,
             credentials: Default::default(),

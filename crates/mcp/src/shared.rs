@@ -88,6 +88,9 @@ pub(crate) struct ServerShared {
     /// The protocol version negotiated on the current connection.
     pub(crate) protocol: ArcSwapOption<String>,
     pub(crate) since: ArcSwap<Instant>,
+    /// When the last connection was lost: repeated calls wait for a new one until
+    /// `reconnect_wait` after it.
+    pub(crate) lost_at: Mutex<Option<Instant>>,
     /// Where each running call's progress goes, by the progress token of its request.
     pub(crate) progress: Mutex<HashMap<ProgressToken, EventSink>>,
     /// The running calls by JSON-RPC request id, for routing the server's requests
@@ -138,6 +141,7 @@ impl ServerShared {
             health: ArcSwap::from_pointee(ServerHealth::Connecting),
             protocol: ArcSwapOption::empty(),
             since: ArcSwap::from_pointee(Instant::now()),
+            lost_at: Mutex::new(None),
             progress: Mutex::new(HashMap::new()),
             inflight: Mutex::new(HashMap::new()),
             registered: Notify::new(),
