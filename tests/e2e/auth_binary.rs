@@ -176,6 +176,42 @@ async fn a_worker_serves_tools_only_with_a_credential_of_the_worker_role() {
     assert!(compact.contains("\"caller\":\"agent\""), "the worker is told who calls: {served}");
 }
 
+/// A worker's key removed by a reload ends its session: its tools go at once, and it is
+/// refused when it comes back with the same key.
+#[tokio::test]
+async fn a_revoked_worker_key_ends_the_workers_session_on_reload() {
+    let (agent, agent_entry) = new_key("agent", &["user"]).await;
+    let (worker_key, worker_entry) = new_key("worker-1", &["worker"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("toolmesh.toml");
+    std::fs::write(&config, format!("{agent_entry}\n{worker_entry}")).unwrap();
+    let server = BinaryServer::start(&["--config", config.to_str().unwrap()], &[]).await.unwrap();
+    let addr = server.addr.to_string();
+    let tool = "[[tools.command]]\nname = \"word_count\"\ndescription = \"counts words\"\n\
+                command = \"sh\"\nargs = [\"-c\", \"echo '{\\\"words\\\": 3}'\"]\n\
+                [tools.command.parameters]\ntype = \"object\"\n";
+    let worker = BinaryWorker::start(&addr, tool, &["--token", &worker_key]).unwrap();
+    worker.joined(1).await.unwrap();
+    assert!(word_count(&addr, &agent).await.unwrap().contains('3'));
+
+    std::fs::write(&config, &agent_entry).unwrap();
+    server.signal(nix::sys::signal::Signal::SIGHUP);
+    let gone = eventually(Duration::from_secs(10), || async {
+        (word_count(&addr, &agent).await.err()?.code() == Code::NotFound).then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "the revoked worker still serves:\n{}", worker.logs());
+    let refused =
+        eventually(Duration::from_secs(20), || async {
+            worker.logs().contains("UNAUTHENTICATED").then_some(()).or_else(|| {
+                worker.logs().to_lowercase().contains("refused the worker").then_some(())
+            })
+        })
+        .await;
+    assert!(refused.is_some(), "{}", worker.logs());
+    assert!(server.logs().contains("credential was revoked"), "{}", server.logs());
+}
+
 #[tokio::test]
 async fn keys_are_added_and_revoked_by_a_reload_without_a_restart() {
     let (first, first_entry) = new_key("first", &[]).await;

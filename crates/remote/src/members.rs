@@ -36,6 +36,11 @@ pub(crate) struct Link {
     pub(crate) capacity: usize,
     outbound: Outbound,
     calls: Mutex<Calls>,
+    /// Who the worker authenticated as, when the router authenticates: checked again when
+    /// the credentials are reloaded.
+    pub(crate) principal: Option<Arc<toolmesh_core::Principal>>,
+    /// Cancelled when the session is closed by the router.
+    pub(crate) ended: tokio_util::sync::CancellationToken,
 }
 
 /// The calls of a worker waiting for their answers, and whether it drains.
@@ -188,6 +193,7 @@ impl Link {
             }));
         }
         let _ = self.outbound.send(Err(status));
+        self.ended.cancel();
     }
 }
 
@@ -291,6 +297,7 @@ impl Members {
         hello: v1::WorkerHello,
         outbound: Outbound,
         welcome: v1::WorkerWelcome,
+        principal: Option<Arc<toolmesh_core::Principal>>,
     ) -> Result<Arc<Link>, Status> {
         let pool = if hello.pool.is_empty() { DEFAULT_POOL.to_owned() } else { hello.pool };
         let worker =
@@ -319,6 +326,8 @@ impl Members {
             capacity: hello.capacity as usize,
             outbound,
             calls: Default::default(),
+            principal,
+            ended: Default::default(),
         });
         {
             let mut state = self.lock();
@@ -378,6 +387,11 @@ impl Members {
 
     /// Removes worker `key` (its session ended for `reason`), answers its calls in flight,
     /// and publishes its pool without the tools no other worker serves.
+    /// The workers connected now.
+    pub(crate) fn links(&self) -> Vec<Arc<Link>> {
+        self.lock().members.values().map(|member| member.link.clone()).collect()
+    }
+
     pub(crate) async fn leave(self: &Arc<Self>, link: &Arc<Link>, status: Status) {
         let removed = {
             let mut state = self.lock();

@@ -49,6 +49,35 @@ impl RemoteWorkers {
         }
     }
 
+    /// Ends the session of every worker whose credential `check` no longer accepts (a
+    /// removed key, an issuer no longer trusted) or whose principal lost the worker role:
+    /// a revoked worker serves no further call. `check` returns the principal the
+    /// credential is now, or why it is refused.
+    pub async fn revoke<F, Fut>(&self, check: F)
+    where
+        F: Fn(Arc<toolmesh_core::Principal>) -> Fut,
+        Fut: std::future::Future<Output = Option<Result<Arc<toolmesh_core::Principal>, String>>>,
+    {
+        let role = self.members.config().worker_role.clone();
+        for link in self.members.links() {
+            let Some(principal) = link.principal.clone() else { continue };
+            let refused = match check(principal).await {
+                None => None,
+                Some(Ok(now)) if now.has_role(&role) => None,
+                Some(Ok(now)) => {
+                    Some(format!("principal {:?} no longer has the role {role:?}", now.name))
+                }
+                Some(Err(reason)) => Some(reason),
+            };
+            if let Some(reason) = refused {
+                let status = tonic::Status::unauthenticated(format!(
+                    "the worker's credential was revoked: {reason}"
+                ));
+                self.members.leave(&link, status).await;
+            }
+        }
+    }
+
     fn apply(&self, config: &Config) -> Result<(), ProviderError> {
         let section = Self::section(config).map_err(|e| ProviderError::new("remote", e))?;
         *self.members.config.write().unwrap_or_else(std::sync::PoisonError::into_inner) =

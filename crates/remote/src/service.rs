@@ -78,6 +78,11 @@ impl WorkerService for WorkerServiceImpl {
                 principal.name, config.worker_role
             )));
         }
+        let principal = request
+            .extensions()
+            .get::<Arc<Principal>>()
+            .filter(|principal| !toolmesh_core::is_open(principal))
+            .cloned();
         let mut inbound = request.into_inner();
         let first = tokio::time::timeout(config.heartbeat_timeout(), inbound.message()).await;
         let hello = match first {
@@ -100,7 +105,7 @@ impl WorkerService for WorkerServiceImpl {
             heartbeat_timeout_ms: config.heartbeat_timeout_ms.try_into().unwrap_or(u32::MAX),
             max_message_bytes: self.max_message_bytes as u64,
         };
-        let link = self.members.join(hello, outbound, welcome).await?;
+        let link = self.members.join(hello, outbound, welcome, principal).await?;
         let span = tracing::info_span!("worker session", worker = %link.worker, pool = %link.pool);
         tokio::spawn(
             session(self.members.clone(), link, inbound, self.closing.clone()).instrument(span),
@@ -141,6 +146,8 @@ async fn session(
                 link.send(router_message::Message::Heartbeat(v1::Heartbeat {}));
             }
             () = closing.closed() => break Status::unavailable("the router is shutting down"),
+            // Closed by the router (its credential was revoked): the session ends here too.
+            () = link.ended.cancelled() => break Status::unauthenticated("the session was ended by the router"),
         }
     };
     members.leave(&link, ended).await;

@@ -290,6 +290,19 @@ impl App {
                 failure.get_or_insert(error);
             }
         }
+        // A worker whose credential is no longer accepted serves no further call. A
+        // certificate's principal is kept: its connection's certificate was checked.
+        let identity = self.identity.load_full();
+        self.remote
+            .revoke(|principal| {
+                let identity = identity.clone();
+                async move {
+                    let secret = principal.credential.as_ref()?;
+                    let value = format!("Bearer {}", secret.expose());
+                    Some(identity.authenticate(Some(&value), None).await.map_err(|e| e.to_string()))
+                }
+            })
+            .await;
         failure.map_or(Ok(()), |error| Err(error.into()))
     }
 
