@@ -62,10 +62,22 @@ async fn call(
     n: u64,
     timeout: Duration,
 ) -> Result<toolmesh_proto::v1::CallToolResponse, tonic::Status> {
+    call_as(addr, tool, n, "", timeout).await
+}
+
+/// [`call`] with the caller's own `call_id`.
+async fn call_as(
+    addr: &str,
+    tool: &str,
+    n: u64,
+    call_id: &str,
+    timeout: Duration,
+) -> Result<toolmesh_proto::v1::CallToolResponse, tonic::Status> {
     let mut client = toolmesh::client::connect(addr, None).await.unwrap();
     let mut request = tonic::Request::new(CallToolRequest {
         name: tool.into(),
         arguments_json: format!("{{\"n\": {n}}}"),
+        call_id: call_id.into(),
         ..Default::default()
     });
     request.set_timeout(timeout);
@@ -348,17 +360,7 @@ async fn two_calls_with_the_same_caller_chosen_id_each_run_once_and_answer() {
     wait_for_tool(&addr, "record").await;
     let same_id = |n: u64| {
         let addr = addr.clone();
-        async move {
-            let mut client = toolmesh::client::connect(&addr, None).await.unwrap();
-            let mut request = tonic::Request::new(CallToolRequest {
-                name: "record".into(),
-                arguments_json: format!("{{\"n\": {n}}}"),
-                call_id: "order-42".into(),
-                ..Default::default()
-            });
-            request.set_timeout(Duration::from_secs(20));
-            client.call_tool(request).await.map(tonic::Response::into_inner)
-        }
+        async move { call_as(&addr, "record", n, "order-42", Duration::from_secs(20)).await }
     };
     let first = tokio::spawn(same_id(1));
     tokio::time::sleep(Duration::from_millis(200)).await;

@@ -454,8 +454,9 @@ struct Out {
 impl Out {
     /// The refusal of a message of `len` bytes that the router would not read, if it is one.
     fn too_large(&self, what: &str, len: usize) -> Option<BackendError> {
-        // Five bytes of gRPC framing go with each message.
-        (self.max_message > 0 && len.saturating_add(5) > self.max_message).then(|| {
+        // gRPC's framing (5 bytes) and the message's own envelope (a tag and a length
+        // prefix, at most 11 bytes) go with each payload.
+        (self.max_message > 0 && len.saturating_add(16) > self.max_message).then(|| {
             BackendError::Remote {
                 code: toolmesh_core::ErrorCode::ResourceExhausted,
                 message: format!(
@@ -500,9 +501,7 @@ async fn execute(host: &Host, call: v1::WorkerCall, out: &Out, cancel: Cancellat
     };
     // Only this call fails: a message the router cannot read would end the session, and
     // every other call on it with the outcome unknown.
-    let message = Message::Result(result.clone());
-    let len = WorkerMessage { message: Some(message) }.encoded_len();
-    if let Some(refused) = out.too_large("the result", len) {
+    if let Some(refused) = out.too_large("the result", result.encoded_len()) {
         warn!(call_id = %id, "{refused}");
         result.outcome = Some(error(refused));
     }
@@ -567,8 +566,7 @@ async fn run_call(
             }
         };
         let event = v1::WorkerCallEvent { call_id: call.call_id.clone(), event: Some(event) };
-        let len = WorkerMessage { message: Some(Message::Event(event.clone())) }.encoded_len();
-        if let Some(refused) = out.too_large("a partial output", len) {
+        if let Some(refused) = out.too_large("a partial output", event.encoded_len()) {
             return Err(refused);
         }
         if let (true, Some(window)) = (partial, &out.window) {
