@@ -210,6 +210,44 @@ async fn a_public_service_checks_a_credential_that_is_sent() {
     assert_eq!(forged.code(), Code::Unauthenticated, "{forged:?}");
 }
 
+/// The overall health entry and toolmesh's services are answered to anyone; a provider's
+/// part (here the local worker pool) only to an authenticated caller, and an unknown name
+/// is refused alike, so that the names of a deployment's parts do not leak. The configured
+/// anonymous principal has no credential either.
+#[tokio::test]
+async fn provider_health_is_answered_to_authenticated_callers_only() {
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    for extra in ["", "[auth]\nanonymous = \"guest\""] {
+        let (server, key, _signer, _dir) = secured(extra).await;
+        let health = |credential: Option<String>| {
+            let addr = server.addr;
+            async move {
+                let channel = toolmesh::client::channel(&addr.to_string(), credential.as_deref())
+                    .await
+                    .unwrap();
+                HealthClient::new(channel)
+            }
+        };
+        let ask = |service: &str| HealthCheckRequest { service: service.into() };
+        let mut anyone = health(None).await;
+        for public in ["", "toolmesh.v1.ToolService", "toolmesh.v1.KnowledgeService"] {
+            let answer = anyone.check(ask(public)).await.unwrap().into_inner();
+            assert_eq!(answer.status(), ServingStatus::Serving, "{public:?} ({extra})");
+        }
+        for hidden in ["toolmesh.local.workers", "toolmesh.mcp.not-configured"] {
+            let refused = anyone.check(ask(hidden)).await.unwrap_err();
+            assert_eq!(refused.code(), Code::Unauthenticated, "{hidden} ({extra}): {refused:?}");
+            let refused = anyone.watch(ask(hidden)).await.unwrap_err();
+            assert_eq!(refused.code(), Code::Unauthenticated, "{hidden} ({extra}): {refused:?}");
+        }
+        let mut keyed = health(Some(key)).await;
+        let answer = keyed.check(ask("toolmesh.local.workers")).await.unwrap().into_inner();
+        assert_eq!(answer.status(), ServingStatus::Serving);
+        let unknown = keyed.check(ask("toolmesh.mcp.not-configured")).await.unwrap_err();
+        assert_eq!(unknown.code(), Code::NotFound, "{unknown:?}");
+    }
+}
+
 #[tokio::test]
 async fn an_api_key_and_a_token_reach_every_rpc_and_the_tool_sees_the_principal() {
     let (server, key, signer, _dir) = secured("").await;

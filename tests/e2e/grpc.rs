@@ -880,6 +880,113 @@ async fn connections_announce_a_stream_limit_and_idle_ones_are_closed() {
     assert_eq!(text(&response.into_inner()), "released");
 }
 
+/// A plain channel (one HTTP/2 connection) to `server`.
+async fn channel(server: &TestServer) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// Opens a health watch of the overall entry on `channel`.
+async fn watch(
+    channel: tonic::transport::Channel,
+) -> Result<tonic::Streaming<tonic_health::pb::HealthCheckResponse>, tonic::Status> {
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let request = tonic_health::pb::HealthCheckRequest { service: String::new() };
+    health.watch(request).await.map(tonic::Response::into_inner)
+}
+
+/// On the shipped defaults: one connection holds at most `max_watches_per_connection`
+/// health watches and the server `max_watches`; one more is refused with
+/// RESOURCE_EXHAUSTED naming the bound, a watch that ends frees its place, and callers get
+/// through while every watch slot is taken.
+#[tokio::test]
+async fn health_watches_are_bounded_per_connection_and_in_all() {
+    let probe = Arc::new(BlockingProbe::default());
+    let server = server("", &probe).await;
+    let shipped = TestServer::config("").unwrap().server;
+    let (per_connection, limit) =
+        (shipped.max_watches_per_connection.get(), shipped.max_watches.get());
+    let mut channels = Vec::new();
+    let mut watches = Vec::new();
+    for _ in 0..limit / per_connection {
+        let channel = channel(&server).await;
+        for _ in 0..per_connection {
+            let mut stream = watch(channel.clone()).await.expect("a watch within the bounds");
+            let first = stream.message().await.unwrap().expect("the current status");
+            assert_eq!(first.status(), tonic_health::ServingStatus::Serving.into());
+            watches.push(stream);
+        }
+        channels.push(channel);
+    }
+    let one_more = watch(channels[0].clone()).await.expect_err("past the connection's bound");
+    assert_eq!(one_more.code(), Code::ResourceExhausted, "{one_more:?}");
+    assert!(one_more.message().contains("server.max_watches_per_connection"), "{one_more:?}");
+    let fresh = channel(&server).await;
+    let one_more = watch(fresh.clone()).await.expect_err("past the server's bound");
+    assert_eq!(one_more.code(), Code::ResourceExhausted, "{one_more:?}");
+    assert!(one_more.message().contains("server.max_watches "), "{one_more:?}");
+
+    let mut client = server.client().await;
+    client.list_tools(ListToolsRequest::default()).await.expect("a caller gets through");
+
+    // A watch that ends gives its place back.
+    drop(watches.pop());
+    let again = eventually(Duration::from_secs(5), || {
+        let fresh = fresh.clone();
+        async move { watch(fresh).await.ok() }
+    })
+    .await;
+    assert!(again.is_some(), "an ended watch frees its place");
+}
+
+/// A connection whose only streams are health watches is idle: it is closed at the idle
+/// timeout, its watch with it (the shipped timeout is minutes; here it is 300 ms).
+#[tokio::test]
+async fn a_connection_with_only_health_watches_is_closed_when_idle() {
+    let probe = Arc::new(BlockingProbe::default());
+    let server = server("[server]\nidle_timeout_ms = 300\n", &probe).await;
+    let mut stream = watch(channel(&server).await).await.unwrap();
+    stream.message().await.unwrap().expect("the current status");
+    let next = tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .expect("the watch ends with its connection");
+    assert!(matches!(next, Err(_) | Ok(None)), "{next:?}");
+}
+
+/// With `max_connections = 64` (a quarter of it per client address, by default), 70
+/// connections from one address hold 16 slots; the rest are closed at once, and a client
+/// from another address gets through.
+#[tokio::test]
+async fn one_client_address_cannot_take_every_connection() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let probe = Arc::new(BlockingProbe::default());
+    let server = server("[server]\nmax_connections = 64\n", &probe).await;
+    let mut sockets = Vec::new();
+    for _ in 0..70 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let mut stream = socket.connect(server.addr).await.unwrap();
+        // A refused connection may be closed before the preface is written.
+        let _ = stream.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await;
+        sockets.push(stream);
+    }
+    // A held connection gets the server's SETTINGS and stays open; a refused one is
+    // closed without a byte.
+    let held = futures::future::join_all(sockets.iter_mut().map(|socket| async move {
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(2), socket.read(&mut byte)).await;
+        matches!(read, Ok(Ok(1)))
+    }))
+    .await;
+    assert_eq!(held.iter().filter(|held| **held).count(), 16, "{held:?}");
+
+    let mut client = server.client().await;
+    client.list_tools(ListToolsRequest::default()).await.expect("another address gets through");
+}
+
 /// A provider as the next backends will be: it publishes a tool of its own source, and its
 /// health, start, reload and stop are driven by the test.
 struct FleetProvider {

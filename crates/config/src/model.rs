@@ -480,10 +480,18 @@ pub struct ServerConfig {
     pub max_message_bytes: NonZeroUsize,
     /// Connections open at once.
     pub max_connections: NonZeroUsize,
+    /// Connections one client address may have open at once; `None`: a quarter of the
+    /// connections the server takes.
+    pub max_connections_per_peer: Option<NonZeroUsize>,
     /// Longest wait for a new connection's HTTP/2 preface.
     pub handshake_timeout: Duration,
-    /// A connection without a call in flight this long is closed; `None`: never.
+    /// A connection without a call in flight this long is closed; `None`: never. Health
+    /// watches and reflection streams are not calls.
     pub idle_timeout: Option<Duration>,
+    /// Health `Watch` streams one connection may have open at once.
+    pub max_watches_per_connection: NonZeroUsize,
+    /// Health `Watch` streams open at once in all.
+    pub max_watches: NonZeroUsize,
     /// Calls (HTTP/2 streams) one connection may have open at once.
     pub max_concurrent_streams: u32,
     /// How often an HTTP/2 ping checks a connection's peer; `None`: no pings.
@@ -830,8 +838,11 @@ struct RawServer {
     reload_poll_ms: u64,
     max_message_bytes: NonZeroUsize,
     max_connections: NonZeroUsize,
+    max_connections_per_peer: Option<NonZeroUsize>,
     handshake_timeout_ms: u64,
     idle_timeout_ms: u64,
+    max_watches_per_connection: NonZeroUsize,
+    max_watches: NonZeroUsize,
     max_concurrent_streams: u32,
     keepalive_interval_ms: u64,
     keepalive_timeout_ms: u64,
@@ -996,6 +1007,7 @@ impl Config {
                 .then(|| Duration::from_millis(raw.server.reload_poll_ms)),
             max_message_bytes: raw.server.max_message_bytes,
             max_connections: raw.server.max_connections,
+            max_connections_per_peer: raw.server.max_connections_per_peer,
             handshake_timeout: positive_ms(
                 raw.server.handshake_timeout_ms,
                 "server.handshake_timeout_ms",
@@ -1003,6 +1015,8 @@ impl Config {
             )?,
             idle_timeout: (raw.server.idle_timeout_ms > 0)
                 .then(|| Duration::from_millis(raw.server.idle_timeout_ms)),
+            max_watches_per_connection: raw.server.max_watches_per_connection,
+            max_watches: raw.server.max_watches,
             max_concurrent_streams: match raw.server.max_concurrent_streams {
                 0 => {
                     return Err(key_error(

@@ -10,11 +10,13 @@
 //!   then shuts down in order: stop accepting, drain the calls in flight within the grace
 //!   period, stop the providers; the caller's telemetry guard flushes last. The front door
 //!   is bounded: [`Listener`] caps connections, closes those that never finish their HTTP/2
-//!   handshake and those left idle, and backs off when out of descriptors;
-//!   [`TrackCallsLayer`] counts each connection's calls; [`MessageLimitLayer`] refuses
-//!   oversized messages at their header; [`AuthLayer`] answers `UNAUTHENTICATED` to a
-//!   request without an accepted credential (`[auth]`; health and reflection stay public)
-//!   and hands the others' principal to the services. With `[tls]` ([`tls`]) the listener
+//!   handshake and those left idle, caps the connections of one client address, and backs
+//!   off when out of descriptors; [`TrackCallsLayer`] counts each connection's calls and
+//!   bounds health watches; [`MessageLimitLayer`] refuses oversized messages at their
+//!   header; [`AuthLayer`] answers `UNAUTHENTICATED` to a request without an accepted
+//!   credential (`[auth]`; health and reflection stay public, though a provider's health
+//!   entries are answered to authenticated callers only) and hands the others' principal
+//!   to the services. With `[tls]` ([`tls`]) the listener
 //!   speaks TLS, and mutual TLS with a client CA: a client certificate names a principal.
 //!
 //! The actors:
@@ -43,6 +45,7 @@ mod app;
 mod auth;
 pub mod client;
 mod front;
+mod health;
 pub mod ingest;
 mod knowledge;
 mod listener;

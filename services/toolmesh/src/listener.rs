@@ -5,20 +5,24 @@
 //! - at most `max_connections` at once. At the cap, the oldest connection that has not yet
 //!   sent the HTTP/2 preface makes room for the new one; when every connection is past its
 //!   handshake, the new one is closed at once (its client sees `UNAVAILABLE` and may retry);
+//! - at most `max_connections_per_peer` from one client address, so that one client cannot
+//!   take every slot; one more from that address is closed at once;
 //! - a connection that has not finished its TLS handshake (with `[tls]`) and sent the
 //!   24-byte HTTP/2 preface within `handshake_timeout` is closed, so idle sockets cannot
 //!   hold slots;
 //! - a connection with no call in flight for `idle_timeout` is closed (the calls of a
-//!   connection are counted by [`TrackCallsLayer`]);
+//!   connection are counted by [`TrackCallsLayer`]). Health watches and reflection streams
+//!   are not calls: anyone may open them, and they would otherwise hold a connection
+//!   forever. [`TrackCallsLayer`] also bounds health watches per connection and in all;
 //! - when `accept` fails for want of descriptors or memory, accepting pauses with backoff
 //!   instead of retrying in a busy loop, and the log says so once, and once more when it
 //!   recovers.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap, HashSet},
     future::Future,
     io,
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     pin::Pin,
     sync::{
         Arc, Mutex, PoisonError,
@@ -54,10 +58,28 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 pub struct ConnectionLimits {
     /// Connections open at once.
     pub max_connections: usize,
+    /// Connections open at once from one client address.
+    pub max_connections_per_peer: usize,
     /// Longest wait for the HTTP/2 preface.
     pub handshake_timeout: Duration,
     /// Longest time a connection stays open without a call in flight; `None`: forever.
     pub idle_timeout: Option<Duration>,
+}
+
+impl ConnectionLimits {
+    /// The limits of `config`, for a server that takes `max_connections` (the configured
+    /// number, or fewer where descriptors are short).
+    pub fn new(config: &toolmesh_config::ServerConfig, max_connections: usize) -> Self {
+        ConnectionLimits {
+            max_connections,
+            max_connections_per_peer: config
+                .max_connections_per_peer
+                .map_or(max_connections / 4, std::num::NonZeroUsize::get)
+                .clamp(1, max_connections.max(1)),
+            handshake_timeout: config.handshake_timeout,
+            idle_timeout: config.idle_timeout,
+        }
+    }
 }
 
 /// The connection count and the connections still in their handshake.
@@ -67,21 +89,70 @@ struct Slots {
     /// By accept order, so the first is the oldest.
     handshaking: Mutex<BTreeMap<u64, CancellationToken>>,
     next: AtomicU64,
+    peers: Mutex<Peers>,
+}
+
+/// The connections open from each client address, and the addresses at their cap whose
+/// refusal was logged.
+#[derive(Debug, Default)]
+struct Peers {
+    open: HashMap<IpAddr, usize>,
+    at_cap: HashSet<IpAddr>,
 }
 
 impl Slots {
     fn handshaking(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, CancellationToken>> {
         self.handshaking.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    fn peers(&self) -> std::sync::MutexGuard<'_, Peers> {
+        self.peers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Counts a connection from `peer`, or returns `false` when `peer` has `cap` open.
+    fn admit_peer(&self, peer: IpAddr, cap: usize) -> bool {
+        let mut peers = self.peers();
+        let open = peers.open.entry(peer).or_insert(0);
+        if *open >= cap {
+            if peers.at_cap.insert(peer) {
+                warn!(
+                    %peer,
+                    max_connections_per_peer = cap,
+                    "connection limit of one client address reached: its new connections are closed"
+                );
+            }
+            return false;
+        }
+        *open += 1;
+        true
+    }
+
+    /// Forgets a connection from `peer`.
+    fn release_peer(&self, peer: IpAddr) {
+        let mut peers = self.peers();
+        if let Some(open) = peers.open.get_mut(&peer) {
+            *open -= 1;
+            if *open == 0 {
+                peers.open.remove(&peer);
+            }
+        }
+        if !peers.open.contains_key(&peer) {
+            peers.at_cap.remove(&peer);
+        }
+    }
 }
 
-/// Frees a connection's slot when the connection is dropped.
+/// Frees a connection's slot, and its address's, when the connection is dropped.
 #[derive(Debug)]
-struct Slot(Arc<Slots>);
+struct Slot {
+    slots: Arc<Slots>,
+    peer: IpAddr,
+}
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::AcqRel);
+        self.slots.open.fetch_sub(1, Ordering::AcqRel);
+        self.slots.release_peer(self.peer);
     }
 }
 
@@ -153,6 +224,11 @@ async fn accept(
             starved = false;
             backoff = FIRST_BACKOFF;
         }
+        let address = peer.ip().to_canonical();
+        if !slots.admit_peer(address, limits.max_connections_per_peer) {
+            drop(stream);
+            continue;
+        }
         if slots.open.load(Ordering::Acquire) >= limits.max_connections {
             if !full {
                 warn!(
@@ -167,6 +243,7 @@ async fn accept(
             match oldest {
                 Some((_, token)) => token.cancel(),
                 None => {
+                    slots.release_peer(address);
                     drop(stream);
                     continue;
                 }
@@ -176,7 +253,7 @@ async fn accept(
             full = false;
         }
         slots.open.fetch_add(1, Ordering::AcqRel);
-        let slot = Slot(slots.clone());
+        let slot = Slot { slots: slots.clone(), peer: address };
         let id = slots.next.fetch_add(1, Ordering::Relaxed);
         let evicted = CancellationToken::new();
         slots.handshaking().insert(id, evicted.clone());
@@ -316,6 +393,8 @@ impl AsyncWrite for Stream {
 #[derive(Debug)]
 struct Activity {
     in_flight: AtomicUsize,
+    /// Health watches open on the connection: not calls.
+    watches: AtomicUsize,
     /// Milliseconds since `epoch` at which a call last started or ended.
     last: AtomicU64,
     epoch: Instant,
@@ -323,7 +402,12 @@ struct Activity {
 
 impl Activity {
     fn new() -> Self {
-        Activity { in_flight: AtomicUsize::new(0), last: AtomicU64::new(0), epoch: Instant::now() }
+        Activity {
+            in_flight: AtomicUsize::new(0),
+            watches: AtomicUsize::new(0),
+            last: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
     }
 
     fn touch(&self) {
@@ -351,6 +435,61 @@ impl Drop for CallInFlight {
     fn drop(&mut self) {
         self.0.touch();
         self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Takes one unit of `counter` unless it holds `limit` already.
+fn take(counter: &AtomicUsize, limit: usize) -> bool {
+    counter
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1))
+        .is_ok()
+}
+
+/// The health watches open on every connection, and their bounds.
+#[derive(Debug)]
+struct Watches {
+    open: AtomicUsize,
+    limit: usize,
+    per_connection: usize,
+}
+
+/// One open health watch; ends when dropped.
+#[derive(Debug)]
+struct Watching {
+    all: Arc<Watches>,
+    connection: Option<Arc<Activity>>,
+}
+
+impl Watching {
+    /// Counts a new watch on `connection`, or says which bound it would pass.
+    fn begin(all: &Arc<Watches>, connection: Option<&Arc<Activity>>) -> Result<Self, String> {
+        if let Some(activity) = connection
+            && !take(&activity.watches, all.per_connection)
+        {
+            return Err(format!(
+                "this connection has {} health watches open, the most server.max_watches_per_connection allows",
+                all.per_connection
+            ));
+        }
+        if !take(&all.open, all.limit) {
+            if let Some(activity) = connection {
+                activity.watches.fetch_sub(1, Ordering::AcqRel);
+            }
+            return Err(format!(
+                "the server has {} health watches open, the most server.max_watches allows",
+                all.limit
+            ));
+        }
+        Ok(Watching { all: all.clone(), connection: connection.cloned() })
+    }
+}
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        self.all.open.fetch_sub(1, Ordering::AcqRel);
+        if let Some(activity) = &self.connection {
+            activity.watches.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 
@@ -477,16 +616,38 @@ impl AsyncWrite for Connection {
     }
 }
 
+/// The health service's streaming method: a watch is not a call.
+const HEALTH_WATCH: &str = "/grpc.health.v1.Health/Watch";
+/// The reflection services' prefix: their streams are not calls either.
+const REFLECTION: &str = "/grpc.reflection.";
+
 /// Counts each connection's calls in flight, from the request until its response body
-/// ends, so that [`Listener`] closes only connections without calls.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct TrackCallsLayer;
+/// ends, so that [`Listener`] closes only connections without calls; health watches and
+/// reflection streams are not counted, and health watches are bounded per connection and
+/// in all (one more is answered `RESOURCE_EXHAUSTED`).
+#[derive(Debug, Clone)]
+pub struct TrackCallsLayer {
+    watches: Arc<Watches>,
+}
+
+impl TrackCallsLayer {
+    /// Returns the layer with the watch bounds of `config`.
+    pub fn new(config: &toolmesh_config::ServerConfig) -> Self {
+        TrackCallsLayer {
+            watches: Arc::new(Watches {
+                open: AtomicUsize::new(0),
+                limit: config.max_watches.get(),
+                per_connection: config.max_watches_per_connection.get(),
+            }),
+        }
+    }
+}
 
 impl<S> tower::Layer<S> for TrackCallsLayer {
     type Service = TrackCalls<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        TrackCalls { inner }
+        TrackCalls { inner, watches: self.watches.clone() }
     }
 }
 
@@ -494,14 +655,25 @@ impl<S> tower::Layer<S> for TrackCallsLayer {
 #[derive(Debug, Clone)]
 pub struct TrackCalls<S> {
     inner: S,
+    watches: Arc<Watches>,
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// What a stream holds while it is open, given back when dropped: a call in flight, a
+/// watch, or nothing.
+#[derive(Debug)]
+enum Held {
+    Call { _call: CallInFlight },
+    Watch { _watch: Watching },
+    Nothing,
+}
 
 impl<S, B> tower::Service<http::Request<Body>> for TrackCalls<S>
 where
     S: tower::Service<http::Request<Body>, Response = http::Response<B>>,
     S::Future: Send + 'static,
+    S::Error: Send + 'static,
     B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
     B::Error: Into<tonic::codegen::StdError>,
 {
@@ -514,16 +686,31 @@ where
     }
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        let call = request.extensions().get::<ConnectionInfo>().map(|info| info.activity.begin());
+        let activity = request.extensions().get::<ConnectionInfo>().map(|info| &info.activity);
+        let path = request.uri().path();
+        let held = if path == HEALTH_WATCH {
+            match Watching::begin(&self.watches, activity) {
+                Ok(watching) => Held::Watch { _watch: watching },
+                Err(reason) => {
+                    debug!(%reason, "health watch refused");
+                    let refused = tonic::Status::resource_exhausted(reason).into_http();
+                    return Box::pin(std::future::ready(Ok(refused)));
+                }
+            }
+        } else if path.starts_with(REFLECTION) {
+            Held::Nothing
+        } else {
+            activity.map_or(Held::Nothing, |activity| Held::Call { _call: activity.begin() })
+        };
         let response = self.inner.call(request);
         Box::pin(async move {
             let response = response.await?;
             Ok(response.map(|body| {
-                // The call ends with its response body: the guard lives in the body's
+                // The stream ends with its response body: what it holds lives in the body's
                 // frame mapper and goes when the body does.
-                let mut call = call;
+                let mut held = held;
                 Body::new(http_body_util::BodyExt::map_frame(body, move |frame| {
-                    let _in_flight = &mut call;
+                    let _open = &mut held;
                     frame
                 }))
             }))
@@ -543,11 +730,7 @@ mod tests {
     /// The shipped limits, from the compiled-in defaults.
     fn shipped() -> ConnectionLimits {
         let config = toolmesh_config::load_str(None, &Default::default()).unwrap();
-        ConnectionLimits {
-            max_connections: config.server.max_connections.get(),
-            handshake_timeout: config.server.handshake_timeout,
-            idle_timeout: config.server.idle_timeout,
-        }
+        ConnectionLimits::new(&config.server, config.server.max_connections.get())
     }
 
     async fn listening(limits: ConnectionLimits) -> (Listener, std::net::SocketAddr) {

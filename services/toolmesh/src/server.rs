@@ -99,18 +99,14 @@ where
         .register_encoded_file_descriptor_set(toolmesh_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
-    let limits = ConnectionLimits {
-        max_connections: within_descriptors(config.max_connections.get()),
-        handshake_timeout: config.handshake_timeout,
-        idle_timeout: config.idle_timeout,
-    };
+    let limits = ConnectionLimits::new(config, within_descriptors(config.max_connections.get()));
     let incoming = Listener::new(listener, limits, app.tls().clone());
     let max_message = config.max_message_bytes.get();
     Ok(tonic::transport::Server::builder()
         .max_concurrent_streams(config.max_concurrent_streams)
         .http2_keepalive_interval(config.keepalive_interval)
         .http2_keepalive_timeout(config.keepalive_interval.map(|_| config.keepalive_timeout))
-        .layer(TrackCallsLayer)
+        .layer(TrackCallsLayer::new(config))
         .layer(MessageLimitLayer::new(max_message))
         .layer(crate::auth::AuthLayer::new(app.identity().clone()))
         .add_service(health_service)
@@ -147,7 +143,17 @@ pub(crate) async fn health_service(
     tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health>,
     tokio::task::JoinHandle<()>,
 ) {
-    let (health, health_service) = tonic_health::server::health_reporter();
+    let health = tonic_health::server::HealthReporter::new();
+    let health_service = tonic_health::pb::health_server::HealthServer::new(
+        crate::health::GatedHealth::new(
+            health.clone(),
+            vec![
+                <ToolServiceServer<ToolServiceImpl> as tonic::server::NamedService>::NAME,
+                <KnowledgeServiceServer<KnowledgeServiceImpl> as tonic::server::NamedService>::NAME,
+                <WorkerServiceServer<toolmesh_remote::WorkerServiceImpl> as tonic::server::NamedService>::NAME,
+            ],
+        ),
+    );
     health.set_serving::<ToolServiceServer<ToolServiceImpl>>().await;
     health.set_serving::<KnowledgeServiceServer<KnowledgeServiceImpl>>().await;
     health.set_serving::<WorkerServiceServer<toolmesh_remote::WorkerServiceImpl>>().await;
