@@ -212,6 +212,82 @@ async fn a_revoked_worker_key_ends_the_workers_session_on_reload() {
     assert!(server.logs().contains("credential was revoked"), "{}", server.logs());
 }
 
+/// Calls in flight under a key a reload removes end with UNAUTHENTICATED naming the
+/// revocation, streamed or not; another key's call in flight goes on.
+#[tokio::test]
+async fn a_revoked_key_ends_its_calls_in_flight_on_reload() {
+    use futures::StreamExt as _;
+    use toolmesh_proto::v1::{CallToolClientMessage, call_tool_client_message};
+    let (alice, alice_entry) = new_key("alice", &["user"]).await;
+    let (bob, bob_entry) = new_key("bob", &["user"]).await;
+    let slow = "[[tools.command]]\nname = \"slow\"\ndescription = \"takes its time\"\n\
+                command = \"sh\"\nargs = [\"-c\", \"sleep 60; echo '{}'\"]\n\
+                [tools.command.parameters]\ntype = \"object\"\n";
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("toolmesh.toml");
+    std::fs::write(&config, format!("{alice_entry}\n{bob_entry}\n{slow}")).unwrap();
+    let server = BinaryServer::start(&["--config", config.to_str().unwrap()], &[]).await.unwrap();
+    let addr = server.addr.to_string();
+    let slow = || CallToolRequest {
+        name: "slow".into(),
+        arguments_json: "{}".into(),
+        ..Default::default()
+    };
+    let stream = |token: String| {
+        let (addr, start) = (addr.clone(), slow());
+        async move {
+            let mut client = toolmesh::client::connect(&addr, Some(&token)).await.unwrap();
+            let start = CallToolClientMessage {
+                message: Some(call_tool_client_message::Message::Start(start)),
+            };
+            let outbound = futures::stream::iter([start]).chain(futures::stream::pending());
+            let mut inbound = client.stream_call_tool(outbound).await.unwrap().into_inner();
+            inbound.message().await.unwrap().expect("the call starts");
+            inbound
+        }
+    };
+    let mut alices_stream = stream(alice.clone()).await;
+    let mut bobs_stream = stream(bob.clone()).await;
+    let mut unary = toolmesh::client::connect(&addr, Some(&alice)).await.unwrap();
+    let alices_call = tokio::spawn(async move { unary.call_tool(slow()).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    std::fs::write(
+        &config,
+        format!(
+            "{bob_entry}\n[[tools.command]]\nname = \"slow\"\n\
+        description = \"takes its time\"\ncommand = \"sh\"\n\
+        args = [\"-c\", \"sleep 60; echo '{{}}'\"]\n[tools.command.parameters]\ntype = \"object\"\n"
+        ),
+    )
+    .unwrap();
+    server.signal(nix::sys::signal::Signal::SIGHUP);
+    let ended = tokio::time::timeout(Duration::from_secs(15), async {
+        loop {
+            match alices_stream.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => panic!("the stream ended without a status"),
+                Err(status) => return status,
+            }
+        }
+    })
+    .await
+    .expect("the revoked stream ends");
+    assert_eq!(ended.code(), Code::Unauthenticated, "{ended:?}");
+    assert!(ended.message().contains("revoked"), "{ended:?}");
+    let ended = tokio::time::timeout(Duration::from_secs(5), alices_call)
+        .await
+        .expect("the revoked call ends")
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(ended.code(), Code::Unauthenticated, "{ended:?}");
+    assert!(ended.message().contains("revoked"), "{ended:?}");
+
+    let bobs = tokio::time::timeout(Duration::from_secs(2), bobs_stream.message()).await;
+    assert!(bobs.is_err(), "bob's call goes on: {bobs:?}");
+    assert!(server.logs().contains("credential is no longer accepted"), "{}", server.logs());
+}
+
 #[tokio::test]
 async fn keys_are_added_and_revoked_by_a_reload_without_a_restart() {
     let (first, first_entry) = new_key("first", &[]).await;

@@ -65,6 +65,8 @@ pub struct App {
     children: Arc<Children>,
     /// Who requests run as (`[auth]`), replaced on reload.
     identity: Arc<ArcSwap<Authenticator>>,
+    /// The requests in flight under a bearer credential, ended when a reload revokes it.
+    sessions: crate::auth::Sessions,
     /// The listener's TLS (`[tls]`), replaced on reload.
     tls: ListenerTls,
 }
@@ -251,6 +253,7 @@ impl App {
             root,
             children,
             identity,
+            sessions: crate::auth::Sessions::default(),
             tls,
         };
         config.check_sections(&app.sections())?;
@@ -290,8 +293,9 @@ impl App {
                 failure.get_or_insert(error);
             }
         }
-        // A worker whose credential is no longer accepted serves no further call. A
-        // certificate's principal is kept: its connection's certificate was checked.
+        // A worker whose credential is no longer accepted serves no further call, and no
+        // request in flight under a revoked credential goes on. A certificate's principal
+        // is kept: its connection's certificate was checked.
         let identity = self.identity.load_full();
         self.remote
             .revoke(|principal| {
@@ -299,10 +303,16 @@ impl App {
                 async move {
                     let secret = principal.credential.as_ref()?;
                     let value = format!("Bearer {}", secret.expose());
-                    Some(identity.authenticate(Some(&value), None).await.map_err(|e| e.to_string()))
+                    match identity.authenticate(Some(&value), None).await {
+                        Ok(now) => Some(Ok(now)),
+                        // Expiry is not revocation: see `refusal`.
+                        Err(toolmesh_identity::AuthError::Expired) => None,
+                        Err(error) => Some(Err(error.to_string())),
+                    }
                 }
             })
             .await;
+        self.sessions.revoke(&identity).await;
         failure.map_or(Ok(()), |error| Err(error.into()))
     }
 
@@ -374,6 +384,11 @@ impl App {
     /// Returns the authenticator in force, replaced on reload.
     pub fn identity(&self) -> &Arc<ArcSwap<Authenticator>> {
         &self.identity
+    }
+
+    /// Returns the requests in flight under a bearer credential.
+    pub fn sessions(&self) -> &crate::auth::Sessions {
+        &self.sessions
     }
 
     /// Returns the front door.

@@ -2,19 +2,27 @@
 //! and reflection by default) carries a credential the [`Authenticator`] accepts, or is
 //! answered `UNAUTHENTICATED` before any service sees it. The principal travels in the
 //! request's extensions as an `Arc<Principal>`.
+//!
+//! A request that authenticated with a bearer credential (an API key or a token) is a
+//! [`Session`] while its response streams: a reload that no longer accepts the credential
+//! ([`Sessions::revoke`]) ends it, whatever the RPC (a streamed call, a unary call in
+//! flight, an ingestion, a worker's session), with `UNAUTHENTICATED`.
 
 use std::{
+    collections::HashMap,
     future::Future,
     pin::Pin,
-    sync::Arc,
+    sync::{Arc, Mutex, OnceLock, PoisonError},
     task::{Context, Poll},
 };
 
 use arc_swap::ArcSwap;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::body::Body;
 use toolmesh_config::Config;
-use toolmesh_identity::{AuthConfig, Authenticator};
-use tracing::debug;
+use toolmesh_core::Principal;
+use toolmesh_identity::{AuthConfig, AuthError, Authenticator};
+use tracing::{debug, info};
 
 /// Returns the authenticator of `config`'s `[auth]`: the open one without the section.
 pub async fn authenticator(config: &Config) -> anyhow::Result<Authenticator> {
@@ -27,16 +35,151 @@ pub async fn authenticator(config: &Config) -> anyhow::Result<Authenticator> {
     })
 }
 
+/// Why `authenticator` no longer accepts the bearer credential `principal` authenticated
+/// with; `None` while it does, for a principal without one (a certificate's, the
+/// anonymous one), and for a token that merely expired: a session outlives its token's
+/// expiry, as it does without a reload.
+pub async fn refusal(authenticator: &Authenticator, principal: &Principal) -> Option<AuthError> {
+    let secret = principal.credential.as_ref()?;
+    let value = format!("Bearer {}", secret.expose());
+    match authenticator.authenticate(Some(&value), None).await {
+        Ok(_) | Err(AuthError::Expired) => None,
+        Err(error) => Some(error),
+    }
+}
+
+/// The requests in flight that authenticated with a bearer credential.
+#[derive(Debug, Clone, Default)]
+pub struct Sessions {
+    open: Arc<Mutex<OpenSessions>>,
+}
+
+#[derive(Debug, Default)]
+struct OpenSessions {
+    next: u64,
+    by_id: HashMap<u64, (Arc<Principal>, Arc<Revocation>)>,
+}
+
+/// How a session is ended: the reason, then the token that wakes it.
+#[derive(Debug, Default)]
+struct Revocation {
+    reason: OnceLock<String>,
+    token: CancellationToken,
+}
+
+impl Revocation {
+    fn status(&self) -> tonic::Status {
+        let reason = self.reason.get().map_or("revoked", String::as_str);
+        tonic::Status::unauthenticated(format!("the credential was revoked: {reason}"))
+    }
+}
+
+impl Sessions {
+    fn lock(&self) -> std::sync::MutexGuard<'_, OpenSessions> {
+        self.open.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn open(&self, principal: Arc<Principal>) -> Session {
+        let revocation = Arc::new(Revocation::default());
+        let mut open = self.lock();
+        let id = open.next;
+        open.next += 1;
+        open.by_id.insert(id, (principal, revocation.clone()));
+        Session { sessions: self.clone(), id, revocation }
+    }
+
+    /// Ends every session whose credential `authenticator` refuses (see [`refusal`]);
+    /// each distinct credential is checked once. Returns how many ended.
+    pub async fn revoke(&self, authenticator: &Authenticator) -> usize {
+        let open: Vec<_> = self.lock().by_id.values().cloned().collect();
+        let mut verdicts: HashMap<String, Option<String>> = HashMap::new();
+        let mut ended = 0;
+        for (principal, revocation) in open {
+            let Some(secret) = principal.credential.as_ref() else { continue };
+            let verdict = match verdicts.get(secret.expose()) {
+                Some(verdict) => verdict.clone(),
+                None => {
+                    let verdict =
+                        refusal(authenticator, &principal).await.map(|error| error.to_string());
+                    verdicts.insert(secret.expose().to_owned(), verdict.clone());
+                    verdict
+                }
+            };
+            if let Some(reason) = verdict {
+                let _ = revocation.reason.set(reason);
+                revocation.token.cancel();
+                ended += 1;
+            }
+        }
+        if ended > 0 {
+            info!(ended, "requests in flight ended: their credential is no longer accepted");
+        }
+        ended
+    }
+}
+
+/// One request in flight under a bearer credential; forgotten when dropped.
+#[derive(Debug)]
+struct Session {
+    sessions: Sessions,
+    id: u64,
+    revocation: Arc<Revocation>,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.sessions.lock().by_id.remove(&self.id);
+    }
+}
+
+/// A response body that ends with `UNAUTHENTICATED` trailers once its session is revoked,
+/// dropping the service's body (which ends the call behind it).
+struct Revocable {
+    body: Option<Body>,
+    revoked: Pin<Box<WaitForCancellationFutureOwned>>,
+    session: Session,
+}
+
+impl http_body::Body for Revocable {
+    type Data = bytes::Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = &mut *self;
+        let Some(body) = this.body.as_mut() else { return Poll::Ready(None) };
+        if this.revoked.as_mut().poll(cx).is_ready() {
+            this.body = None;
+            let mut trailers = http::HeaderMap::new();
+            let _ = this.session.revocation.status().add_header(&mut trailers);
+            return Poll::Ready(Some(Ok(http_body::Frame::trailers(trailers))));
+        }
+        let frame = Pin::new(body).poll_frame(cx);
+        if let Poll::Ready(None) = frame {
+            this.body = None;
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.as_ref().is_none_or(http_body::Body::is_end_stream)
+    }
+}
+
 /// Authenticates every request with the authenticator in force (replaced on reload).
 #[derive(Debug, Clone)]
 pub struct AuthLayer {
     authenticator: Arc<ArcSwap<Authenticator>>,
+    sessions: Sessions,
 }
 
 impl AuthLayer {
-    /// Returns the layer over `authenticator`.
-    pub fn new(authenticator: Arc<ArcSwap<Authenticator>>) -> Self {
-        AuthLayer { authenticator }
+    /// Returns the layer over `authenticator`, keeping the requests that authenticate with
+    /// a bearer credential in `sessions`.
+    pub fn new(authenticator: Arc<ArcSwap<Authenticator>>, sessions: Sessions) -> Self {
+        AuthLayer { authenticator, sessions }
     }
 }
 
@@ -44,7 +187,11 @@ impl<S> tower::Layer<S> for AuthLayer {
     type Service = Authenticate<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Authenticate { inner, authenticator: self.authenticator.clone() }
+        Authenticate {
+            inner,
+            authenticator: self.authenticator.clone(),
+            sessions: self.sessions.clone(),
+        }
     }
 }
 
@@ -53,6 +200,7 @@ impl<S> tower::Layer<S> for AuthLayer {
 pub struct Authenticate<S> {
     inner: S,
     authenticator: Arc<ArcSwap<Authenticator>>,
+    sessions: Sessions,
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -85,6 +233,7 @@ where
         // The service that was made ready answers this request; a clone waits for the next.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
+        let sessions = self.sessions.clone();
         Box::pin(async move {
             let authorization =
                 request.headers().get(http::header::AUTHORIZATION).map(|value| value.to_str());
@@ -104,6 +253,18 @@ where
             let credential = authorization.is_some()
                 || certificate.is_some() && authenticator.takes_certificates();
             match authenticator.authenticate(authorization, certificate).await {
+                Ok(principal) if principal.credential.is_some() => {
+                    let session = sessions.open(principal.clone());
+                    request.extensions_mut().insert(principal);
+                    let revoked = session.revocation.token.clone().cancelled_owned();
+                    let mut revoked = Box::pin(revoked);
+                    tokio::select! {
+                        response = inner.call(request) => Ok(response?.map(|body| {
+                            Body::new(Revocable { body: Some(body), revoked, session })
+                        })),
+                        () = revoked.as_mut() => Ok(session.revocation.status().into_http()),
+                    }
+                }
                 Ok(principal) => {
                     request.extensions_mut().insert(principal);
                     inner.call(request).await

@@ -108,7 +108,7 @@ where
         .http2_keepalive_timeout(config.keepalive_interval.map(|_| config.keepalive_timeout))
         .layer(TrackCallsLayer::new(config))
         .layer(MessageLimitLayer::new(max_message))
-        .layer(crate::auth::AuthLayer::new(app.identity().clone()))
+        .layer(crate::auth::AuthLayer::new(app.identity().clone(), app.sessions().clone()))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
