@@ -2,14 +2,14 @@
 //! `UNAUTHENTICATED` and nothing else without a valid credential, health open, the
 //! principal carried to the tool.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{Value, json};
 use tonic::{Code, Request};
 use tonic_health::pb::health_check_response::ServingStatus;
 use toolmesh::AppOptions;
-use toolmesh_e2e::{TestServer, tools::WhoAmITool};
+use toolmesh_e2e::{TestServer, eventually, tools::WhoAmITool};
 use toolmesh_proto::v1::{
     CallToolClientMessage, CallToolRequest, ListCollectionsRequest, ListToolsRequest,
     SearchToolsRequest, call_tool_client_message, knowledge_service_client::KnowledgeServiceClient,
@@ -246,6 +246,82 @@ async fn provider_health_is_answered_to_authenticated_callers_only() {
         let unknown = keyed.check(ask("toolmesh.mcp.not-configured")).await.unwrap_err();
         assert_eq!(unknown.code(), Code::NotFound, "{unknown:?}");
     }
+}
+
+/// The API key named `limited` and a token whose subject is `limited` are two principals:
+/// each has its own rate bucket, a rule naming the token's issuer applies to the token
+/// alone, and the audit log says which is which.
+#[tokio::test]
+async fn a_token_subject_and_a_key_of_one_name_are_two_principals() {
+    let limited_key = toolmesh_identity::new_key();
+    let audit = tempfile::tempdir().unwrap();
+    let audit_file = audit.path().join("audit.jsonl");
+    let extra = format!(
+        r#"
+        [[auth.api_keys]]
+        principal = "limited"
+        sha256 = "{digest}"
+
+        [[policy.limits.principals]]
+        principals = ["limited"]
+        rate_per_s = 0.001
+        burst = 1
+
+        [[policy.rules]]
+        name = "no-tokens-of-the-idp-for-bob"
+        effect = "deny"
+        principals = ["bob"]
+        issuers = ["{ISSUER}"]
+        tools = ["whoami"]
+
+        [policy.audit]
+        to = "{audit}"
+        "#,
+        digest = toolmesh_identity::key_digest(&limited_key),
+        audit = audit_file.display(),
+    );
+    let (server, _key, signer, _dir) = secured(&extra).await;
+    let limited_token = token(&signer, &claims("limited"));
+    let mut by_key = client(&server, Some(&limited_key)).await;
+    let mut by_token = client(&server, Some(&limited_token)).await;
+    by_key.call_tool(whoami()).await.expect("the key's first call");
+    let spent = by_key.call_tool(whoami()).await.expect_err("the key's bucket is empty");
+    assert_eq!(spent.code(), Code::ResourceExhausted, "{spent:?}");
+    by_token.call_tool(whoami()).await.expect("the token's bucket is its own");
+
+    let bob = token(&signer, &claims("bob"));
+    let refused = client(&server, Some(&bob)).await.call_tool(whoami()).await.unwrap_err();
+    assert_eq!(refused.code(), Code::NotFound, "the rule hides the tool: {refused:?}");
+
+    let lines = eventually(Duration::from_secs(5), || {
+        let audit_file = audit_file.clone();
+        async move {
+            let text = std::fs::read_to_string(&audit_file).ok()?;
+            let lines: Vec<Value> =
+                text.lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+            (lines.len() >= 4).then_some(lines)
+        }
+    })
+    .await
+    .expect("four calls audited");
+    let of = |kind: &str| {
+        lines
+            .iter()
+            .filter(|line| line["audit"]["principal"] == "limited")
+            .filter(|line| line["audit"]["principal_kind"] == kind)
+            .count()
+    };
+    assert_eq!((of("api_key"), of("jwt")), (2, 1), "{lines:#?}");
+    let token_line = lines
+        .iter()
+        .find(|line| line["audit"]["principal_kind"] == "jwt")
+        .expect("the token's call");
+    assert_eq!(token_line["audit"]["issuer"], ISSUER);
+    let key_line = lines
+        .iter()
+        .find(|line| line["audit"]["principal_kind"] == "api_key")
+        .expect("the key's call");
+    assert!(key_line["audit"].get("issuer").is_none(), "{key_line}");
 }
 
 #[tokio::test]

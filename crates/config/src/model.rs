@@ -419,9 +419,12 @@ impl CredentialConfig {
     /// Returns the header value to send for `principal`: `None` when it has no secret.
     pub fn value_for(&self, principal: &Principal) -> Option<Secret> {
         let secret = match &self.source {
-            CredentialSource::Principals { secrets, default } => {
-                secrets.get(&principal.name).or(default.as_ref())?
-            }
+            // A qualified name (`jwt:https://idp.example:alice`) first, where one key of
+            // the same name and a token's subject must not share a secret.
+            CredentialSource::Principals { secrets, default } => secrets
+                .get(&principal.qualified_name())
+                .or_else(|| secrets.get(&principal.name))
+                .or(default.as_ref())?,
             CredentialSource::CallerToken => principal.credential.as_ref()?,
         };
         Some(Secret::new(format!("{}{}", self.prefix, secret.expose())))

@@ -279,6 +279,33 @@ fn a_misspelt_core_section_is_still_refused() {
     assert!(err.contains("serch") && err.contains("search"), "names it and the known: {err}");
 }
 
+/// A secret given under a qualified name (`jwt:ISSUER:alice`) is that principal's alone:
+/// the key named `alice` keeps the plain name's secret.
+#[test]
+fn a_qualified_principal_name_picks_its_own_upstream_secret() {
+    let file = "[credentials.svc]\nprincipals.alice = { env = \"KEY\" }\n\
+                principals.\"jwt:https://idp.example:alice\" = { env = \"TOKEN\" }\n\
+                [[tools.http]]\nname = \"t\"\ndescription = \"d\"\nurl = \"https://x.test/\"\n\
+                credentials = [\"svc\"]\n";
+    let vars = env(&[("KEY", "key-secret"), ("TOKEN", "token-secret")]);
+    let config = load_str(Some(("f.toml", file)), &vars).unwrap();
+    let credentials = &config.tools.http[0].credentials;
+    let secret = |principal: &toolmesh_core::Principal| {
+        credentials.headers(principal).unwrap()[0].1.expose().to_owned()
+    };
+    let key = toolmesh_core::Principal {
+        kind: toolmesh_core::PrincipalKind::ApiKey,
+        ..toolmesh_core::Principal::anonymous("alice")
+    };
+    let token = toolmesh_core::Principal {
+        kind: toolmesh_core::PrincipalKind::Jwt,
+        issuer: Some("https://idp.example".into()),
+        ..toolmesh_core::Principal::anonymous("alice")
+    };
+    assert_eq!(secret(&key), "Bearer key-secret");
+    assert_eq!(secret(&token), "Bearer token-secret");
+}
+
 #[test]
 fn upstream_credentials_read_their_secrets_and_name_the_key_that_is_wrong() {
     let tool = "[[tools.http]]\nname = \"t\"\ndescription = \"d\"\nurl = \"https://x.test/\"\n";

@@ -65,6 +65,8 @@ pub struct Principal {
     pub name: String,
     /// How it authenticated.
     pub kind: PrincipalKind,
+    /// The issuer (`iss`) of the token it authenticated with; `None` for other kinds.
+    pub issuer: Option<String>,
     /// Roles, for rules written for a role.
     pub roles: Vec<String>,
     /// Further attributes (for example `agent`), for rules and for the agent id.
@@ -80,6 +82,7 @@ impl Principal {
         Principal {
             name: name.into(),
             kind: PrincipalKind::Anonymous,
+            issuer: None,
             roles: Vec::new(),
             attributes: BTreeMap::new(),
             credential: None,
@@ -89,6 +92,17 @@ impl Principal {
     /// Returns whether the principal holds `role`.
     pub fn has_role(&self, role: &str) -> bool {
         self.roles.iter().any(|r| r == role)
+    }
+
+    /// Returns the principal's name qualified by how it authenticated, unique across
+    /// kinds and issuers: `api_key:alice`, `jwt:https://idp.example:alice`,
+    /// `certificate:alice`, `anonymous:guest`. Limits and approvals are kept by it, so that
+    /// a token whose subject is `alice` never shares them with the key named `alice`.
+    pub fn qualified_name(&self) -> String {
+        match &self.issuer {
+            Some(issuer) => format!("{}:{issuer}:{}", self.kind.as_str(), self.name),
+            None => format!("{}:{}", self.kind.as_str(), self.name),
+        }
     }
 }
 
@@ -117,6 +131,26 @@ pub const ANONYMOUS: &str = "anonymous";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn qualified_names_tell_kinds_and_issuers_apart() {
+        let key = Principal { kind: PrincipalKind::ApiKey, ..Principal::anonymous("alice") };
+        let token = |issuer: &str| Principal {
+            kind: PrincipalKind::Jwt,
+            issuer: Some(issuer.into()),
+            ..Principal::anonymous("alice")
+        };
+        let names = [
+            key.qualified_name(),
+            token("https://a.example").qualified_name(),
+            token("https://b.example").qualified_name(),
+            Principal::anonymous("alice").qualified_name(),
+        ];
+        assert_eq!(names[0], "api_key:alice");
+        assert_eq!(names[1], "jwt:https://a.example:alice");
+        let distinct: std::collections::BTreeSet<_> = names.iter().collect();
+        assert_eq!(distinct.len(), names.len(), "{names:?}");
+    }
 
     #[test]
     fn a_secret_never_prints() {

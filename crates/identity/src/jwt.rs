@@ -239,6 +239,7 @@ impl Issuer {
         Ok(Principal {
             name,
             kind: PrincipalKind::Jwt,
+            issuer: Some(config.issuer.clone()),
             roles,
             attributes,
             credential: Some(Secret::new(token)),

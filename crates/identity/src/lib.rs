@@ -184,6 +184,7 @@ impl Authenticator {
             let principal = Principal {
                 name: key.principal.clone(),
                 kind: PrincipalKind::ApiKey,
+                issuer: None,
                 roles: key.roles.clone(),
                 attributes: key.attributes.clone(),
                 credential: None,
@@ -287,6 +288,7 @@ impl Authenticator {
             return Ok(Arc::new(Principal {
                 name: certificate.name.clone(),
                 kind: PrincipalKind::Certificate,
+                issuer: None,
                 roles,
                 attributes: Default::default(),
                 credential: None,

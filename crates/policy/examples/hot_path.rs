@@ -31,6 +31,7 @@ fn main() {
     let principal = Arc::new(Principal {
         name: "alice".into(),
         kind: PrincipalKind::ApiKey,
+        issuer: None,
         roles: vec!["team-0".into()],
         attributes: BTreeMap::new(),
         credential: None,
@@ -66,6 +67,8 @@ fn main() {
             policy.audit().record(&AuditEvent {
                 event: "call",
                 principal: &principal.name,
+                principal_kind: principal.kind.as_str(),
+                issuer: principal.issuer.as_deref(),
                 agent: None,
                 tool: "echo",
                 call_id: "0190f3a2-7c1e-7d3a-9b2f-4c5d6e7f8a9b",

@@ -21,6 +21,11 @@ pub struct AuditEvent<'a> {
     pub event: &'a str,
     /// The principal's name.
     pub principal: &'a str,
+    /// How it authenticated (`api_key`, `jwt`, `certificate`, `anonymous`): with the
+    /// issuer, what tells a token's subject from a key of the same name.
+    pub principal_kind: &'a str,
+    /// The issuer of a `jwt` principal's token (optional).
+    pub issuer: Option<&'a str>,
     /// The principal's agent, if it has one (optional).
     pub agent: Option<&'a str>,
     /// The tool called; for a discovery, the RPC or meta-tool (`ListTools`, `searchTools`).
@@ -60,6 +65,10 @@ impl AuditEvent<'_> {
         line.extend_from_slice(b",\"audit\":{\"event\":");
         string(line, self.event);
         field(line, "principal", self.principal);
+        field(line, "principal_kind", self.principal_kind);
+        if let Some(issuer) = self.issuer {
+            field(line, "issuer", issuer);
+        }
         if let Some(agent) = self.agent {
             field(line, "agent", agent);
         }
@@ -99,16 +108,19 @@ mod record {
     const AGENT: u8 = 1;
     const HIDDEN: u8 = 2;
     const NOTE: u8 = 4;
+    const ISSUER: u8 = 8;
 
     /// The bytes before the strings: `at` (after the log's start, or before it if
     /// negative) and the duration in nanoseconds, `hidden`, the flags.
     const HEAD: usize = 8 + 8 + 8 + 1;
 
     impl AuditEvent<'_> {
-        fn strings(&self) -> [&str; 11] {
+        fn strings(&self) -> [&str; 13] {
             [
                 self.event,
                 self.principal,
+                self.principal_kind,
+                self.issuer.unwrap_or_default(),
                 self.agent.unwrap_or_default(),
                 self.tool,
                 self.call_id,
@@ -138,8 +150,13 @@ mod record {
             out.extend_from_slice(&nanos(self.duration).to_le_bytes());
             out.extend_from_slice(&(self.hidden.unwrap_or_default() as u64).to_le_bytes());
             let mut flags = 0;
-            let optional = [self.agent.is_some(), self.hidden.is_some(), self.note.is_some()];
-            for (set, flag) in optional.into_iter().zip([AGENT, HIDDEN, NOTE]) {
+            let optional = [
+                self.agent.is_some(),
+                self.hidden.is_some(),
+                self.note.is_some(),
+                self.issuer.is_some(),
+            ];
+            for (set, flag) in optional.into_iter().zip([AGENT, HIDDEN, NOTE, ISSUER]) {
                 if set {
                     flags |= flag;
                 }
@@ -193,6 +210,8 @@ mod record {
             let event = AuditEvent {
                 event: self.string()?,
                 principal: self.string()?,
+                principal_kind: self.string()?,
+                issuer: Some(self.string()?).filter(|_| has(ISSUER)),
                 agent: Some(self.string()?).filter(|_| has(AGENT)),
                 tool: self.string()?,
                 call_id: self.string()?,
@@ -538,6 +557,8 @@ mod tests {
         AuditEvent {
             event: "call",
             principal: "alice",
+            principal_kind: "api_key",
+            issuer: None,
             agent: None,
             tool: "echo",
             call_id,
@@ -562,6 +583,8 @@ mod tests {
                 let event = AuditEvent {
                     event: "approval",
                     principal: text,
+                    principal_kind: text,
+                    issuer: optional.then_some(text),
                     agent: optional.then_some(text),
                     tool: text,
                     call_id: if optional { text } else { "" },
@@ -596,15 +619,18 @@ mod tests {
                 let value: serde_json::Value = serde_json::from_slice(&line).expect("JSON");
                 assert_eq!(value["ts"], 1_764_915_000.012_345);
                 let audit = value["audit"].as_object().expect("an object");
-                for key in ["principal", "tool", "decision", "rule", "outcome", "policy"] {
+                for key in
+                    ["principal", "principal_kind", "tool", "decision", "rule", "outcome", "policy"]
+                {
                     assert_eq!(audit[key], text, "{key}");
                 }
                 assert_eq!(audit["event"], "approval");
                 assert_eq!(audit["duration_ms"], if optional { 1234.567 } else { 0.0 });
                 // Empty call and trace ids are left out, as absent agent and note are.
-                let mut fields = 8;
+                let mut fields = 9;
                 for (key, written) in [
                     ("agent", optional),
+                    ("issuer", optional),
                     ("call_id", optional && !text.is_empty()),
                     ("trace_id", optional && !text.is_empty()),
                     ("note", optional),

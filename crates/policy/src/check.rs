@@ -61,6 +61,7 @@ const PRINCIPAL: Shape = Shape {
     fields: &[
         ("name", Ty::String),
         ("kind", Ty::String),
+        ("issuer", Ty::String),
         ("roles", Ty::Strings),
         ("attributes", Ty::Dyn),
     ],

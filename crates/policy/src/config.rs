@@ -89,6 +89,12 @@ pub struct PrincipalLimitConfig {
     /// Agent ids (`*` globs).
     #[serde(default)]
     pub agents: Vec<String>,
+    /// How the principal authenticated: `api_key`, `jwt`, `certificate`, `anonymous`.
+    #[serde(default)]
+    pub principal_kinds: Vec<String>,
+    /// Token issuers (`*` globs): the principal authenticated with a token of one.
+    #[serde(default)]
+    pub issuers: Vec<String>,
     /// Calls per second, on average (a token bucket refilled at this rate).
     #[serde(default)]
     pub rate_per_s: Option<f64>,
@@ -148,7 +154,7 @@ impl Effect {
 /// One `[[policy.rules]]`.
 ///
 /// A rule matches a call when every part it sets matches: the principal (its name, one of
-/// its roles, its agent), the tool (name, source, kind, toolkit, tag) and the `when`
+/// its roles, its agent, how it authenticated, its token's issuer), the tool (name, source, kind, toolkit, tag) and the `when`
 /// expression. A part left out matches everything.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -166,6 +172,12 @@ pub struct RuleConfig {
     /// Agent ids (`*` globs), from the principal's `agent` attribute.
     #[serde(default)]
     pub agents: Vec<String>,
+    /// How the principal authenticated: `api_key`, `jwt`, `certificate`, `anonymous`.
+    #[serde(default)]
+    pub principal_kinds: Vec<String>,
+    /// Token issuers (`*` globs): the principal authenticated with a token of one.
+    #[serde(default)]
+    pub issuers: Vec<String>,
     /// Tools: `NAME`, `source:NAME`, `kind:KIND`, `toolkit:NAME`, `tag:NAME` (`*` globs).
     #[serde(default)]
     pub tools: Vec<Selector>,
@@ -202,6 +214,12 @@ pub struct BindingConfig {
     /// Agent ids (`*` globs).
     #[serde(default)]
     pub agents: Vec<String>,
+    /// How the principal authenticated: `api_key`, `jwt`, `certificate`, `anonymous`.
+    #[serde(default)]
+    pub principal_kinds: Vec<String>,
+    /// Token issuers (`*` globs): the principal authenticated with a token of one.
+    #[serde(default)]
+    pub issuers: Vec<String>,
 }
 
 /// `[policy.audit]`: one JSON line per call and per discovery that hid tools.

@@ -120,11 +120,14 @@ impl Limits {
             .enumerate()
             .map(|(i, limit): (usize, &PrincipalLimitConfig)| {
                 Ok(PrincipalLimit {
-                    who: Who {
-                        principals: limit.principals.clone(),
-                        roles: limit.roles.clone(),
-                        agents: limit.agents.clone(),
-                    },
+                    who: Who::new(
+                        &format!("limits.principals[{i}]"),
+                        &limit.principals,
+                        &limit.roles,
+                        &limit.agents,
+                        &limit.principal_kinds,
+                        &limit.issuers,
+                    )?,
                     rate: Bucket::new(
                         &format!("limits.principals[{i}].rate_per_s"),
                         limit.rate_per_s,
@@ -193,17 +196,20 @@ impl Limits {
     ) -> Result<Permit, LimitError> {
         let mut permit = Permit { running: None };
         if let Some(limit) = self.principals.iter().find(|l| l.who.matches(principal)) {
+            // Kept by the qualified name: a token whose subject is `alice` and the key
+            // named `alice` are two principals, each with its own slots and bucket.
+            let key = principal.qualified_name();
             if let Some(max) = limit.max_concurrent {
                 let mut running = limit.running.lock().unwrap_or_else(PoisonError::into_inner);
-                let count = running.entry(principal.name.clone()).or_default();
+                let count = running.entry(key.clone()).or_default();
                 if *count >= max {
                     return Err(LimitError::Concurrency { principal: principal.name.clone(), max });
                 }
                 *count += 1;
-                permit.running = Some((limit.running.clone(), principal.name.clone()));
+                permit.running = Some((limit.running.clone(), key.clone()));
             }
             if let Some(bucket) = &limit.rate {
-                bucket.take(&principal.name, || format!("principal {}", principal.name))?;
+                bucket.take(&key, || format!("principal {}", principal.name))?;
             }
         }
         if let Some(bucket) = self.tool(spec).and_then(|t| t.rate.as_ref()) {

@@ -12,7 +12,7 @@ use cel::common::{types::CelBool, value::Val};
 use serde_json::{Value as Json, json};
 use sha2::{Digest as _, Sha256};
 use toolmesh_config::{Selector, glob};
-use toolmesh_core::{Principal, ToolSpec};
+use toolmesh_core::{Principal, PrincipalKind, ToolSpec};
 
 use crate::{
     AuditLog, PolicyError,
@@ -130,10 +130,14 @@ impl ToolKey {
     }
 }
 
-/// Whether two principals are the same to the rules: name, kind, roles and attributes
-/// (not the credential, which no rule reads).
+/// Whether two principals are the same to the rules: name, kind, issuer, roles and
+/// attributes (not the credential, which no rule reads).
 fn same_principal(a: &Principal, b: &Principal) -> bool {
-    a.name == b.name && a.kind == b.kind && a.roles == b.roles && a.attributes == b.attributes
+    a.name == b.name
+        && a.kind == b.kind
+        && a.issuer == b.issuer
+        && a.roles == b.roles
+        && a.attributes == b.attributes
 }
 
 /// Hashes what tells principals apart in practice (one service account may act for several
@@ -169,14 +173,54 @@ pub(crate) struct Who {
     pub(crate) principals: Vec<String>,
     pub(crate) roles: Vec<String>,
     pub(crate) agents: Vec<String>,
+    pub(crate) kinds: Vec<PrincipalKind>,
+    pub(crate) issuers: Vec<String>,
 }
 
 impl Who {
+    /// Returns whom the entry at `key` (under `policy`) names; a kind that is not one is
+    /// refused, naming `key.principal_kinds`.
+    pub(crate) fn new(
+        key: &str,
+        principals: &[String],
+        roles: &[String],
+        agents: &[String],
+        kinds: &[String],
+        issuers: &[String],
+    ) -> Result<Self, PolicyError> {
+        let kinds = kinds
+            .iter()
+            .enumerate()
+            .map(|(i, kind)| {
+                PrincipalKind::from_name(kind).ok_or_else(|| PolicyError::Rule {
+                    key: format!("{key}.principal_kinds[{i}]"),
+                    reason: format!(
+                        "{kind:?} is not a kind of principal: one of api_key, jwt, certificate, \
+                         anonymous"
+                    ),
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Who {
+            principals: principals.to_vec(),
+            roles: roles.to_vec(),
+            agents: agents.to_vec(),
+            kinds,
+            issuers: issuers.to_vec(),
+        })
+    }
+
     pub(crate) fn matches(&self, principal: &Principal) -> bool {
         (self.principals.is_empty() || self.principals.iter().any(|p| glob(p, &principal.name)))
             && (self.roles.is_empty() || self.roles.iter().any(|r| principal.has_role(r)))
             && (self.agents.is_empty()
                 || agent(principal).is_some_and(|a| self.agents.iter().any(|p| glob(p, a))))
+            && (self.kinds.is_empty() || self.kinds.contains(&principal.kind))
+            && (self.issuers.is_empty()
+                || principal
+                    .issuer
+                    .as_deref()
+                    .is_some_and(|i| self.issuers.iter().any(|p| glob(p, i))))
     }
 }
 
@@ -277,11 +321,14 @@ impl Policy {
             rules.push(Rule {
                 name: rule.name.as_str().into(),
                 effect: rule.effect,
-                who: Who {
-                    principals: rule.principals.clone(),
-                    roles: rule.roles.clone(),
-                    agents: rule.agents.clone(),
-                },
+                who: Who::new(
+                    &format!("rules[{i}]"),
+                    &rule.principals,
+                    &rule.roles,
+                    &rule.agents,
+                    &rule.principal_kinds,
+                    &rule.issuers,
+                )?,
                 tools: rule.tools.clone(),
                 when,
                 reason: rule.reason.clone(),
@@ -301,7 +348,7 @@ impl Policy {
             digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
         };
         let signer = ApprovalSigner::new(&random_key());
-        let bindings = bindings(&config);
+        let bindings = bindings(&config)?;
         Ok(Policy {
             config,
             active: true,
@@ -355,7 +402,8 @@ impl Policy {
         reason: &str,
         ttl: std::time::Duration,
     ) -> toolmesh_core::Approval {
-        self.signer.request(&principal.name, tool, arguments_json, &self.version, rule, reason, ttl)
+        let principal = principal.qualified_name();
+        self.signer.request(&principal, tool, arguments_json, &self.version, rule, reason, ttl)
     }
 
     /// Checks that the approval `id` was issued by this policy for exactly this call, and is
@@ -367,7 +415,7 @@ impl Policy {
         tool: &str,
         arguments_json: &str,
     ) -> Result<(), ApprovalMismatch> {
-        self.signer.check(id, &principal.name, tool, arguments_json, &self.version)
+        self.signer.check(id, &principal.qualified_name(), tool, arguments_json, &self.version)
     }
 
     /// Returns the routing profile `principal` is bound to, if a binding matches it.
@@ -420,17 +468,21 @@ fn random_key() -> [u8; 32] {
 
 /// The `[[policy.profiles]]` of `config`, compiled once: whom each binds, and to which
 /// profile.
-fn bindings(config: &PolicyConfig) -> Vec<(Who, String)> {
+fn bindings(config: &PolicyConfig) -> Result<Vec<(Who, String)>, PolicyError> {
     config
         .profiles
         .iter()
-        .map(|binding: &BindingConfig| {
-            let who = Who {
-                principals: binding.principals.clone(),
-                roles: binding.roles.clone(),
-                agents: binding.agents.clone(),
-            };
-            (who, binding.profile.clone())
+        .enumerate()
+        .map(|(i, binding): (usize, &BindingConfig)| {
+            let who = Who::new(
+                &format!("profiles[{i}]"),
+                &binding.principals,
+                &binding.roles,
+                &binding.agents,
+                &binding.principal_kinds,
+                &binding.issuers,
+            )?;
+            Ok((who, binding.profile.clone()))
         })
         .collect()
 }
@@ -855,6 +907,7 @@ fn principal_json(principal: &Principal) -> Json {
     json!({
         "name": principal.name,
         "kind": principal.kind.as_str(),
+        "issuer": principal.issuer.as_deref().unwrap_or_default(),
         "roles": principal.roles,
         "attributes": principal.attributes,
     })

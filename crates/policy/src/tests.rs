@@ -26,6 +26,7 @@ fn who(name: &str, roles: &[&str], agent: Option<&str>) -> Arc<Principal> {
     Arc::new(Principal {
         name: name.into(),
         kind: PrincipalKind::ApiKey,
+        issuer: None,
         roles: roles.iter().map(|r| (*r).to_owned()).collect(),
         attributes,
         credential: None,
@@ -185,6 +186,102 @@ fn rules_select_by_principal_agent_kind_toolkit_and_tag() {
     assert!(policy.scope(who("s", &[], Some("sales"))).sees(&billing));
 }
 
+/// The principal of a token whose subject is `alice`, from `issuer`.
+fn token_of(name: &str, issuer: &str) -> Arc<Principal> {
+    Arc::new(Principal {
+        kind: PrincipalKind::Jwt,
+        issuer: Some(issuer.into()),
+        ..(*who(name, &[], None)).clone()
+    })
+}
+
+/// A token's subject, a key and a certificate of one name are three principals: rules,
+/// bindings and limits can name the kind and the issuer, limits and approvals are kept
+/// for each apart, and the condition reads `principal.issuer`.
+#[test]
+fn principals_of_one_name_are_told_apart_by_kind_and_issuer() {
+    let policy = policy(
+        r#"
+        [[rules]]
+        name = "partner-tokens-read-only"
+        effect = "deny"
+        issuers = ["https://partner.*"]
+        tools = ["write"]
+        [[rules]]
+        name = "no-certificates-on-admin"
+        effect = "deny"
+        principal_kinds = ["certificate"]
+        tools = ["admin"]
+        [[rules]]
+        name = "idp-tokens-no-export"
+        effect = "deny"
+        tools = ["export"]
+        when = 'principal.issuer == "https://idp.example"'
+        [[profiles]]
+        profile = "tokens"
+        principal_kinds = ["jwt"]
+        [[limits.principals]]
+        principals = ["limited"]
+        max_concurrent = 1
+        "#,
+    );
+    let key = who("alice", &[], None);
+    let partner = token_of("alice", "https://partner.example");
+    let idp = token_of("alice", "https://idp.example");
+    let certificate = Arc::new(Principal {
+        kind: PrincipalKind::Certificate,
+        ..(*who("alice", &[], None)).clone()
+    });
+    assert!(policy.scope(key.clone()).sees(&tool("write")));
+    assert!(!policy.scope(partner.clone()).sees(&tool("write")));
+    assert!(policy.scope(idp.clone()).sees(&tool("write")));
+    assert!(policy.scope(key.clone()).sees(&tool("admin")));
+    assert!(!policy.scope(certificate.clone()).sees(&tool("admin")));
+    assert!(!policy.scope(idp.clone()).sees(&tool("export")));
+    assert!(policy.scope(partner.clone()).sees(&tool("export")));
+    assert_eq!(policy.bound_profile(&idp), Some("tokens"));
+    assert_eq!(policy.bound_profile(&key), None);
+
+    // One slot each: the key named `limited` and a token whose subject is `limited`.
+    let limited_key = policy.scope(who("limited", &[], None));
+    let limited_token = policy.scope(token_of("limited", "https://idp.example"));
+    let _key_call = limited_key.admit(&tool("x")).unwrap();
+    let _token_call = limited_token.admit(&tool("x")).expect("a slot of its own");
+    assert!(limited_key.admit(&tool("x")).is_err(), "the key's one slot is taken");
+
+    // An approval for the key is not one for the token or the certificate of that name.
+    let approval = policy.approval(&key, "t", "{}", "r", "why", Duration::from_secs(60));
+    assert_eq!(policy.check_approval(&approval.id, &key, "t", "{}"), Ok(()));
+    for other in [&partner, &certificate] {
+        assert_eq!(
+            policy.check_approval(&approval.id, other, "t", "{}"),
+            Err(ApprovalMismatch::OtherCall("principal"))
+        );
+    }
+}
+
+#[test]
+fn an_unknown_principal_kind_is_refused_naming_its_key() {
+    for (toml_text, key) in [
+        (
+            "[[rules]]\nname = \"a\"\neffect = \"deny\"\nprincipal_kinds = [\"key\"]",
+            "rules[0].principal_kinds[0]",
+        ),
+        (
+            "[[profiles]]\nprofile = \"p\"\nprincipal_kinds = [\"jwt\", \"token\"]",
+            "profiles[0].principal_kinds[1]",
+        ),
+        (
+            "[[limits.principals]]\nprincipal_kinds = [\"cert\"]\nmax_concurrent = 1",
+            "limits.principals[0].principal_kinds[0]",
+        ),
+    ] {
+        let error = Policy::new(parse(toml_text)).expect_err("refused").to_string();
+        assert!(error.contains(key), "{error}");
+        assert!(error.contains("api_key, jwt, certificate"), "{error}");
+    }
+}
+
 #[test]
 fn an_agent_list_limits_its_agent_to_its_tools() {
     let policy = policy(
@@ -297,6 +394,8 @@ fn the_audit_log_appends_one_json_line_per_event() {
         policy.audit().record(&AuditEvent {
             event: "call",
             principal: "u",
+            principal_kind: "api_key",
+            issuer: None,
             agent: None,
             tool: "file_delete",
             call_id: "c1",

@@ -107,6 +107,7 @@ impl Backend for RemoteBackend {
         let caller = (!toolmesh_core::is_open(&ctx.principal)).then(|| v1::Caller {
             name: ctx.principal.name.clone(),
             kind: ctx.principal.kind.as_str().to_owned(),
+            issuer: ctx.principal.issuer.clone().unwrap_or_default(),
             roles: ctx.principal.roles.clone(),
             attributes: ctx.principal.attributes.clone().into_iter().collect(),
         });

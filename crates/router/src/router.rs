@@ -262,6 +262,8 @@ impl Router {
             policy.audit().record(&AuditEvent {
                 event: "call",
                 principal: &principal.name,
+                principal_kind: principal.kind.as_str(),
+                issuer: principal.issuer.as_deref(),
                 agent: principal.attributes.get(AGENT_ATTRIBUTE).map(String::as_str),
                 tool: &tool,
                 call_id: &call_id,
@@ -550,6 +552,8 @@ impl Router {
             policy.audit().record(&AuditEvent {
                 event: "approval",
                 principal: &principal.name,
+                principal_kind: principal.kind.as_str(),
+                issuer: principal.issuer.as_deref(),
                 agent: principal.attributes.get(AGENT_ATTRIBUTE).map(String::as_str),
                 tool: &request.name,
                 call_id: &request.call_id,

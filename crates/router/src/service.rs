@@ -581,6 +581,8 @@ impl Hidden {
         policy.audit().record(&toolmesh_policy::AuditEvent {
             event: "discovery",
             principal: &self.principal.name,
+            principal_kind: self.principal.kind.as_str(),
+            issuer: self.principal.issuer.as_deref(),
             agent: self
                 .principal
                 .attributes

@@ -652,6 +652,7 @@ fn caller(caller: Option<&v1::Caller>) -> Arc<toolmesh_core::Principal> {
         name: caller.name.clone(),
         kind: toolmesh_core::PrincipalKind::from_name(&caller.kind)
             .unwrap_or(toolmesh_core::PrincipalKind::Anonymous),
+        issuer: (!caller.issuer.is_empty()).then(|| caller.issuer.clone()),
         roles: caller.roles.clone(),
         attributes: caller.attributes.clone().into_iter().collect(),
         credential: None,
