@@ -1744,6 +1744,80 @@ async fn acknowledged_ingests_and_replacements_survive_a_kill() {
     assert_eq!(found, expected, "every acknowledged document once, at its last version");
 }
 
+/// The tool index's counts at `addr`: (indexed, embedded), from a search's answer.
+async fn index_counts(addr: &str) -> Option<(u64, u64)> {
+    let mut client = toolmesh::client::connect(addr, None).await.ok()?;
+    let request = toolmesh_proto::v1::SearchToolsRequest {
+        query: "count".into(),
+        top_k: 1,
+        ..Default::default()
+    };
+    let answer = client.search_tools(request).await.ok()?.into_inner();
+    Some((answer.indexed_tools, answer.embedded_tools))
+}
+
+/// The first start's embedding of the tool catalog, killed with SIGKILL half way, goes on
+/// from where it was after a restart on the same data directory: the tools embedded before
+/// the kill are not embedded again, and every tool is in the index once.
+#[tokio::test]
+async fn a_first_embedding_killed_half_way_goes_on_from_where_it_was() {
+    const TOOLS: usize = 1500;
+    let data = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("toolmesh.toml");
+    let words = ["invoices", "weather", "tickets", "orders", "calendars", "repositories"];
+    let catalog: String = (0..TOOLS)
+        .map(|i| {
+            format!(
+                "[[tools.command]]\nname = \"tool_{i}\"\ndescription = \"Lists the {} of \
+                 account {i} and sums them up.\"\ncommand = \"true\"\n",
+                words[i % words.len()]
+            )
+        })
+        .collect();
+    std::fs::write(&config, catalog).unwrap();
+    let args = ["--config", config.to_str().unwrap(), "--data-dir", data.path().to_str().unwrap()];
+
+    let mut server = BinaryServer::start(&args, &[]).await.unwrap();
+    let addr = server.addr.to_string();
+    let half_way = eventually(Duration::from_secs(120), || async {
+        let (indexed, embedded) = index_counts(&addr).await?;
+        // A few batches in, and far from done.
+        (indexed as usize > TOOLS && embedded >= 200 && embedded + 500 < indexed)
+            .then_some(embedded)
+    })
+    .await
+    .expect("the embedding under way");
+    server.signal(Signal::SIGKILL);
+    server.child.wait().await.unwrap();
+
+    let server = BinaryServer::start(&args, &[]).await.unwrap();
+    let addr = server.addr.to_string();
+    let indexed = eventually(Duration::from_secs(300), || async {
+        let (indexed, embedded) = index_counts(&addr).await?;
+        (indexed as usize > TOOLS && embedded == indexed).then_some(indexed)
+    })
+    .await
+    .expect("the embedding completes");
+    let logs = eventually(Duration::from_secs(10), || async {
+        let logs = server.logs();
+        logs.contains("embedded tool texts").then_some(logs)
+    })
+    .await
+    .unwrap_or_else(|| panic!("the run's count is logged: {}", server.logs()));
+    let made: u64 = logs
+        .lines()
+        .find(|line| line.contains("embedded tool texts"))
+        .and_then(|line| line.split("tools=").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the run's count is logged: {logs}"));
+    assert!(
+        made <= indexed - half_way,
+        "{made} texts embedded again; {half_way} of {indexed} were before the kill: {logs}"
+    );
+}
+
 /// The gRPC health of `service` at `addr`.
 async fn health_of(addr: &str, service: &str) -> Option<i32> {
     let channel = toolmesh::client::channel(addr, None).await.ok()?;
