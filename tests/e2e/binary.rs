@@ -82,6 +82,17 @@ async fn cli_lists_and_calls_the_embedded_default() {
         assert!(out.contains(expected), "{expected} missing from:\n{out}");
     }
 
+    // Into a pipe whose reader has gone (`toolmesh tools list | head -0`): it ends quietly.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let closed = std::process::Command::new(toolmesh_bin())
+        .args(["tools", "list", "--server", &addr])
+        .stdout(writer)
+        .output()
+        .unwrap();
+    assert_eq!(closed.status.code(), Some(0), "{}", stderr(&closed));
+    assert!(!stderr(&closed).contains("panicked"), "{}", stderr(&closed));
+
     let echo = run(&["call", "echo", r#"{"x": 1}"#, "--server", &addr]).await;
     assert!(echo.status.success(), "{}", stderr(&echo));
     let value: serde_json::Value = serde_json::from_str(&stdout(&echo)).unwrap();

@@ -234,6 +234,7 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let sessions = self.sessions.clone();
+        let in_force = self.authenticator.clone();
         Box::pin(async move {
             let authorization =
                 request.headers().get(http::header::AUTHORIZATION).map(|value| value.to_str());
@@ -255,6 +256,14 @@ where
             match authenticator.authenticate(authorization, certificate).await {
                 Ok(principal) if principal.credential.is_some() => {
                     let session = sessions.open(principal.clone());
+                    // A reload between the check and the session's opening: the revocation
+                    // may have missed it, so the credential is checked again.
+                    let now = in_force.load_full();
+                    if !Arc::ptr_eq(&now, &authenticator)
+                        && let Some(error) = refusal(&now, &principal).await
+                    {
+                        return Ok(refused(&error));
+                    }
                     request.extensions_mut().insert(principal);
                     let revoked = session.revocation.token.clone().cancelled_owned();
                     let mut revoked = Box::pin(revoked);

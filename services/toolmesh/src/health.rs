@@ -10,7 +10,7 @@ use tonic_health::{
     pb::{HealthCheckRequest, HealthCheckResponse, health_server::Health},
     server::HealthService,
 };
-use toolmesh_core::{NoPrincipal, Principal, PrincipalKind};
+use toolmesh_core::{Principal, PrincipalKind};
 
 /// Health answered by [`HealthService`], with provider entries kept from callers who did
 /// not authenticate.
@@ -37,11 +37,12 @@ impl GatedHealth {
         if service.is_empty() || self.public.contains(&service) {
             return Ok(());
         }
-        let anonymous = request.extensions().get::<NoPrincipal>().is_some()
-            || request.extensions().get::<Arc<Principal>>().is_some_and(|principal| {
-                principal.kind == PrincipalKind::Anonymous && !toolmesh_core::is_open(principal)
-            });
-        if anonymous {
+        // Without `[auth]` every request is the open principal; under it, a request
+        // without a credential has the configured anonymous principal or none.
+        let authenticated = request.extensions().get::<Arc<Principal>>().is_some_and(|principal| {
+            toolmesh_core::is_open(principal) || principal.kind != PrincipalKind::Anonymous
+        });
+        if !authenticated {
             return Err(Status::unauthenticated(
                 "the health of a provider's part is answered to authenticated callers; \
                  the overall entry and toolmesh's services are public",
