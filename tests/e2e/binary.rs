@@ -163,6 +163,48 @@ async fn a_bad_config_exits_with_one_line_naming_the_key() {
     assert!(output.status.success(), "the example config is valid: {}", stderr(&output));
 }
 
+/// Every complete TOML example of the README and `docs/` passes `toolmesh config check`
+/// as it is written (a worker's file as a worker reads it); a fragment, one that names
+/// files or secrets a reader provides, says so in the paragraph before it.
+#[tokio::test]
+async fn every_complete_toml_example_in_the_docs_passes_config_check() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files = vec![root.join("README.md")];
+    files.extend(
+        std::fs::read_dir(root.join("docs"))
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .filter(|path| path.extension().is_some_and(|e| e == "md")),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let example = dir.path().join("example.toml");
+    let mut checked = 0;
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let mut rest = text.as_str();
+        while let Some(start) = rest.find("```toml\n") {
+            let paragraph = rest[..start].trim_end().rsplit("\n\n").next().unwrap_or_default();
+            let body = &rest[start + "```toml\n".len()..];
+            let end = body.find("```").expect("a closed block");
+            let block = &body[..end];
+            rest = &body[end + 3..];
+            if paragraph.contains("(A fragment") {
+                continue;
+            }
+            std::fs::write(&example, block).unwrap();
+            let output = run(&["config", "check", example.to_str().unwrap()]).await;
+            assert!(
+                output.status.success(),
+                "an example in {}:\n{block}\n{}",
+                file.display(),
+                stderr(&output)
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 3, "only {checked} examples found");
+}
+
 /// Three mistakes that used to load and then fail quietly at run time: a condition that
 /// reads a field the principal does not have (it hid every tool), a log filter that reads
 /// as a target (it silenced every log), and a URL placeholder that names no parameter.

@@ -244,7 +244,8 @@ struct CallArgs {
 enum ConfigCommand {
     /// Prints the compiled-in default configuration, with comments.
     Defaults,
-    /// Checks a config file (and TOOLMESH__* overrides) and exits non-zero on a problem.
+    /// Checks a config file (and TOOLMESH__* overrides) and exits non-zero on a problem. A
+    /// file with a `[worker]` section is checked as `toolmesh worker` reads it.
     Check {
         /// The file.
         file: PathBuf,
@@ -330,8 +331,17 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Config { command: ConfigCommand::Check { file } } => {
-            load_config(Some(&file))?;
-            out!("{}: ok", file.display());
+            let env: HashMap<String, String> = std::env::vars().collect();
+            let config = toolmesh_config::load(Some(&file), &env)
+                .map_err(|error| anyhow::anyhow!("{error}"))?;
+            // A worker's file is checked as `toolmesh worker` reads it.
+            if toolmesh::worker::is_worker_file(&config)? {
+                toolmesh::worker::check(&config)?;
+                out!("{}: ok (a worker's file)", file.display());
+            } else {
+                toolmesh::check_sections(&config)?;
+                out!("{}: ok", file.display());
+            }
             Ok(ExitCode::SUCCESS)
         }
     }

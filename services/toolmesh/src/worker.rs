@@ -73,6 +73,20 @@ impl Default for WorkerConfig {
     }
 }
 
+/// Returns whether `config` is a worker's file: it has a `[worker]` section, which a
+/// router does not read.
+pub fn is_worker_file(config: &Config) -> anyhow::Result<bool> {
+    Ok(config.section::<serde::de::IgnoredAny>(WORKER_SECTION)?.is_some())
+}
+
+/// Checks a worker's file as `toolmesh worker` reads it: its `[worker]` section, and no
+/// section a worker does not read.
+pub fn check(config: &Config) -> anyhow::Result<()> {
+    let _: Option<WorkerConfig> = config.section(WORKER_SECTION)?;
+    config.check_sections(&[WORKER_SECTION])?;
+    Ok(())
+}
+
 /// What `toolmesh worker` was asked.
 #[derive(Debug, Clone)]
 pub struct WorkerOptions {
