@@ -301,14 +301,8 @@ impl App {
             .revoke(|principal| {
                 let identity = identity.clone();
                 async move {
-                    let secret = principal.credential.as_ref()?;
-                    let value = format!("Bearer {}", secret.expose());
-                    match identity.authenticate(Some(&value), None).await {
-                        Ok(now) => Some(Ok(now)),
-                        // Expiry is not revocation: see `refusal`.
-                        Err(toolmesh_identity::AuthError::Expired) => None,
-                        Err(error) => Some(Err(error.to_string())),
-                    }
+                    let checked = crate::auth::recheck(&identity, &principal).await?;
+                    Some(checked.map_err(|error| error.to_string()))
                 }
             })
             .await;

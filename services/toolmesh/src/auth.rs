@@ -35,17 +35,26 @@ pub async fn authenticator(config: &Config) -> anyhow::Result<Authenticator> {
     })
 }
 
-/// Why `authenticator` no longer accepts the bearer credential `principal` authenticated
-/// with; `None` while it does, for a principal without one (a certificate's, the
-/// anonymous one), and for a token that merely expired: a session outlives its token's
-/// expiry, as it does without a reload.
-pub async fn refusal(authenticator: &Authenticator, principal: &Principal) -> Option<AuthError> {
+/// Checks again the bearer credential `principal` authenticated with: the principal it is
+/// now, or why `authenticator` refuses it. `None` for a principal without one (a
+/// certificate's, the anonymous one), and for a token that merely expired: a session
+/// outlives its token's expiry, as it does without a reload.
+pub async fn recheck(
+    authenticator: &Authenticator,
+    principal: &Principal,
+) -> Option<Result<Arc<Principal>, AuthError>> {
     let secret = principal.credential.as_ref()?;
     let value = format!("Bearer {}", secret.expose());
     match authenticator.authenticate(Some(&value), None).await {
-        Ok(_) | Err(AuthError::Expired) => None,
-        Err(error) => Some(error),
+        Err(AuthError::Expired) => None,
+        checked => Some(checked),
     }
+}
+
+/// Why `authenticator` no longer accepts the bearer credential `principal` authenticated
+/// with (see [`recheck`]).
+pub async fn refusal(authenticator: &Authenticator, principal: &Principal) -> Option<AuthError> {
+    recheck(authenticator, principal).await?.err()
 }
 
 /// The requests in flight that authenticated with a bearer credential.

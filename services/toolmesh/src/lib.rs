@@ -56,7 +56,7 @@ mod transport;
 pub mod worker;
 
 pub use app::{App, AppOptions, ProviderFactory, SECTIONS, check_sections};
-pub use auth::{AuthLayer, Authenticate, Sessions, authenticator, refusal};
+pub use auth::{AuthLayer, Authenticate, Sessions, authenticator, recheck, refusal};
 pub use front::{FrontDoor, FrontDoorError, RouterActor, RouterMsg, RouterState};
 pub use listener::{ConnectionInfo, ConnectionLimits, Listener, TrackCallsLayer};
 pub use server::{MCP_HEALTH_PREFIX, PROVIDER_HEALTH_PREFIX, SEARCH_EMBEDDINGS_HEALTH, serve};
