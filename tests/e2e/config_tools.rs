@@ -1,8 +1,6 @@
 //! Tools defined in configuration, end to end: HTTP tools against an HTTP server the test
 //! starts on 127.0.0.1:0, command tools running real scripts.
 
-#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
-
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
@@ -15,10 +13,13 @@ use axum::{
     http::{HeaderMap, StatusCode},
     routing::{get, post},
 };
+use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 use tonic::Code;
 use toolmesh::AppOptions;
+use toolmesh_e2e::{BinaryServer, python};
 use toolmesh_e2e::{TestServer, eventually, process_alive, serve_http, text, write_script};
+use toolmesh_proto::v1::CallToolRequest;
 
 type Seen = Arc<Mutex<Vec<(String, HeaderMap)>>>;
 
@@ -500,4 +501,128 @@ async fn descendants_that_escape_or_hold_the_output_die_with_the_call() {
     let pid: i32 = std::fs::read_to_string(&holder).unwrap().trim().parse().unwrap();
     let gone = eventually(Duration::from_secs(5), || async { (!exists(pid)).then_some(()) }).await;
     assert!(gone.is_some(), "the background grandchild {pid} was killed and reaped");
+}
+
+/// `proxy.py` on a free port (installed by tests/setup), logging each request it carries.
+struct HttpProxy {
+    child: tokio::process::Child,
+    _dir: tempfile::TempDir,
+    url: String,
+    log: std::path::PathBuf,
+}
+
+impl HttpProxy {
+    async fn start() -> Self {
+        let python = python();
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("access.log");
+        let child = toolmesh_e2e::spawn(
+            tokio::process::Command::new(python)
+                .args(["-m", "proxy", "--hostname", "127.0.0.1", "--port", &port.to_string()])
+                .args(["--num-workers", "1", "--num-acceptors", "1", "--log-file"])
+                .arg(&log)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                // proxy.py forks its workers: the whole group goes on drop.
+                .process_group(0)
+                .kill_on_drop(true),
+        )
+        .expect("proxy.py is installed (tests/setup)");
+        eventually(Duration::from_secs(30), || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()
+        })
+        .await
+        .expect("the proxy listens");
+        HttpProxy { child, _dir: dir, url: format!("http://127.0.0.1:{port}"), log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for HttpProxy {
+    fn drop(&mut self) {
+        if let Some(pid) = self.child.id() {
+            let _ =
+                nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGKILL);
+        }
+    }
+}
+
+/// With `HTTP_PROXY` and friends set, an HTTP tool still goes direct and its guard still
+/// refuses loopback; a proxy named in the configuration is used, and the guard checks the
+/// destination through it too.
+#[tokio::test]
+async fn http_tools_ignore_environment_proxies_and_guard_through_a_named_one() {
+    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+    let app = axum::Router::new().fallback({
+        let seen = seen.clone();
+        move |uri: axum::http::Uri| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push(uri.path().to_owned());
+                "reached"
+            }
+        }
+    });
+    let target = serve_http(app).await.port();
+    let proxy = HttpProxy::start().await;
+
+    let config = format!(
+        r#"
+[[tools.http]]
+name = "direct"
+description = "Loopback by name, no permission"
+url = "http://localhost:{target}/direct"
+
+[[tools.http]]
+name = "named_guarded"
+description = "Loopback through the named proxy, no permission"
+url = "http://localhost:{target}/named_guarded"
+proxy = "{proxy}"
+
+[[tools.http]]
+name = "named"
+description = "Loopback through the named proxy, allowed"
+url = "http://localhost:{target}/named"
+proxy = "{proxy}"
+allow_private_network = true
+"#,
+        proxy = proxy.url
+    );
+    let env = [
+        ("HTTP_PROXY", proxy.url.as_str()),
+        ("http_proxy", proxy.url.as_str()),
+        ("HTTPS_PROXY", proxy.url.as_str()),
+        ("ALL_PROXY", proxy.url.as_str()),
+    ];
+    let server = BinaryServer::with_config(&config, &env).await.unwrap();
+    let client = toolmesh::client::connect(&server.addr.to_string(), None).await.unwrap();
+    let call = |name: &str| {
+        let request = CallToolRequest { name: name.into(), ..Default::default() };
+        let mut client = client.clone();
+        async move { client.call_tool(request).await.unwrap().into_inner() }
+    };
+    let text = |response: &toolmesh_proto::v1::CallToolResponse| format!("{:?}", response.content);
+
+    for tool in ["direct", "named_guarded"] {
+        let refused = call(tool).await;
+        assert!(refused.is_error, "{tool}: {}", text(&refused));
+        assert!(text(&refused).contains("refused"), "{tool}: {}", text(&refused));
+    }
+    let named = call("named").await;
+    assert!(!named.is_error, "{}", text(&named));
+    assert!(text(&named).contains("reached"));
+    assert_eq!(*seen.lock().unwrap(), ["/named"], "only the allowed call reached the target");
+    // proxy.py logs a request when its connection closes.
+    drop(client);
+    drop(server);
+    let logged = eventually(Duration::from_secs(5), || async {
+        proxy.log().contains(&format!("localhost:{target}/named")).then_some(())
+    })
+    .await;
+    assert!(logged.is_some(), "the named proxy carried the call:\n{}", proxy.log());
+    assert!(!proxy.log().contains("/direct"), "the environment proxy was not used");
 }

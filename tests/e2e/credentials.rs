@@ -7,8 +7,11 @@ use std::sync::{Arc, Mutex};
 
 use axum::{Json, Router, http::HeaderMap, routing::get};
 use serde_json::json;
+use std::time::Duration;
 use tonic::Code;
 use toolmesh::AppOptions;
+use toolmesh_e2e::BinaryServer;
+use toolmesh_e2e::otlp::Receiver;
 use toolmesh_e2e::{PyHttpServer, TestServer, eventually, serve_http};
 use toolmesh_proto::v1::{CallToolRequest, ListToolsRequest};
 
@@ -169,5 +172,111 @@ async fn each_principal_s_own_secret_reaches_http_tools_and_mcp_servers() {
     for secret in [alice_secret, bob_secret] {
         assert!(!listing.contains(secret), "a secret in ListTools");
         assert!(!refused.message().contains(secret));
+    }
+}
+
+/// Credentials never show: not in the debug log, not in the exported spans, not in the
+/// audit log, not in ListTools — neither an accepted API key nor a refused one, nor the
+/// upstream secret an HTTP tool and an MCP server over streamable HTTP are sent for alice
+/// (nor alice's key, which another HTTP tool passes on).
+#[tokio::test]
+async fn credentials_appear_in_no_log_span_audit_line_or_listing() {
+    let (receiver, otlp) = Receiver::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let key = toolmesh_identity::new_key();
+    let unknown = toolmesh_identity::new_key();
+    let upstream_secret = "upstream-secret-of-alice-5f1e2d3c4b5a";
+    let secret_file = dir.path().join("alice-svc");
+    std::fs::write(&secret_file, upstream_secret).unwrap();
+    let received = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let log = received.clone();
+    let upstream = toolmesh_e2e::serve_http(axum::Router::new().route(
+        "/svc",
+        axum::routing::get(move |headers: axum::http::HeaderMap| {
+            let log = log.clone();
+            async move {
+                for value in headers.get_all("authorization") {
+                    log.lock().unwrap().push(value.to_str().unwrap().to_owned());
+                }
+                "ok"
+            }
+        }),
+    ))
+    .await;
+    let mcp = PyHttpServer::start().await;
+    let toml = format!(
+        "[[auth.api_keys]]\nprincipal = \"alice\"\nsha256 = \"{}\"\n\n[policy.audit]\nto = \"{}\"\n\n\
+         [[mcp.servers]]\nname = \"py\"\ntransport = \"streamable-http\"\nurl = \"{}\"\n\
+         credentials = [\"svc\"]\n\
+         [credentials.svc]\nprincipals.alice = {{ file = {:?} }}\n\
+         [credentials.caller]\npass_caller_token = true\n\
+         [[tools.http]]\nname = \"svc\"\ndescription = \"a service\"\nurl = \"http://{upstream}/svc\"\n\
+         allow_private_network = true\ncredentials = [\"svc\"]\n\
+         [[tools.http]]\nname = \"svc_as_caller\"\ndescription = \"a service\"\n\
+         url = \"http://{upstream}/svc\"\nallow_private_network = true\ncredentials = [\"caller\"]\n",
+        toolmesh_identity::key_digest(&key),
+        audit.display(),
+        mcp.url(),
+        secret_file.display().to_string(),
+    );
+    let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()), ("RUST_LOG", "debug")];
+    let mut server = BinaryServer::with_config(&toml, &env).await.unwrap();
+    let addr = server.addr.to_string();
+    let mut client = toolmesh::client::connect(&addr, Some(&key)).await.unwrap();
+    let listed = client.list_tools(ListToolsRequest::default()).await.unwrap().into_inner();
+    let request = CallToolRequest {
+        name: "echo".into(),
+        arguments_json: r#"{"message":"hi"}"#.into(),
+        ..Default::default()
+    };
+    assert!(!client.call_tool(request.clone()).await.unwrap().into_inner().is_error);
+    for tool in ["svc", "svc_as_caller"] {
+        let call = CallToolRequest { name: tool.into(), ..request.clone() };
+        assert!(!client.call_tool(call).await.unwrap().into_inner().is_error, "{tool}");
+    }
+    assert_eq!(
+        *received.lock().unwrap(),
+        [format!("Bearer {upstream_secret}"), format!("Bearer {key}")],
+        "the upstream got them"
+    );
+    let authorization = eventually(Duration::from_secs(30), || {
+        let (mut client, request) = (client.clone(), request.clone());
+        async move {
+            let call = CallToolRequest {
+                name: "py_http_authorization".into(),
+                arguments_json: "{}".into(),
+                ..request
+            };
+            client.call_tool(call).await.ok().map(|r| toolmesh_e2e::text(&r.into_inner()))
+        }
+    })
+    .await
+    .expect("the MCP server answers");
+    let expected: String =
+        <sha2::Sha256 as sha2::Digest>::digest(format!("Bearer {upstream_secret}"))
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+    assert_eq!(authorization, expected, "the MCP server got alice's secret");
+    let mut refused = toolmesh::client::connect(&addr, Some(&unknown)).await.unwrap();
+    let status = refused.call_tool(request).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unauthenticated);
+    assert!(!status.message().contains(&unknown), "{}", status.message());
+
+    let spans = receiver.spans_after_stop(&mut server, "execute_tool echo").await;
+    let logs = server.logs();
+    assert!(logs.contains("DEBUG"), "the log is at debug level: {logs}");
+    let audit = std::fs::read_to_string(&audit).unwrap();
+    assert!(audit.contains("\"principal\":\"alice\""), "{audit}");
+    let spans = format!("{spans:?}");
+    assert!(spans.contains("alice"), "the principal is on the spans");
+    for secret in [key.as_str(), unknown.as_str(), upstream_secret] {
+        // The key, and any long piece of it.
+        let piece = &secret[secret.len() - 16..];
+        assert!(!logs.contains(piece), "a credential in the log:\n{logs}");
+        assert!(!spans.contains(piece), "a credential in a span");
+        assert!(!audit.contains(piece), "a credential in the audit log");
+        assert!(!format!("{listed:?}").contains(piece), "a credential in ListTools");
     }
 }

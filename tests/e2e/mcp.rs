@@ -2,14 +2,13 @@
 //! `@modelcontextprotocol/server-everything` (npm) over stdio and streamable HTTP, and a
 //! server written with the Python `mcp` SDK (`tests/mcp/py_server.py`) over stdio.
 
-#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
-
 use std::{path::Path, process::Stdio, time::Duration};
 
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tonic::Code;
 use toolmesh::AppOptions;
+use toolmesh_e2e::BinaryServer;
 use toolmesh_e2e::{PyHttpServer, TestServer, eventually, process_alive, py_server, python, text};
 use toolmesh_proto::v1::{
     CallToolClientMessage, CallToolRequest, CancelCall, ElicitationAction, ElicitationAnswer,
@@ -202,14 +201,15 @@ impl HttpEverything {
 
     /// Starts the server in `mode`, waiting for `ready` on its stderr.
     async fn start_mode(mode: &str, ready: &'static str, port: u16) -> Self {
-        let mut child = tokio::process::Command::new(EVERYTHING)
-            .arg(mode)
-            .env("PORT", port.to_string())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("mcp-server-everything is installed (tests/setup installs it from npm)");
+        let mut child = toolmesh_e2e::spawn(
+            tokio::process::Command::new(EVERYTHING)
+                .arg(mode)
+                .env("PORT", port.to_string())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true),
+        )
+        .expect("mcp-server-everything is installed (tests/setup installs it from npm)");
         let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
         let ready = tokio::time::timeout(Duration::from_secs(30), async {
             while let Ok(Some(line)) = lines.next_line().await {
@@ -896,8 +896,10 @@ async fn calls_beyond_a_servers_max_concurrency_are_resource_exhausted() {
 }
 
 /// Every child of the root supervisor (registry, worker pool, MCP supervisor, search
-/// index) that ends unasked is started again: its health (`toolmesh.actor.<name>`) shows
-/// the restart, and what it did works again: local calls, MCP calls, search.
+/// index, retriever, the front door) that ends unasked is started again: its health
+/// (`toolmesh.actor.<name>`) shows the restart, and what it did works again: local calls,
+/// MCP calls, search, ingestion; the restarted front door goes on serving, reloads and
+/// drains.
 #[tokio::test]
 async fn crashed_children_of_the_root_supervisor_are_restarted_and_their_health_shows_it() {
     use tonic_health::pb::health_check_response::ServingStatus;
@@ -927,9 +929,9 @@ async fn crashed_children_of_the_root_supervisor_are_restarted_and_their_health_
         }
     };
     let names: Vec<&str> = server.app.actors().into_iter().map(|(name, _)| name).collect();
-    assert_eq!(names, ["knowledge", "mcp", "registry", "search", "workers"]);
+    assert_eq!(names, ["front", "knowledge", "mcp", "registry", "search", "workers"]);
 
-    for child in ["registry", "workers", "mcp", "search", "knowledge"] {
+    for child in ["registry", "workers", "mcp", "search", "knowledge", "front"] {
         let service = format!("toolmesh.actor.{child}");
         assert_eq!(status(service.clone()).await, Some(ServingStatus::Serving), "{child}");
         let old = server.app.actors().into_iter().find(|(n, _)| *n == child).unwrap().1;
@@ -966,6 +968,9 @@ async fn crashed_children_of_the_root_supervisor_are_restarted_and_their_health_
             "after {child} restarted: {answered:?}"
         );
     }
+    // The front door's fresh actor took over the running server.
+    server.app.reload(&TestServer::config(&config).unwrap()).await.unwrap();
+    assert!(server.stop().await.unwrap(), "the restarted front door drained the server");
 }
 
 /// A restart lists each MCP server's tools as the server listed them in the last run,
@@ -1086,4 +1091,34 @@ async fn a_restart_lists_the_remembered_tools_before_the_servers_answer() {
     assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
     assert!(refused.message().contains("eager"), "{refused:?}");
     third.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_unprefixed_mcp_tool_that_collides_is_an_error_naming_both_sources() {
+    let python = python();
+    let mini = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/mini_server.py");
+    let server = BinaryServer::with_config(
+        &format!(
+            "[[mcp.servers]]\nname = \"mini\"\ntransport = \"stdio\"\ncommand = \"{python}\"\nargs = [\"{}\"]\nprefix = \"none\"\n",
+            mini.display()
+        ),
+        &[],
+    )
+    .await
+    .unwrap();
+    let logged = eventually(Duration::from_secs(20), || async {
+        server.logs().lines().find(|l| l.contains("collides")).map(str::to_owned)
+    })
+    .await
+    .expect("the collision is logged");
+    assert!(logged.contains("ERROR") && logged.contains("echo"), "{logged}");
+    assert!(
+        logged.contains("local:builtin") && logged.contains("mini"),
+        "names both sources: {logged}"
+    );
+    // The built-in echo keeps its name; nothing was silently replaced.
+    let mut client = toolmesh::client::connect(&server.addr.to_string(), None).await.unwrap();
+    let (tools, _) = toolmesh::client::list_all(&mut client).await.unwrap();
+    let echo = tools.iter().find(|t| t.name == "echo").unwrap();
+    assert_eq!(echo.source.as_ref().unwrap().name, "builtin");
 }

@@ -6,6 +6,8 @@ use std::{collections::BTreeMap, path::Path, time::Duration};
 use nix::sys::signal::Signal;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
+use toolmesh_e2e::cli::tool_names;
+use toolmesh_e2e::otlp::{Receiver, attr};
 use toolmesh_e2e::{BinaryServer, BinaryWorker, eventually, write_script};
 use toolmesh_proto::v1::CallToolRequest;
 
@@ -98,7 +100,7 @@ async fn health(addr: &str, service: &str) -> Option<ServingStatus> {
 
 async fn wait_for_tool(addr: &str, tool: &str) {
     eventually(Duration::from_secs(20), || async {
-        crate::tool_names(addr).await.iter().any(|t| t == tool).then_some(())
+        tool_names(addr).await.iter().any(|t| t == tool).then_some(())
     })
     .await
     .unwrap_or_else(|| panic!("tool {tool} never appeared"));
@@ -436,14 +438,15 @@ async fn the_python_example_worker_serves_its_tools_through_the_router() {
     let addr = router.addr.to_string();
     let example =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../services/python-worker/example.py");
-    let mut worker = tokio::process::Command::new(toolmesh_e2e::python())
-        .arg(&example)
-        .arg(&addr)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut worker = toolmesh_e2e::spawn(
+        tokio::process::Command::new(toolmesh_e2e::python())
+            .arg(&example)
+            .arg(&addr)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true),
+    )
+    .unwrap();
     let mut lines = tokio::io::BufReader::new(worker.stdout.take().unwrap()).lines();
     let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await;
     assert!(
@@ -501,7 +504,7 @@ async fn the_python_example_worker_serves_its_tools_through_the_router() {
         tokio::time::timeout(Duration::from_secs(10), worker.wait()).await.unwrap().unwrap();
     assert!(status.success(), "{status:?}");
     eventually(Duration::from_secs(10), || async {
-        (!crate::tool_names(&addr).await.iter().any(|t| t == "word_count")).then_some(())
+        (!tool_names(&addr).await.iter().any(|t| t == "word_count")).then_some(())
     })
     .await
     .expect("the tools went with the worker");
@@ -533,7 +536,7 @@ async fn the_remote_bench_runs_worker_pools_and_reports_scaling() {
 async fn the_workers_execution_span_is_a_child_of_the_routers_dispatch_span() {
     let dir = tempfile::tempdir().unwrap();
     let ledger = dir.path().join("ledger");
-    let (receiver, otlp) = crate::Receiver::start().await;
+    let (receiver, otlp) = Receiver::start().await;
     let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()), ROUTER_ENV[0]];
     let mut router = BinaryServer::start(&[], &env).await.unwrap();
     let addr = router.addr.to_string();
@@ -570,8 +573,7 @@ async fn the_workers_execution_span_is_a_child_of_the_routers_dispatch_span() {
                     && s.contains(service)
                     && hex_of(&span.trace_id) == trace_id
                     && (name == "toolmesh.dispatch"
-                        || crate::attr(span, "gen_ai.tool.call.id").as_deref()
-                            == Some("traced-remote"))
+                        || attr(span, "gen_ai.tool.call.id").as_deref() == Some("traced-remote"))
             })
             .map(|(_, span)| span.clone())
             .unwrap_or_else(|| {
@@ -584,7 +586,7 @@ async fn the_workers_execution_span_is_a_child_of_the_routers_dispatch_span() {
     assert_eq!(execute.parent_span_id, dispatch.span_id, "the worker's span is under dispatch");
     let local = find("toolmesh.worker.execute", "worker-e2e");
     assert_eq!(local.parent_span_id, execute.span_id, "the worker's pool runs it under that");
-    assert_eq!(crate::attr(&dispatch, "toolmesh.call.attempt").as_deref(), Some("1"));
+    assert_eq!(attr(&dispatch, "toolmesh.call.attempt").as_deref(), Some("1"));
 }
 
 fn hex_of(bytes: &[u8]) -> String {
@@ -597,7 +599,7 @@ async fn two_routers_share_the_workers_and_accept_each_others_searches() {
     let ledger = dir.path().join("ledger");
     let mut env = vec![ROUTER_ENV[0], ("TOOLMESH__ROUTING__TOKEN_KEY", "a key both routers share")];
     // With a Qdrant server at hand, the routers share its tool index too (the test of that
-    // sharing itself is in grpc.rs); without one, each has its embedded store.
+    // sharing itself is in knowledge.rs); without one, each has its embedded store.
     let qdrant = std::env::var("QDRANT_URL").ok().filter(|url| !url.is_empty());
     if let Some(url) = &qdrant {
         env.extend([("TOOLMESH__VECTOR__BACKEND", "qdrant"), ("TOOLMESH__VECTOR__URL", url)]);

@@ -101,7 +101,7 @@ impl BinaryServer {
         for (key, value) in env {
             command.env(key, value);
         }
-        let mut child = command.spawn().context("starting toolmesh")?;
+        let mut child = crate::spawn(&mut command).context("starting toolmesh")?;
         let stderr = Arc::new(Mutex::new(String::new()));
         let sink = stderr.clone();
         let mut err_lines = BufReader::new(child.stderr.take().context("stderr")?).lines();
@@ -179,20 +179,21 @@ impl BinaryWorker {
         let dir = tempfile::tempdir()?;
         let config = dir.path().join("worker.toml");
         std::fs::write(&config, toml)?;
-        let mut child = Command::new(toolmesh_bin())
-            .arg("worker")
-            .args(["--router", router, "--config"])
-            .arg(&config)
-            .args(args)
-            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-            .env_remove("RUST_LOG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .envs(env.iter().copied())
-            .kill_on_drop(true)
-            .spawn()
-            .context("starting toolmesh worker")?;
+        let mut child = crate::spawn(
+            Command::new(toolmesh_bin())
+                .arg("worker")
+                .args(["--router", router, "--config"])
+                .arg(&config)
+                .args(args)
+                .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+                .env_remove("RUST_LOG")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .envs(env.iter().copied())
+                .kill_on_drop(true),
+        )
+        .context("starting toolmesh worker")?;
         let stderr = Arc::new(Mutex::new(String::new()));
         let sink = stderr.clone();
         let mut lines = BufReader::new(child.stderr.take().context("stderr")?).lines();

@@ -1,7 +1,11 @@
 //! Helpers of toolmesh's end-to-end tests: servers on `127.0.0.1:0`, the real `toolmesh`
-//! binary as a child process, and local tools with scripted behaviour.
+//! binary as a child process, and local tools with scripted behaviour; [`calls`] over the
+//! gRPC API, [`cli`] for the binaries.
 
 mod binary;
+pub mod calls;
+pub mod cli;
+pub mod otlp;
 pub mod pki;
 mod server;
 pub mod tools;
@@ -12,6 +16,13 @@ pub use server::TestServer;
 pub use upstream::{PyHttpServer, py_server, python, python_client, serve_http};
 
 use std::time::Duration;
+
+/// Starts `command` as a child that toolmesh's reaper of orphans leaves alone: the tests
+/// run toolmesh in this process too, and it reaps any child of the process that stays a
+/// zombie, unless the child is registered, as every child toolmesh starts is.
+pub fn spawn(command: &mut tokio::process::Command) -> std::io::Result<tokio::process::Child> {
+    toolmesh_process::spawn_managed(|| command.spawn(), tokio::process::Child::id)
+}
 
 /// Polls `check` every 20 ms until it returns `Some`, for at most `limit`.
 pub async fn eventually<T, F, Fut>(limit: Duration, mut check: F) -> Option<T>

@@ -43,14 +43,15 @@ impl PyHttpServer {
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
-        let child = tokio::process::Command::new(python())
-            .arg(py_server())
-            .args(["http", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start the Python MCP server");
+        let child = crate::spawn(
+            tokio::process::Command::new(python())
+                .arg(py_server())
+                .args(["http", &port.to_string()])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .kill_on_drop(true),
+        )
+        .expect("start the Python MCP server");
         eventually(Duration::from_secs(30), || async {
             tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()
         })

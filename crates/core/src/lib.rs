@@ -9,6 +9,7 @@
 //!   by name.
 //! - [`Provider`]: a source of tools with a lifecycle (start, reload, health, stop), the
 //!   seam the binary drives every backend through; [`HealthBoard`] holds their health.
+//! - [`Supervised`]: an actor the root supervisor links and restarts through its handle.
 //! - [`VectorStore`]: collections of dense and lexical vectors, queried with the store's
 //!   fusion; the tool index and knowledge collections keep their vectors in one.
 //! - [`Principal`]: who a request runs as, for policy and upstream credentials.
@@ -21,6 +22,7 @@ mod content;
 mod error;
 mod principal;
 mod provider;
+mod supervised;
 mod tool;
 pub mod vector;
 
@@ -37,6 +39,7 @@ pub use principal::{
     ANONYMOUS, NoPrincipal, Principal, PrincipalKind, Secret, is_open, open_principal,
 };
 pub use provider::{Health, HealthBoard, Provider, ProviderError};
+pub use supervised::Supervised;
 pub use tool::{
     InvalidToolName, MAX_LISTING_BYTES, SourceKind, ToolAnnotations, ToolSource, ToolSpec, Toolkit,
     validate_tool_name,

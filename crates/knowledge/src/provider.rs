@@ -44,10 +44,6 @@ impl Provider<Config> for KnowledgeProvider {
         "knowledge"
     }
 
-    fn section(&self) -> Option<&'static str> {
-        Some(SECTION)
-    }
-
     async fn start(&self, config: &Config) -> Result<(), ProviderError> {
         self.apply(config).await
     }

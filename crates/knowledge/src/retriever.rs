@@ -8,177 +8,36 @@
 
 use std::{
     collections::{BTreeMap, HashSet},
-    sync::{Arc, Mutex, PoisonError},
+    sync::{Arc, PoisonError},
 };
 
-use arc_swap::ArcSwap;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde_json::{Map, Value, json};
 use sha2::{Digest as _, Sha256};
 use toolmesh_core::{
-    ErrorCode, Health, SourceKind, StoreError, ToolSource, VectorStore, VectorStores,
-    vector::{CollectionSpec, Condition, Filter, Point, PointId, Precision, Query, Scalar},
+    SourceKind, StoreError, ToolSource,
+    vector::{CollectionSpec, Filter, Point, PointId, Precision, Scalar},
 };
-use toolmesh_embed::Embedder;
+use toolmesh_embed::{
+    Embedder,
+    lexical::{self, terms},
+};
 use toolmesh_registry::{RegistryHandle, SourceUpdate, ToolEntry};
-use toolmesh_search::{lexical, terms};
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::{
-    KnowledgeConfig,
+    Document, DocumentResult, KnowledgeConfig, KnowledgeError,
     chunk::{Chunk, chunks},
-    config::CollectionConfig,
+    document::check,
+    shared::{Collection, DOC_ID, METADATA, POSITION, Shared, TEXT},
     tool::SearchTool,
+    unknown_store,
 };
 
 /// Texts embedded per batch.
 const EMBED_BATCH: usize = 16;
 /// The length chunk texts are normalised by for BM25, in terms.
 const AVERAGE_CHUNK_TERMS: f32 = 60.0;
-/// The payload fields of a chunk.
-pub(crate) const DOC_ID: &str = "doc_id";
-pub(crate) const POSITION: &str = "chunk";
-pub(crate) const TEXT: &str = "text";
-pub(crate) const METADATA: &str = "metadata";
-/// The longest document id, in bytes.
-const MAX_ID_BYTES: usize = 512;
-
-/// A document to ingest.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Document {
-    /// Its id in the collection; ingesting an id again replaces the document.
-    pub id: String,
-    /// Its text.
-    pub text: String,
-    /// Whether the text is Markdown (chunked along its structure).
-    pub markdown: bool,
-    /// What the caller wants returned with its passages and filters on.
-    pub metadata: Map<String, Value>,
-}
-
-/// What became of one document.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DocumentResult {
-    /// The document's id.
-    pub id: String,
-    /// Its chunks now in the collection; 0 when it failed.
-    pub chunks: usize,
-    /// Why it failed; `None` when it is in.
-    pub error: Option<String>,
-}
-
-/// A collection as `ListCollections` shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CollectionInfo {
-    /// The collection's name.
-    pub name: String,
-    /// What it holds.
-    pub description: String,
-    /// The tool that searches it.
-    pub tool: String,
-    /// Documents in it.
-    pub documents: u64,
-    /// Chunks in it.
-    pub chunks: u64,
-    /// The store it is in.
-    pub store: String,
-    /// Why the counts could not be read; `None` when they were.
-    pub error: Option<String>,
-}
-
-/// One passage a search found.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Passage {
-    /// The document it is from.
-    pub document_id: String,
-    /// Its position among the document's chunks.
-    pub chunk: u64,
-    /// Its score; higher is better (a fused rank score).
-    pub score: f32,
-    /// The passage.
-    pub text: String,
-    /// The document's metadata.
-    pub metadata: Map<String, Value>,
-}
-
-/// Why a knowledge request failed.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum KnowledgeError {
-    /// No such collection.
-    #[error("no knowledge collection {name:?} (collections: {known})")]
-    NoCollection {
-        /// The name asked for.
-        name: String,
-        /// The collections there are.
-        known: String,
-    },
-    /// The request is wrong.
-    #[error("{0}")]
-    Invalid(String),
-    /// The store failed.
-    #[error("{0}")]
-    Store(#[from] StoreError),
-    /// The embedding model failed.
-    #[error("embedding failed: {0}")]
-    Embedding(String),
-    /// The retriever is gone (shutting down).
-    #[error("the retriever is not running: {0}")]
-    Gone(String),
-}
-
-impl KnowledgeError {
-    /// Returns the failure kind for callers.
-    pub fn code(&self) -> ErrorCode {
-        match self {
-            KnowledgeError::NoCollection { .. } => ErrorCode::NotFound,
-            KnowledgeError::Invalid(_) => ErrorCode::InvalidArgument,
-            KnowledgeError::Store(error) => error.code(),
-            KnowledgeError::Embedding(_) => ErrorCode::Internal,
-            KnowledgeError::Gone(_) => ErrorCode::Unavailable,
-        }
-    }
-}
-
-/// A configured collection.
-#[derive(Debug)]
-pub(crate) struct Collection {
-    pub(crate) config: CollectionConfig,
-    /// Its name in the store.
-    pub(crate) stored: String,
-    /// The store it is in (`store` of its config).
-    pub(crate) store: Arc<dyn VectorStore>,
-    /// Held while a write to it runs: one ingestion or deletion at a time.
-    writing: tokio::sync::Mutex<()>,
-}
-
-/// What the actor and the handle share.
-pub(crate) struct Shared {
-    /// The stores a collection may be in.
-    pub(crate) stores: VectorStores,
-    pub(crate) embedder: Option<Arc<dyn Embedder>>,
-    pub(crate) collections: ArcSwap<BTreeMap<String, Arc<Collection>>>,
-    pub(crate) max_document_bytes: std::sync::atomic::AtomicUsize,
-    /// The role that ingests and deletes (`writer_role`).
-    pub(crate) writer_role: ArcSwap<String>,
-    /// Collections the store could not make, with the reason.
-    pub(crate) failed: Mutex<BTreeMap<String, String>>,
-    pub(crate) changed: tokio::sync::Notify,
-}
-
-impl std::fmt::Debug for Shared {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shared").field("stores", &self.stores.names()).finish_non_exhaustive()
-    }
-}
-
-/// How callers ingest, delete, list and search; cheap to clone.
-#[derive(Debug, Clone)]
-pub struct KnowledgeHandle {
-    pub(crate) shared: Arc<Shared>,
-    /// The retriever now: a supervisor replaces it after a failure.
-    actor: Arc<ArcSwap<ActorRef<RetrieverMsg>>>,
-    registry: RegistryHandle,
-}
 
 /// Messages of the [`RetrieverActor`].
 #[derive(Debug)]
@@ -200,304 +59,8 @@ pub enum RetrieverMsg {
 
 /// Owns the knowledge collections; see the module.
 pub struct RetrieverActor {
-    shared: Arc<Shared>,
-    registry: RegistryHandle,
-}
-
-impl KnowledgeHandle {
-    /// Returns the role that ingests and deletes documents when callers authenticate.
-    pub fn writer_role(&self) -> Arc<String> {
-        self.shared.writer_role.load_full()
-    }
-
-    /// Starts the retriever over `stores` (each collection in the one its config chooses),
-    /// publishing tools into `registry`.
-    pub async fn start(
-        stores: VectorStores,
-        embedder: Option<Arc<dyn Embedder>>,
-        registry: RegistryHandle,
-    ) -> Result<KnowledgeHandle, ractor::SpawnErr> {
-        let shared = Arc::new(Shared {
-            stores,
-            embedder,
-            collections: ArcSwap::default(),
-            max_document_bytes: KnowledgeConfig::MAX_DOCUMENT_BYTES.into(),
-            writer_role: ArcSwap::from_pointee(KnowledgeConfig::WRITER_ROLE.to_owned()),
-            failed: Mutex::default(),
-            changed: tokio::sync::Notify::new(),
-        });
-        let retriever = RetrieverActor { shared: shared.clone(), registry: registry.clone() };
-        let (actor, _) = Actor::spawn(None, retriever, ()).await?;
-        Ok(KnowledgeHandle { shared, actor: Arc::new(ArcSwap::from_pointee(actor)), registry })
-    }
-
-    /// Returns the retriever's actor, for a supervisor to link.
-    pub fn actor(&self) -> ractor::ActorCell {
-        self.actor.load().get_cell()
-    }
-
-    /// Starts a fresh retriever under `supervisor` after the old one failed. The
-    /// collections, their tools and the store's data live on in the shared state: the new
-    /// actor takes the next ingestion, deletion or reload; a call the old one was answering
-    /// got an error naming its end.
-    pub async fn respawn(
-        &self,
-        supervisor: ractor::ActorCell,
-    ) -> Result<ractor::ActorCell, ractor::SpawnErr> {
-        let retriever =
-            RetrieverActor { shared: self.shared.clone(), registry: self.registry.clone() };
-        let (actor, _) = Actor::spawn_linked(None, retriever, (), supervisor).await?;
-        self.actor.store(Arc::new(actor.clone()));
-        Ok(actor.get_cell())
-    }
-
-    async fn ask<T>(
-        &self,
-        message: impl FnOnce(RpcReplyPort<Result<T, KnowledgeError>>) -> RetrieverMsg,
-    ) -> Result<T, KnowledgeError>
-    where
-        T: Send + 'static,
-    {
-        match self.actor.load().call(message, None).await {
-            Ok(ractor::rpc::CallResult::Success(result)) => result,
-            Ok(ractor::rpc::CallResult::Timeout) => Err(KnowledgeError::Gone("timed out".into())),
-            Ok(ractor::rpc::CallResult::SenderError) => {
-                Err(KnowledgeError::Gone("the retriever dropped the request".into()))
-            }
-            Err(error) => Err(KnowledgeError::Gone(error.to_string())),
-        }
-    }
-
-    /// Applies `[knowledge]`.
-    pub async fn apply(&self, config: KnowledgeConfig) -> Result<(), KnowledgeError> {
-        self.ask(|reply| RetrieverMsg::Apply(config, reply)).await
-    }
-
-    /// Ingests `documents` into `collection`: each is chunked, embedded and stored,
-    /// replacing the document of the same id whole. Each gets its result.
-    pub async fn ingest(
-        &self,
-        collection: &str,
-        documents: Vec<Document>,
-    ) -> Result<Vec<DocumentResult>, KnowledgeError> {
-        // Made here, in the caller's trace: the actor runs the ingestion under it.
-        let span = info_span!(
-            "knowledge.ingest",
-            knowledge.collection = %collection,
-            knowledge.documents = documents.len() as i64
-        );
-        let collection = collection.to_owned();
-        self.ask(|reply| RetrieverMsg::Ingest(collection, documents, span, reply)).await
-    }
-
-    /// Deletes documents by id; returns how many chunks went and the ids not found.
-    pub async fn delete(
-        &self,
-        collection: &str,
-        ids: Vec<String>,
-    ) -> Result<(u64, Vec<String>), KnowledgeError> {
-        let collection = collection.to_owned();
-        self.ask(|reply| RetrieverMsg::Delete(collection, ids, reply)).await
-    }
-
-    /// Returns the collections with their document and chunk counts; a collection whose
-    /// store does not answer is listed with the reason.
-    pub async fn collections(&self) -> Vec<CollectionInfo> {
-        let collections = self.shared.collections.load_full();
-        let mut infos = Vec::with_capacity(collections.len());
-        for collection in collections.values() {
-            let store = &collection.store;
-            // One store that does not answer fails its collections' counts, not the list.
-            let counts = match store.count(&collection.stored, None).await {
-                Ok(0) | Err(StoreError::NoCollection { .. }) => Ok((0, 0)),
-                Ok(chunks) => store
-                    .distinct(&collection.stored, DOC_ID, usize::MAX >> 1)
-                    .await
-                    .map(|documents| (documents, chunks)),
-                Err(error) => Err(error),
-            };
-            let ((documents, chunks), error) = match counts {
-                Ok(counts) => (counts, None),
-                Err(error) => ((0, 0), Some(error.to_string())),
-            };
-            infos.push(CollectionInfo {
-                name: collection.config.name.clone(),
-                description: collection.config.description.clone(),
-                tool: collection.config.tool_name(),
-                documents,
-                chunks,
-                store: store.describe(),
-                error,
-            });
-        }
-        infos
-    }
-
-    /// Returns the best `top_k` passages of `collection` for `query` whose metadata
-    /// matches `filter`, as its search tool does.
-    pub async fn search(
-        &self,
-        collection: &str,
-        query: &str,
-        top_k: usize,
-        filter: &Map<String, Value>,
-    ) -> Result<Vec<Passage>, KnowledgeError> {
-        self.shared.search(collection, query, top_k, filter).await
-    }
-
-    /// Returns the health of each collection: down while the store cannot make it.
-    pub fn health(&self) -> Vec<(String, Health)> {
-        let failed = self.shared.failed.lock().unwrap_or_else(PoisonError::into_inner).clone();
-        self.shared
-            .collections
-            .load()
-            .keys()
-            .map(|name| match failed.get(name) {
-                Some(reason) => (name.clone(), Health::down(reason.clone())),
-                None => (name.clone(), Health::up()),
-            })
-            .collect()
-    }
-
-    /// Stops the retriever.
-    pub async fn stop(&self) {
-        let _ = self
-            .actor
-            .load()
-            .stop_and_wait(Some("shutdown".into()), Some(std::time::Duration::from_secs(5)))
-            .await;
-    }
-}
-
-impl Shared {
-    /// Returns the best `top_k` passages of `collection` for `query` among those whose
-    /// metadata matches `filter` (field → value, or → any of several values).
-    pub(crate) async fn search(
-        &self,
-        collection: &str,
-        query: &str,
-        top_k: usize,
-        filter: &Map<String, Value>,
-    ) -> Result<Vec<Passage>, KnowledgeError> {
-        let collection = self.collection(collection)?;
-        let span = info_span!(
-            "knowledge.query",
-            knowledge.collection = %collection.config.name,
-            knowledge.top_k = top_k as i64,
-            knowledge.hits = tracing::field::Empty,
-        );
-        let found = async {
-            if query.trim().is_empty() {
-                return Err(KnowledgeError::Invalid("the query is empty".into()));
-            }
-            let filter = metadata_filter(&collection.config, filter)?;
-            let dense = match self.embedder.clone() {
-                Some(embedder) => {
-                    let text = query.to_owned();
-                    let vector = tokio::task::spawn_blocking(move || embedder.embed_query(&text))
-                        .instrument(info_span!("knowledge.embed", knowledge.texts = 1_i64))
-                        .await
-                        .map_err(|e| KnowledgeError::Embedding(e.to_string()))?
-                        .map_err(|e| KnowledgeError::Embedding(e.to_string()))?;
-                    Some(vector)
-                }
-                None => None,
-            };
-            let lexical = Some(lexical::query(&terms(query))).filter(|l| !l.is_empty());
-            let request = Query {
-                dense,
-                lexical,
-                filter,
-                limit: top_k,
-                candidates: (4 * top_k).max(50),
-                rrf_k: 0,
-                payload: true,
-            };
-            let hits = match collection.store.query(&collection.stored, request).await {
-                Ok(hits) => hits,
-                Err(StoreError::NoCollection { .. }) => Vec::new(),
-                Err(error) => return Err(error.into()),
-            };
-            Ok(hits
-                .into_iter()
-                .map(|hit| {
-                    let mut payload = hit.payload;
-                    let text = |v: Option<Value>| match v {
-                        Some(Value::String(s)) => s,
-                        _ => String::new(),
-                    };
-                    Passage {
-                        document_id: text(payload.remove(DOC_ID)),
-                        chunk: payload.remove(POSITION).and_then(|v| v.as_u64()).unwrap_or(0),
-                        score: hit.score,
-                        text: text(payload.remove(TEXT)),
-                        metadata: match payload.remove(METADATA) {
-                            Some(Value::Object(map)) => map,
-                            _ => Map::new(),
-                        },
-                    }
-                })
-                .collect::<Vec<_>>())
-        }
-        .instrument(span.clone())
-        .await?;
-        span.record("knowledge.hits", found.len() as i64);
-        Ok(found)
-    }
-
-    pub(crate) fn collection(&self, name: &str) -> Result<Arc<Collection>, KnowledgeError> {
-        let collections = self.collections.load();
-        collections.get(name).cloned().ok_or_else(|| KnowledgeError::NoCollection {
-            name: name.to_owned(),
-            known: if collections.is_empty() {
-                "none configured".into()
-            } else {
-                collections.keys().cloned().collect::<Vec<_>>().join(", ")
-            },
-        })
-    }
-}
-
-/// The store filter of a search's metadata filter; only the collection's `filter_fields`
-/// may be named.
-fn metadata_filter(
-    config: &CollectionConfig,
-    filter: &Map<String, Value>,
-) -> Result<Option<Filter>, KnowledgeError> {
-    let mut must = Vec::new();
-    for (field, value) in filter {
-        if !config.filter_fields.contains(field) {
-            return Err(KnowledgeError::Invalid(format!(
-                "collection {:?} cannot be filtered on {field:?} (filterable fields: {})",
-                config.name,
-                if config.filter_fields.is_empty() {
-                    "none; list them in filter_fields".to_owned()
-                } else {
-                    config.filter_fields.join(", ")
-                }
-            )));
-        }
-        let key = format!("{METADATA}.{field}");
-        let scalar = |v: &Value| {
-            Scalar::from_json(v).ok_or_else(|| {
-                KnowledgeError::Invalid(format!(
-                    "filter {field:?}: a string, an integer or a boolean, or a list of them"
-                ))
-            })
-        };
-        must.push(match value {
-            Value::Array(values) => {
-                Condition::In(key, values.iter().map(scalar).collect::<Result<_, _>>()?)
-            }
-            value => Condition::Is(key, scalar(value)?),
-        });
-    }
-    Ok((!must.is_empty()).then_some(Filter { must, must_not: Vec::new() }))
-}
-
-/// Says that no store is named `name`, naming those there are.
-pub fn unknown_store(name: &str, known: &[&str]) -> String {
-    format!("no vector store {name:?} (stores: {}); add [vector.stores.{name}]", known.join(", "))
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) registry: RegistryHandle,
 }
 
 /// The name of a collection in the store: per embedding model, so that vectors of two
@@ -521,26 +84,6 @@ fn chunk_id(document: &str, position: usize) -> PointId {
     let mut bytes = [0; 8];
     bytes.copy_from_slice(&digest[..8]);
     u64::from_le_bytes(bytes)
-}
-
-/// Checks a document before any work: an id, text that is text, within the size limit.
-fn check(document: &Document, max_bytes: usize) -> Result<(), String> {
-    if document.id.is_empty() || document.id.len() > MAX_ID_BYTES {
-        return Err(format!("a document id has 1 to {MAX_ID_BYTES} bytes"));
-    }
-    if document.text.len() > max_bytes {
-        return Err(format!(
-            "the document is {} bytes; at most {max_bytes} are accepted (knowledge.max_document_bytes)",
-            document.text.len()
-        ));
-    }
-    if document.text.contains('\0') {
-        return Err("the document is not text (it holds NUL bytes)".into());
-    }
-    if document.text.trim().is_empty() {
-        return Err("the document is empty".into());
-    }
-    Ok(())
 }
 
 impl RetrieverActor {

@@ -9,8 +9,9 @@ use toolmesh_core::{
 };
 
 use crate::{
+    KnowledgeError, Passage,
     config::{CollectionConfig, MAX_ANSWER_BYTES, MAX_TOP_K},
-    retriever::{KnowledgeError, Passage, Shared},
+    shared::Shared,
 };
 
 /// `search_<collection>`: the passages of a collection that best match a query.

@@ -22,22 +22,31 @@
 
 mod actor;
 mod backend;
+mod connection;
 mod convert;
+mod group;
 mod handler;
 mod http_client;
+mod listing;
 mod manager;
+mod messages;
 mod metrics;
 mod naming;
+mod parallel;
 mod provider;
 mod remembered;
 mod schemas;
 mod shared;
 mod sse;
+mod state;
 
-pub use actor::{McpClientActor, McpClientState, McpMsg, ProcessGroupGuard};
+pub use actor::McpClientActor;
+pub use group::ProcessGroupGuard;
 pub use handler::McpClientHandler;
 pub use http_client::TracingHttpClient;
 pub use manager::{McpError, McpManager, McpSupervisorActor, McpSupervisorMsg, McpSupervisorState};
+pub use messages::McpMsg;
 pub use naming::publish_name;
 pub use shared::ServerHealth;
 pub use sse::{SseClientTransport, SseError};
+pub use state::McpClientState;

@@ -364,3 +364,18 @@ impl McpManager {
         let _ = actor.stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(15))).await;
     }
 }
+
+#[async_trait::async_trait]
+impl toolmesh_core::Supervised for McpManager {
+    fn actor(&self) -> ractor::ActorCell {
+        self.supervisor()
+    }
+
+    async fn respawn(
+        &self,
+        root: ractor::ActorCell,
+        _: String,
+    ) -> Result<ractor::ActorCell, String> {
+        McpManager::respawn(self, root).await.map_err(|e| e.to_string())
+    }
+}

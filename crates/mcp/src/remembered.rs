@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
 use toolmesh_config::{McpServerConfig, McpTransport};
 
-use crate::actor::map_listing;
+use crate::parallel::map_listing;
 
 /// The format of the files; another format is not read.
 const FORMAT: u64 = 1;

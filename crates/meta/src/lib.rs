@@ -8,12 +8,13 @@
 //! accepts only a tool that the token's search returned in the same session: the check is
 //! stateless, so replicas sharing the token key accept each other's searches.
 //!
-//! The crate sits above the router and the search index: it provides the router's
-//! [`Discovery`](toolmesh_router::Discovery) (the `SearchTools` RPC and the description of
-//! `searchTools` in `ListTools`, computed when read), and its `callTool` hands the entry it
-//! resolved to the router's admission step and dispatch.
+//! The crate sits above the router and the search index, below the API: the `SearchTools`
+//! RPC searches through [`MetaTools::find`] (the one search flow, shared with
+//! `searchTools`), `ListTools` describes `searchTools` with [`MetaTools::description_of`]
+//! (computed when read), and `callTool` hands the entry it resolved to the router's
+//! admission step and dispatch.
 
 mod meta;
 mod token;
 
-pub use meta::MetaTools;
+pub use meta::{Found, Keep, MetaTools};

@@ -17,8 +17,8 @@ use toolmesh_core::{
 use toolmesh_policy::Scope;
 use toolmesh_registry::{Catalog, RegistryError, RegistryHandle, SourceUpdate, ToolEntry};
 use toolmesh_router::{
-    Admission, CALL_TOOL, CallRequest, Discovery, Found, Keep, META_SOURCE, Router, RouterError,
-    SEARCH_TOOLS, Searched, call_tool_not_found, is_meta,
+    Admission, CALL_TOOL, CallRequest, META_SOURCE, Router, RouterError, SEARCH_TOOLS, Searched,
+    call_tool_not_found, is_meta,
 };
 use toolmesh_search::{SearchError, SearchHandle};
 use toolmesh_telemetry::{add_link, names, span_ids};
@@ -228,12 +228,33 @@ impl MetaTools {
     }
 }
 
-#[async_trait::async_trait]
-impl Discovery for MetaTools {
+/// What a search found, and of which index.
+#[derive(Debug, Clone, Default)]
+pub struct Found {
+    /// The tools, best first, with their scores.
+    pub hits: Vec<(Arc<ToolEntry>, f64)>,
+    /// How the index ranks, for example `bm25+minilm/rrf[k=60]`.
+    pub ranking: String,
+    /// Tools in the index.
+    pub indexed: u64,
+    /// Tools with a vector.
+    pub embedded: u64,
+    /// The catalog version the index reflects.
+    pub index_version: u64,
+    /// Whether the index had taken in the latest catalog, every tool with its vector.
+    pub complete: bool,
+    /// Bytes at the end of the query that were not searched (`search.max_query_bytes`).
+    pub query_cut: usize,
+}
+
+/// A filter a search applies besides the profile's pool.
+pub type Keep = Box<dyn Fn(&ToolSpec) -> bool + Send + Sync>;
+
+impl MetaTools {
     /// The one search flow of `searchTools` and `SearchTools`: the `top_k` (else the
     /// profile's) best tools for `query` in the pool of `profile` (every tool but the
     /// meta-tools when `profile` is empty) that `keep` accepts.
-    async fn find(
+    pub async fn find(
         &self,
         query: &str,
         top_k: Option<usize>,
@@ -262,7 +283,10 @@ impl Discovery for MetaTools {
         })
     }
 
-    fn describe(
+    /// Returns the description of `spec` as a model of routing profile `profile` reads it,
+    /// when it is computed from `catalog` (that of `searchTools`), counting only the tools
+    /// `scope`'s principal may see; `None`: its own.
+    pub fn description_of(
         &self,
         spec: &ToolSpec,
         profile: &str,
@@ -353,7 +377,8 @@ impl MetaTools {
         // The caller's policy filters before the ranking is cut to top_k.
         let scope = self.inner.router.admission().scope(ctx.principal.clone());
         let keep = Box::new(move |spec: &ToolSpec| scope.sees(spec));
-        let found = Discovery::find(self, query, top_k, profile_name, keep)
+        let found = self
+            .find(query, top_k, profile_name, keep)
             .instrument(span.clone())
             .await
             .map_err(|error| BackendError::Failure(Box::new(error.failure())))?;

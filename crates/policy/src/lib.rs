@@ -22,6 +22,7 @@ mod policy;
 #[cfg(test)]
 mod tests;
 mod variables;
+mod who;
 
 pub use approval::ApprovalMismatch;
 pub use audit::{AuditEvent, AuditLog};
@@ -30,7 +31,8 @@ pub use config::{
     PrincipalLimitConfig, RuleConfig, ToolLimitConfig,
 };
 pub use limits::{LimitError, Permit, ResultLimit};
-pub use policy::{AGENT_ATTRIBUTE, DEFAULT_RULE, Decision, Policy, Scope, Visible};
+pub use policy::{DEFAULT_RULE, Decision, Policy, Scope, Visible};
+pub use who::AGENT_ATTRIBUTE;
 
 /// The configuration section this crate reads.
 pub const SECTION: &str = "policy";

@@ -17,7 +17,7 @@ use toolmesh_core::{Principal, ToolSpec};
 use crate::{
     PolicyError,
     config::{LimitsConfig, PrincipalLimitConfig, ToolLimitConfig},
-    policy::Who,
+    who::Who,
 };
 
 /// Checks between two sweeps of a limiter's idle keys.

@@ -105,3 +105,18 @@ impl RegistryHandle {
         }
     }
 }
+
+#[async_trait::async_trait]
+impl toolmesh_core::Supervised for RegistryHandle {
+    fn actor(&self) -> ractor::ActorCell {
+        RegistryHandle::actor(self)
+    }
+
+    async fn respawn(
+        &self,
+        root: ractor::ActorCell,
+        _: String,
+    ) -> Result<ractor::ActorCell, String> {
+        RegistryHandle::respawn(self, root).await.map_err(|e| e.to_string())
+    }
+}

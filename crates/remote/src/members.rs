@@ -554,3 +554,91 @@ impl Members {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hello(worker: &str, capacity: u32, description: &str) -> v1::WorkerHello {
+        v1::WorkerHello {
+            worker_id: worker.into(),
+            pool: String::new(),
+            capacity,
+            tools: vec![v1::Tool {
+                name: "fetch".into(),
+                description: description.into(),
+                ..Default::default()
+            }],
+        }
+    }
+
+    async fn joined(
+        members: &Arc<Members>,
+        worker: &str,
+        capacity: u32,
+    ) -> (Arc<Link>, mpsc::UnboundedReceiver<Result<RouterMessage, Status>>) {
+        let (outbound, inbound) = mpsc::unbounded_channel();
+        let hello = hello(worker, capacity, "Fetches.");
+        let link = members.join(hello, outbound, Default::default(), None).await.unwrap();
+        (link, inbound)
+    }
+
+    fn picked(members: &Members) -> Option<String> {
+        match members.pick("fetch") {
+            Pick::Got(link) => Some(link.worker.clone()),
+            _ => None,
+        }
+    }
+
+    async fn members() -> Arc<Members> {
+        Arc::new(Members::new(RegistryHandle::start().await.unwrap()))
+    }
+
+    #[tokio::test]
+    async fn the_least_loaded_worker_takes_the_call_and_equals_take_turns() {
+        let members = members().await;
+        let (w1, _in1) = joined(&members, "w1", 2).await;
+        let (_w2, _in2) = joined(&members, "w2", 2).await;
+        // Equals take turns; then the one with fewer calls outstanding goes first.
+        let first = [picked(&members).unwrap(), picked(&members).unwrap()];
+        assert!(first.contains(&"w1".to_owned()) && first.contains(&"w2".to_owned()), "{first:?}");
+        members.release(w1.key);
+        assert_eq!(picked(&members).as_deref(), Some("w1"), "w1 has the fewer calls now");
+        assert!(picked(&members).is_some() && picked(&members).is_some());
+        // Every slot is taken: the call must wait.
+        let Pick::Busy { workers, capacity } = members.pick("fetch") else {
+            panic!("all four slots are taken");
+        };
+        assert_eq!((workers, capacity), (2, 4));
+        assert!(matches!(members.pick("other"), Pick::Nobody));
+    }
+
+    #[tokio::test]
+    async fn a_draining_worker_is_given_no_further_call() {
+        let members = members().await;
+        let (w1, _in1) = joined(&members, "w1", 4).await;
+        let (_w2, _in2) = joined(&members, "w2", 4).await;
+        members.drain(&w1);
+        for _ in 0..4 {
+            assert_eq!(picked(&members).as_deref(), Some("w2"));
+        }
+        assert!(matches!(members.pick("fetch"), Pick::Busy { workers: 2, capacity: 8 }));
+    }
+
+    #[tokio::test]
+    async fn workers_of_one_tool_must_announce_one_definition_and_at_least_one_slot() {
+        let members = members().await;
+        let (_w1, _in1) = joined(&members, "w1", 1).await;
+        let (outbound, _inbound) = mpsc::unbounded_channel();
+        let other =
+            members.join(hello("w2", 1, "Fetches otherwise."), outbound, Default::default(), None);
+        let refused = other.await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::AlreadyExists);
+        assert!(refused.message().contains("differs from the one of"), "{refused:?}");
+        let (outbound, _inbound) = mpsc::unbounded_channel();
+        let none = members.join(hello("w3", 0, "Fetches."), outbound, Default::default(), None);
+        assert_eq!(none.await.unwrap_err().code(), tonic::Code::InvalidArgument);
+        // The worker that joined first still serves the tool.
+        assert_eq!(picked(&members).as_deref(), Some("w1"));
+    }
+}

@@ -92,10 +92,6 @@ impl Provider<Config> for RemoteWorkers {
         "remote"
     }
 
-    fn section(&self) -> Option<&'static str> {
-        Some(SECTION)
-    }
-
     async fn start(&self, config: &Config) -> Result<(), ProviderError> {
         self.apply(config)
     }

@@ -11,7 +11,7 @@
 use std::{collections::BTreeMap, sync::Arc};
 
 use toolmesh_config::{DEFAULT_PROFILE, ProfileConfig, RoutingConfig, Selector};
-use toolmesh_core::{CallFailure, ECHO_CHARS, ErrorCode, FailureDetail, Principal, ToolSpec, clip};
+use toolmesh_core::{CallFailure, ECHO_CHARS, ErrorCode, Principal, ToolSpec, clip};
 use toolmesh_policy::{Policy, Scope};
 
 use crate::RouterError;
@@ -222,30 +222,6 @@ impl Admission {
             }
         }
     }
-}
-
-/// The refusal of a call of `tool` that a policy rule does not allow.
-pub fn policy_refusal(tool: &str, rule: &str, reason: &str) -> RouterError {
-    let metadata = [("tool", tool), ("rule", rule)]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect();
-    RouterError::Refused(Box::new(CallFailure {
-        code: ErrorCode::PermissionDenied,
-        kind: "policy_denied",
-        message: format!("policy rule {rule} does not allow this call of {tool}: {reason}"),
-        detail: FailureDetail::Info { reason: "POLICY_DENIED", metadata },
-    }))
-}
-
-/// The refusal `callTool` gives for a tool it cannot find, or one the caller may not see:
-/// the same words for both.
-pub fn call_tool_not_found(name: &str) -> CallFailure {
-    CallFailure::new(
-        ErrorCode::NotFound,
-        "tool_not_found",
-        format!("tool {} not found; call searchTools to find tools", clip(name, ECHO_CHARS)),
-    )
 }
 
 fn refusal(code: ErrorCode, kind: &'static str, message: String) -> RouterError {

@@ -1,8 +1,9 @@
 use std::collections::BTreeMap;
 
 use toolmesh_core::{
-    BackendError, CallFailure, ECHO_CHARS, ErrorCode, FailureDetail, FieldViolation, clip,
+    BackendError, CallFailure, ECHO_CHARS, ErrorCode, FailureDetail, FieldViolation, Nesting, clip,
 };
+use toolmesh_policy::LimitError;
 use toolmesh_registry::SchemaViolation;
 
 /// Why a call or listing failed.
@@ -165,9 +166,125 @@ impl RouterError {
         };
         CallFailure { code: self.code(), kind: self.kind(), message: self.to_string(), detail }
     }
+}
 
-    /// Returns the gRPC status for this error ([`RouterError::failure`], mapped once).
-    pub fn to_status(&self) -> tonic::Status {
-        toolmesh_proto::status(&self.failure())
-    }
+// The refusals of the call path, each with its code, kind and detail.
+
+/// The refusal of a unary call of a tool that needs approval.
+pub(crate) fn approval_required(tool: &str, rule: &str, reason: &str) -> RouterError {
+    RouterError::Refused(Box::new(CallFailure {
+        code: ErrorCode::FailedPrecondition,
+        kind: "approval_required",
+        message: format!(
+            "the call of {tool} needs a person's approval (policy rule {rule}: {reason}); call it \
+             with StreamCallTool, which asks the caller for it"
+        ),
+        detail: FailureDetail::Info {
+            reason: "APPROVAL_REQUIRED",
+            metadata: [("tool".to_owned(), tool.to_owned()), ("rule".to_owned(), rule.to_owned())]
+                .into(),
+        },
+    }))
+}
+
+/// The refusal of a call that was not approved.
+pub(crate) fn approval_refusal(kind: &'static str, message: String) -> RouterError {
+    RouterError::Refused(Box::new(CallFailure::new(ErrorCode::PermissionDenied, kind, message)))
+}
+
+/// The refusal of a call nested deeper than `max`.
+pub(crate) fn too_deep(tool: &str, nesting: Option<&Nesting>, max: u32) -> RouterError {
+    let depth = nesting.map_or(0, |n| n.depth);
+    let parent = nesting.map_or("", |n| n.parent_call_id.as_str());
+    RouterError::Refused(Box::new(CallFailure {
+        code: ErrorCode::FailedPrecondition,
+        kind: "call_depth_exceeded",
+        message: format!(
+            "the call of {tool} is nested {depth} deep (its parent call is {}), deeper than the \
+             {max} this server allows (server.max_call_depth): a tool that calls tools must \
+             not recurse without end",
+            if parent.is_empty() { "not named" } else { parent },
+        ),
+        detail: FailureDetail::Info {
+            reason: "CALL_DEPTH_EXCEEDED",
+            metadata: [
+                ("depth".to_owned(), depth.to_string()),
+                ("max_call_depth".to_owned(), max.to_string()),
+                ("parent_call_id".to_owned(), parent.to_owned()),
+            ]
+            .into(),
+        },
+    }))
+}
+
+/// The refusal of arguments larger than the limit.
+pub(crate) fn arguments_too_large(tool: &str, bytes: usize, max: usize) -> RouterError {
+    RouterError::Refused(Box::new(CallFailure {
+        code: ErrorCode::InvalidArgument,
+        kind: "arguments_too_large",
+        message: format!(
+            "the arguments of {tool} are {bytes} bytes, more than the {max} a call may carry \
+             (policy.limits.max_argument_bytes)"
+        ),
+        detail: FailureDetail::BadRequest(vec![FieldViolation {
+            field: "arguments_json".into(),
+            description: format!("{bytes} bytes, more than {max}"),
+        }]),
+    }))
+}
+
+/// The refusal of a call over a rate or concurrency limit: `RESOURCE_EXHAUSTED`, with a
+/// `RetryInfo` when waiting helps.
+pub(crate) fn limit_refusal(error: LimitError) -> RouterError {
+    let (kind, detail) = match &error {
+        LimitError::Rate { subject, retry_after, .. } => (
+            "rate_limited",
+            FailureDetail::RetryAfter {
+                delay: *retry_after,
+                reason: "RATE_LIMITED",
+                metadata: [("subject".to_owned(), subject.clone())].into(),
+            },
+        ),
+        LimitError::Concurrency { principal, max } => (
+            "concurrency_limited",
+            FailureDetail::Info {
+                reason: "CONCURRENCY_LIMITED",
+                metadata: [
+                    ("principal".to_owned(), principal.clone()),
+                    ("max_concurrent".to_owned(), max.to_string()),
+                ]
+                .into(),
+            },
+        ),
+    };
+    RouterError::Refused(Box::new(CallFailure {
+        code: ErrorCode::ResourceExhausted,
+        kind,
+        message: error.to_string(),
+        detail,
+    }))
+}
+
+/// The refusal of a call of `tool` that a policy rule does not allow.
+pub fn policy_refusal(tool: &str, rule: &str, reason: &str) -> RouterError {
+    let metadata = [("tool", tool), ("rule", rule)]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    RouterError::Refused(Box::new(CallFailure {
+        code: ErrorCode::PermissionDenied,
+        kind: "policy_denied",
+        message: format!("policy rule {rule} does not allow this call of {tool}: {reason}"),
+        detail: FailureDetail::Info { reason: "POLICY_DENIED", metadata },
+    }))
+}
+
+/// The refusal `callTool` gives for a tool it cannot find, or one the caller may not see:
+/// the same words for both.
+pub fn call_tool_not_found(name: &str) -> CallFailure {
+    CallFailure::new(
+        ErrorCode::NotFound,
+        "tool_not_found",
+        format!("tool {} not found; call searchTools to find tools", clip(name, ECHO_CHARS)),
+    )
 }

@@ -1,37 +1,36 @@
-//! The front door of toolmesh: every call enters here.
+//! The call path of toolmesh: every call, whichever front it came through, runs here.
 //!
 //! - [`Router`] runs the per-call path in the caller's task (never behind a mailbox):
-//!   resolve the name in the catalog snapshot, validate the arguments against the input
-//!   schema, compute the deadline (the client's, the tool's timeout, the server's cap:
+//!   resolve the name in the catalog snapshot, admit it, validate the arguments against the
+//!   input schema, compute the deadline (the client's, the tool's timeout, the server's cap:
 //!   whichever is sooner), dispatch to the tool's [`Backend`](toolmesh_core::Backend), cancel
 //!   the backend when the caller goes away, and check the output schema.
-//! - [`ToolServiceImpl`] is the gRPC `toolmesh.v1.ToolService` on top of it: paging and
-//!   filters for `ListTools`, `CallTool`, and the `StreamCallTool` stream of progress,
-//!   partial outputs and the result.
-//! - [`Admission`] is the admission step of every call: the routing profiles' rules
-//!   today, identity and policy later. [`Discovery`] is how the front door searches and
-//!   describes what it does not list; the meta-tools crate (`toolmesh-meta`) provides it.
+//! - [`Admission`] is the admission step of every call: the routing profiles, the caller's
+//!   identity and the tool policy. [`Hidden`] counts and audits what a discovery request
+//!   left out.
 //!
-//! The binary's `RouterActor` owns this front door: it serves [`ToolServiceImpl`], puts
-//! reloaded routing profiles in force ([`Router::set_admission`]) and drains the calls in
-//! flight ([`Router::drained`]).
+//! The API layer (the binary's `api` module) serves `toolmesh.v1.ToolService` over this
+//! path; its front-door actor puts reloaded routing profiles in force
+//! ([`Router::set_admission`]) and drains the calls in flight ([`Router::drained`]).
 //!
-//! [`RouterError`] is mapped to a gRPC status once, in [`RouterError::to_status`].
+//! [`RouterError::failure`] is what a caller learns of an error; the proto crate maps it to
+//! a gRPC status once.
 
 mod admission;
+mod approval;
 mod deadline;
-mod discovery;
+mod dispatch;
 mod error;
+mod hidden;
 mod metrics;
+mod request;
 mod router;
-mod service;
+mod steps;
+mod trace;
 
-pub use admission::{
-    Admission, CALL_TOOL, Door, META_SOURCE, SEARCH_TOOLS, Searched, call_tool_not_found, is_meta,
-    policy_refusal,
-};
+pub use admission::{Admission, CALL_TOOL, Door, META_SOURCE, SEARCH_TOOLS, Searched, is_meta};
 pub use deadline::parse_grpc_timeout;
-pub use discovery::{Discovery, Found, Keep};
-pub use error::RouterError;
-pub use router::{CallRequest, Router, RouterOptions};
-pub use service::{Hidden, ToolServiceImpl, principal};
+pub use error::{RouterError, call_tool_not_found, policy_refusal};
+pub use hidden::Hidden;
+pub use request::{CallRequest, RouterOptions};
+pub use router::Router;

@@ -13,7 +13,9 @@ use toolmesh_core::{
 use toolmesh_embed::Embedder;
 use toolmesh_registry::{Catalog, RegistryHandle, ToolEntry};
 
-use crate::{Fusion, SearchError, digest, fusion::Fuse, lexical, recent::RecentQueries, terms};
+use toolmesh_embed::lexical::{self, terms};
+
+use crate::{Fusion, SearchError, digest, fusion::Fuse, recent::RecentQueries};
 
 /// One search result.
 #[derive(Debug, Clone)]
@@ -29,9 +31,9 @@ type Ranked = Vec<(PointId, f64)>;
 
 /// Candidates each ranking contributes to the fusion. The convex fusion normalises each
 /// ranking's scores over its candidates, so the candidates are the sample of the ranking's
-/// score distribution that a score is measured against: on the benchmark's dev queries, 50
-/// candidates gave Recall@5 0.595, 100 gave 0.603, and 150 to 1,000 all 0.605 (NDCG@10 0.549,
-/// 0.554, 0.554–0.556). 200 is inside that plateau, at about 0.2 ms more per search than 100.
+/// score distribution that a score is measured against: too few and the normalisation is
+/// noisy; past about 150 the ranking no longer changes (`benchmarks/tool-search.md`), and
+/// each further candidate costs a little time per search.
 pub(crate) const CANDIDATES: usize = 200;
 
 /// Longest query searched unless configured otherwise, in bytes: far more than a model
@@ -175,10 +177,8 @@ impl SearchHandle {
     /// store for reciprocal-rank fusion; for the convex combination, a query per ranking,
     /// fused here. The lexical query waits for the query's vector and then runs beside the
     /// dense one: the embedding splits its products across every core, and a store query
-    /// beside it delays the whole embedding, while the dense query runs on one core and
-    /// was not measurably slower for it (five paired runs of the tool-search benchmark:
-    /// embedding 6.7–7.5 against 7.0–8.1 ms, dense query 1.25–1.34 against 1.29–1.35 ms,
-    /// search p50 0.03–0.5 ms lower).
+    /// beside it delays the whole embedding, while the dense query runs on one core and is
+    /// not measurably slower for waiting.
     async fn rank(
         &self,
         dense: impl Future<Output = Result<Option<Arc<[f32]>>, SearchError>>,

@@ -15,19 +15,27 @@
 //! by a convex combination of the two rankings, as `search.fusion` says).
 
 mod actor;
+mod embedding;
 mod error;
 mod fusion;
 mod handle;
-pub mod lexical;
+mod indexing;
+mod messages;
+mod options;
+mod points;
 mod provider;
 mod recent;
+mod state;
 #[cfg(test)]
 mod testing;
 mod text;
 
-pub use actor::{SearchMsg, SearchOptions, ToolSearchActor, ToolSearchState};
+pub use actor::ToolSearchActor;
 pub use error::SearchError;
 pub use fusion::Fusion;
 pub use handle::{DEFAULT_MAX_QUERY_BYTES, SearchHandle, SearchHit};
-pub use provider::{ModelLoad, SearchProvider};
-pub use text::{TextDigest, digest, terms, tool_text};
+pub use messages::SearchMsg;
+pub use options::SearchOptions;
+pub use provider::SearchProvider;
+pub use state::ToolSearchState;
+pub use text::{TextDigest, digest, tool_text};

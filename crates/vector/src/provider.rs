@@ -12,8 +12,6 @@ use toolmesh_config::Config;
 use toolmesh_core::{Health, Provider, ProviderError, VectorStore, VectorStores};
 use tracing::{Instrument, info, warn};
 
-use crate::SECTION;
-
 /// How often the store is asked whether it answers.
 const CHECK_EVERY: Duration = Duration::from_secs(5);
 
@@ -91,10 +89,6 @@ impl VectorProvider {
 impl Provider<Config> for VectorProvider {
     fn kind(&self) -> &'static str {
         "vector"
-    }
-
-    fn section(&self) -> Option<&'static str> {
-        Some(SECTION)
     }
 
     async fn start(&self, _: &Config) -> Result<(), ProviderError> {

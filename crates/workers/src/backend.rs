@@ -139,3 +139,154 @@ impl Backend for LocalBackend {
         }
     }
 }
+
+impl WorkerPool {
+    /// Returns a backend that runs `tool` on this pool within `limits`.
+    pub fn bind(
+        &self,
+        tool: Arc<dyn LocalTool>,
+        limits: ToolLimits,
+    ) -> Arc<dyn toolmesh_core::Backend> {
+        Arc::new(LocalBackend::new(self.clone(), tool, limits))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{num::NonZeroUsize, sync::Arc, time::Duration};
+
+    use serde_json::json;
+    use tokio::sync::Semaphore;
+    use tokio_util::sync::CancellationToken;
+    use toolmesh_config::WorkersConfig;
+    use toolmesh_core::{BackendError, CallContext, ContentPart, ToolOutput, ToolSource, ToolSpec};
+
+    use super::*;
+
+    /// Waits for a permit of its gate, then answers; panics on `{"panic": true}`.
+    struct Gated(Arc<Semaphore>);
+
+    #[async_trait::async_trait]
+    impl LocalTool for Gated {
+        fn spec(&self) -> ToolSpec {
+            ToolSpec::new("gated", "Waits.", json!({"type": "object"}), ToolSource::local("test"))
+        }
+
+        async fn call(
+            &self,
+            _: &CallContext,
+            arguments: Value,
+        ) -> Result<ToolOutput, BackendError> {
+            assert!(arguments.get("panic").is_none(), "the tool panicked on purpose");
+            let _permit = self.0.acquire().await;
+            Ok(ToolOutput { content: vec![ContentPart::Text("done".into())], ..Default::default() })
+        }
+    }
+
+    fn workers(size: usize, queue: usize, tool_share: f64) -> WorkersConfig {
+        WorkersConfig { size: NonZeroUsize::new(size).unwrap(), queue, tool_share }
+    }
+
+    fn context(cancel: CancellationToken) -> CallContext {
+        CallContext {
+            call_id: "c1".into(),
+            session_id: None,
+            profile: None,
+            tool: "gated".into(),
+            cancel,
+            deadline: tokio::time::Instant::now() + Duration::from_secs(30),
+            events: Default::default(),
+            attempt: 1,
+            principal: toolmesh_core::open_principal(),
+            depth: 0,
+        }
+    }
+
+    async fn started(
+        backend: &Arc<dyn Backend>,
+        cancel: CancellationToken,
+        arguments: Value,
+    ) -> tokio::task::JoinHandle<Result<ToolOutput, BackendError>> {
+        let backend = backend.clone();
+        let handle = tokio::spawn(async move { backend.call(context(cancel), arguments).await });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        handle
+    }
+
+    #[test]
+    fn a_tool_without_limits_holds_its_share_of_the_pool_and_at_least_one_worker() {
+        assert_eq!(crate::pool::share(&workers(8, 16, 0.5)), (4, 8));
+        assert_eq!(crate::pool::share(&workers(4, 10, 0.1)), (1, 1));
+        assert_eq!(crate::pool::share(&workers(4, 10, 1.0)), (4, 10));
+    }
+
+    #[tokio::test]
+    async fn a_full_tool_is_refused_at_once_and_its_waiting_calls_run_in_turn() {
+        let pool = WorkerPool::start(workers(4, 8, 1.0)).await.unwrap();
+        let gate = Arc::new(Semaphore::new(0));
+        let limits = ToolLimits { max_concurrency: NonZeroUsize::new(1), max_queue: 1 };
+        let backend = pool.bind(Arc::new(Gated(gate.clone())), limits);
+        let running = started(&backend, CancellationToken::new(), json!({})).await;
+        let waiting = started(&backend, CancellationToken::new(), json!({})).await;
+        let refused = backend.call(context(CancellationToken::new()), json!({})).await;
+        let Err(BackendError::Overloaded { reason, .. }) = refused else {
+            panic!("a third call is refused at once: {refused:?}");
+        };
+        assert!(reason.contains("1 calls running and 1 waiting (the tool's limit)"), "{reason}");
+        gate.add_permits(2);
+        assert!(running.await.unwrap().is_ok());
+        assert!(waiting.await.unwrap().is_ok());
+        pool.stop(Duration::from_secs(1)).await;
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_call_stops_waiting_and_frees_its_place() {
+        let pool = WorkerPool::start(workers(1, 1, 1.0)).await.unwrap();
+        let gate = Arc::new(Semaphore::new(0));
+        let backend = pool.bind(Arc::new(Gated(gate.clone())), ToolLimits::default());
+        let running = started(&backend, CancellationToken::new(), json!({})).await;
+        let cancel = CancellationToken::new();
+        let waiting = started(&backend, cancel.clone(), json!({})).await;
+        cancel.cancel();
+        assert!(matches!(waiting.await.unwrap(), Err(BackendError::Cancelled)));
+        // Its place in the queue is free again.
+        let queued = started(&backend, CancellationToken::new(), json!({})).await;
+        gate.add_permits(2);
+        assert!(running.await.unwrap().is_ok());
+        assert!(queued.await.unwrap().is_ok());
+        pool.stop(Duration::from_secs(1)).await;
+    }
+
+    #[tokio::test]
+    async fn a_panicking_call_costs_its_worker_which_the_pool_replaces() {
+        let pool = WorkerPool::start(workers(2, 4, 1.0)).await.unwrap();
+        let gate = Arc::new(Semaphore::new(10));
+        let backend = pool.bind(Arc::new(Gated(gate)), ToolLimits::default());
+        let crashed = backend.call(context(CancellationToken::new()), json!({"panic": true})).await;
+        let Err(BackendError::Crashed { reason, .. }) = crashed else {
+            panic!("the panic is the call's error: {crashed:?}");
+        };
+        assert!(reason.contains("panicked on purpose"), "{reason}");
+        let mut live = None;
+        for _ in 0..100 {
+            live = pool.live_workers().await;
+            if live == Some(2) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(live, Some(2), "the pool replaced the worker");
+        assert!(backend.call(context(CancellationToken::new()), json!({})).await.is_ok());
+        pool.stop(Duration::from_secs(1)).await;
+    }
+
+    #[tokio::test]
+    async fn a_stopping_pool_refuses_new_calls() {
+        let pool = WorkerPool::start(workers(1, 1, 1.0)).await.unwrap();
+        let backend =
+            pool.bind(Arc::new(Gated(Arc::new(Semaphore::new(1)))), ToolLimits::default());
+        pool.stop(Duration::from_secs(1)).await;
+        let refused = backend.call(context(CancellationToken::new()), json!({})).await;
+        assert!(matches!(refused, Err(BackendError::Unavailable { .. })), "{refused:?}");
+    }
+}

@@ -15,7 +15,7 @@ use tracing::{error, info, warn};
 
 use toolmesh_config::WorkersConfig;
 
-use crate::{LocalTool, ToolLimits, WorkerActor, WorkerMsg, WorkersError, backend::LocalBackend};
+use crate::{WorkerActor, WorkerMsg, WorkersError};
 
 /// Returns the limits of a tool that sets none under `workers`: its share of the workers
 /// (at least one) and of the queue (`tool_share`, a bulkhead, so that one saturated tool
@@ -205,15 +205,6 @@ impl WorkerPool {
         })
     }
 
-    /// Returns a backend that runs `tool` on this pool within `limits`.
-    pub fn bind(
-        &self,
-        tool: Arc<dyn LocalTool>,
-        limits: ToolLimits,
-    ) -> Arc<dyn toolmesh_core::Backend> {
-        Arc::new(LocalBackend::new(self.clone(), tool, limits))
-    }
-
     /// Returns the pool's current figures.
     pub fn stats(&self) -> PoolStats {
         let capacity = self.inner.options.size.get() + self.inner.options.queue;
@@ -282,5 +273,20 @@ impl WorkerPool {
             .load()
             .stop_and_wait(Some("shutdown".into()), Some(std::time::Duration::from_secs(5)))
             .await;
+    }
+}
+
+#[async_trait::async_trait]
+impl toolmesh_core::Supervised for WorkerPool {
+    fn actor(&self) -> ractor::ActorCell {
+        WorkerPool::actor(self)
+    }
+
+    async fn respawn(
+        &self,
+        root: ractor::ActorCell,
+        _: String,
+    ) -> Result<ractor::ActorCell, String> {
+        WorkerPool::respawn(self, root).await.map_err(|e| e.to_string())
     }
 }

@@ -4,57 +4,79 @@ use anyhow::Context as _;
 use arc_swap::ArcSwap;
 use futures::FutureExt as _;
 use ractor::ActorRef;
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use toolmesh_config::Config;
-use toolmesh_core::{HealthBoard, Provider, Toolkit};
+use toolmesh_config::ServerConfig;
+use toolmesh_core::{HealthBoard, Provider, Supervised, Toolkit};
 use toolmesh_identity::Authenticator;
-
-use crate::tls::ListenerTls;
-use toolmesh_knowledge::{KnowledgeHandle, KnowledgeProvider, unknown_store};
+use toolmesh_knowledge::KnowledgeHandle;
 use toolmesh_mcp::McpManager;
 use toolmesh_meta::MetaTools;
 use toolmesh_policy::{Policy, PolicyConfig, PolicyError};
 use toolmesh_registry::RegistryHandle;
 use toolmesh_remote::RemoteWorkers;
 use toolmesh_router::{Admission, Router, RouterOptions};
-use toolmesh_search::{SearchHandle, SearchProvider};
-use toolmesh_tools::{LocalProvider, LocalTools};
-use toolmesh_vector::{VectorConfig, VectorProvider};
+use toolmesh_search::SearchHandle;
+use toolmesh_tools::LocalTools;
 use toolmesh_workers::{LocalToolInstall, WorkerPool};
 use tracing::{Instrument, info, warn};
 
 use crate::{
+    api::Api,
+    builtin::built_in,
     front::FrontDoor,
+    plugin::{Assembly, Handles, Plugin},
+    server::Front,
     supervisor::{ActorsHealth, Children, RootSupervisor},
+    tls::ListenerTls,
 };
 
 /// What an embedding program (or a test) adds to the configured toolmesh: local tools,
-/// standalone or in toolkits, and whole providers of tools.
+/// standalone or in toolkits, and whole backends.
 #[derive(Default)]
 pub struct AppOptions {
     /// Standalone local tools.
     pub tools: Vec<LocalToolInstall>,
     /// Toolkits of local tools.
     pub toolkits: Vec<(Toolkit, Vec<LocalToolInstall>)>,
-    /// Further providers, each made over the registry, then started, reloaded, watched
-    /// and stopped like the built-in ones.
-    pub providers: Vec<ProviderFactory>,
+    /// Further backends, assembled after the built-in ones and like them: their sections
+    /// checked, their actors supervised, their services served, their providers started,
+    /// reloaded, watched and stopped.
+    pub plugins: Vec<Box<dyn Plugin>>,
 }
 
-/// Makes a provider over the catalog it publishes to.
-pub type ProviderFactory = Box<dyn FnOnce(&RegistryHandle) -> Arc<dyn Provider<Config>> + Send>;
-
-/// A running toolmesh: the providers of tools, the router over their catalog, and the
-/// health of every provider.
-#[derive(Clone)]
-pub struct App {
-    router: Router,
-    meta: MetaTools,
-    local: Arc<LocalProvider>,
+/// The built-in backends, once assembled.
+struct BuiltIn {
+    pool: WorkerPool,
     mcp: McpManager,
     search: SearchHandle,
     knowledge: KnowledgeHandle,
     remote: RemoteWorkers,
+}
+
+impl BuiltIn {
+    fn from(handles: Handles) -> anyhow::Result<Self> {
+        let missing = |name: &str| anyhow::anyhow!("the built-in {name} backend was not built");
+        Ok(BuiltIn {
+            pool: handles.pool.ok_or_else(|| missing("local"))?,
+            mcp: handles.mcp.ok_or_else(|| missing("mcp"))?,
+            search: handles.search.ok_or_else(|| missing("search"))?,
+            knowledge: handles.knowledge.ok_or_else(|| missing("knowledge"))?,
+            remote: handles.remote.ok_or_else(|| missing("remote"))?,
+        })
+    }
+}
+
+/// A running toolmesh: the backends, the router over their catalog, the front door, and
+/// the health of every provider.
+#[derive(Clone)]
+pub struct App {
+    router: Router,
+    meta: MetaTools,
+    built_in: Arc<BuiltIn>,
+    /// Every plug-in, built-in ones first.
+    plugins: Arc<Vec<Box<dyn Plugin>>>,
     /// Every provider, in start order; stopped in reverse.
     providers: Arc<Vec<Arc<dyn Provider<Config>>>>,
     health: HealthBoard,
@@ -73,39 +95,36 @@ pub struct App {
 
 impl std::fmt::Debug for App {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let kinds: Vec<&str> = self.providers.iter().map(|p| p.kind()).collect();
-        f.debug_struct("App").field("providers", &kinds).field("health", &self.health).finish()
+        let plugins: Vec<&str> = self.plugins.iter().map(|p| p.name()).collect();
+        f.debug_struct("App").field("plugins", &plugins).field("health", &self.health).finish()
     }
 }
 
-/// The configuration sections that providers built into toolmesh define themselves.
-pub const SECTIONS: &[&str] = &[
-    toolmesh_vector::SECTION,
-    toolmesh_knowledge::SECTION,
-    toolmesh_remote::SECTION,
-    toolmesh_identity::SECTION,
-    toolmesh_policy::SECTION,
-    crate::tls::SECTION,
-];
+/// The configuration sections of the front door: who may call, what they may do, and the
+/// listener's TLS.
+const FRONT_SECTIONS: &[&str] =
+    &[toolmesh_identity::SECTION, toolmesh_policy::SECTION, crate::tls::SECTION];
 
-/// Parses and checks the sections of [`SECTIONS`], as `toolmesh config check` and a start
-/// do: a bad key or value is one line naming it.
+/// Checks `config` as a start of the built-in backends and the front door does, without
+/// starting anything (`toolmesh config check`): an unclaimed section, or a bad key or
+/// value, is one line naming it.
 pub fn check_sections(config: &Config) -> anyhow::Result<()> {
-    config.check_sections(SECTIONS)?;
-    let vector = vector_config(config)?;
-    let knowledge = KnowledgeProvider::section(config)?;
-    RemoteWorkers::section(config)?;
+    check(config, &built_in())
+}
+
+/// Checks `config` against the front door's sections and those of `plugins`.
+fn check(config: &Config, plugins: &[Box<dyn Plugin>]) -> anyhow::Result<()> {
+    let sections: Vec<&str> = FRONT_SECTIONS
+        .iter()
+        .copied()
+        .chain(plugins.iter().flat_map(|p| p.sections()).copied())
+        .collect();
+    config.check_sections(&sections)?;
     config.section::<toolmesh_identity::AuthConfig>(toolmesh_identity::SECTION)?;
     crate::tls::load(config)?;
     policy_config(config)?;
-    let stores: Vec<&str> = std::iter::once(toolmesh_core::VectorStores::DEFAULT)
-        .chain(vector.stores.keys().map(String::as_str))
-        .collect();
-    for (i, collection) in knowledge.collections.iter().enumerate() {
-        if let Some(name) = collection.store.as_deref().filter(|name| !stores.contains(name)) {
-            let key = format!("knowledge.collections[{i}].store");
-            return Err(config.key_error(&key, unknown_store(name, &stores)).into());
-        }
+    for plugin in plugins {
+        plugin.check(config)?;
     }
     Ok(())
 }
@@ -145,37 +164,17 @@ fn policy(config: &Config) -> anyhow::Result<Arc<Policy>> {
     }))
 }
 
-fn vector_config(config: &Config) -> anyhow::Result<VectorConfig> {
-    let vector: VectorConfig = config.section(toolmesh_vector::SECTION)?.unwrap_or_default();
-    vector.validate().map_err(|(key, reason)| config.key_error(&key, reason))?;
-    Ok(vector)
-}
-
-/// Opens the vector stores `[vector]` names: the embedded engine under the data directory,
-/// or a Qdrant server; the default one and each of `[vector.stores.NAME]`.
-async fn open_stores(config: &Config) -> anyhow::Result<toolmesh_core::VectorStores> {
-    let vector = vector_config(config)?;
-    let data_dir = config
-        .server
-        .data_dir
-        .clone()
-        .context("no data directory: set --data-dir, server.data_dir, XDG_DATA_HOME or HOME")?;
-    let stores = toolmesh_vector::open_all(&vector, &data_dir).await?;
-    for (name, store) in stores.all() {
-        let name = name.unwrap_or(toolmesh_core::VectorStores::DEFAULT);
-        info!(name, store = %store.describe(), "vector store open");
-    }
-    Ok(stores)
-}
-
 /// How long a provider may take to stop once the front door has drained.
 const PROVIDER_STOP_GRACE: Duration = Duration::from_secs(5);
 
 impl App {
-    /// Starts the registry, every provider (local tools, MCP servers, the search index,
-    /// then those of `options`), the meta-tools, and the loop that publishes the providers'
-    /// health.
+    /// Checks `config`, starts the registry and the router, assembles every plug-in (the
+    /// built-in backends, then those of `options`) and links their actors under the root
+    /// supervisor, starts their providers, publishes the meta-tools, and starts the loop
+    /// that publishes the providers' health.
     pub async fn start(config: &Config, options: AppOptions) -> anyhow::Result<Self> {
+        let plugins: Vec<Box<dyn Plugin>> = built_in().into_iter().chain(options.plugins).collect();
+        check(config, &plugins)?;
         let identity = Arc::new(ArcSwap::from_pointee(crate::auth::authenticator(config).await?));
         let tls = ListenerTls::new(crate::tls::load(config)?);
         let registry = RegistryHandle::start().await.context("starting the registry")?;
@@ -189,74 +188,52 @@ impl App {
                 max_call_depth: config.server.max_call_depth,
             },
         );
-        let embedded = LocalTools { tools: options.tools, toolkits: options.toolkits };
-        let local =
-            Arc::new(LocalProvider::new(&config.workers, registry.clone(), embedded).await?);
-        // MCP servers' last listings live beside the vector store, in the data directory.
-        let remember_in = config.server.data_dir.as_ref().map(|dir| dir.join("mcp"));
-        let mcp = McpManager::start(registry.clone(), remember_in)
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot start the mcp supervisor: {e}"))?;
-        // Both read from disk on blocking threads: opening the stores (every collection's
-        // points) and loading the model are a start's two longest steps before the tools
-        // are listed, and neither needs the other.
-        let (stores, model) = tokio::join!(open_stores(config), SearchProvider::load_model(config));
-        let vector = Arc::new(VectorProvider::new(stores?));
-        let search = Arc::new(
-            SearchProvider::from_config(registry.clone(), config, vector.store().clone(), model)
-                .await?,
-        );
-        let knowledge = KnowledgeHandle::start(
-            vector.stores().clone(),
-            search.handle().embedder(),
-            registry.clone(),
-        )
-        .await
-        .context("starting the retriever")?;
-        let remote = RemoteWorkers::new(registry.clone());
-        let (root, children) = RootSupervisor::start(vec![
-            ("registry", Arc::new(registry.clone())),
-            ("workers", Arc::new(local.pool().clone())),
-            ("mcp", Arc::new(mcp.clone())),
-            ("search", search.clone()),
-            ("knowledge", Arc::new(knowledge.clone())),
-        ])
-        .await
-        .context("starting the root supervisor")?;
-        let mut providers: Vec<Arc<dyn Provider<Config>>> = vec![
-            local.clone(),
-            Arc::new(mcp.clone()),
-            vector.clone(),
-            search.clone(),
-            Arc::new(KnowledgeProvider::new(knowledge.clone())),
-            Arc::new(remote.clone()),
-            Arc::new(ActorsHealth(children.clone())),
-        ];
-        providers.extend(options.providers.into_iter().map(|make| make(&registry)));
-        let front = FrontDoor::start(router.clone(), config.routing.clone())
+        let local_tools = LocalTools { tools: options.tools, toolkits: options.toolkits };
+        let mut assembly = Assembly::new(config, &registry, &router, local_tools);
+        let mut providers = Vec::with_capacity(plugins.len() + 1);
+        let mut actors: Vec<(&'static str, Arc<dyn Supervised>)> =
+            vec![("registry", Arc::new(registry.clone()))];
+        let mut services = Vec::new();
+        for plugin in &plugins {
+            let parts = plugin
+                .build(&mut assembly)
+                .await
+                .with_context(|| format!("starting the {} backend", plugin.name()))?;
+            providers.push(parts.provider);
+            actors.extend(parts.actors);
+            services.extend(parts.services);
+        }
+        let built_in = BuiltIn::from(assembly.handles)?;
+        let meta = MetaTools::new(router.clone(), built_in.search.clone(), &config.routing);
+        let (health, services, sessions) =
+            (HealthBoard::default(), Arc::new(services), crate::auth::Sessions::default());
+        let api =
+            Api { router: router.clone(), meta: meta.clone(), health: health.clone(), services };
+        let served =
+            Front { api, identity: identity.clone(), sessions: sessions.clone(), tls: tls.clone() };
+        let front = FrontDoor::start(served, config.routing.clone())
             .await
             .context("starting the front door")?;
+        actors.push(("front", Arc::new(front.clone())));
+        let (root, children) =
+            RootSupervisor::start(actors).await.context("starting the root supervisor")?;
+        providers.push(Arc::new(ActorsHealth(children.clone())));
 
-        let meta = MetaTools::new(router.clone(), search.handle().clone(), &config.routing);
         let app = App {
             router,
             meta,
-            local,
-            mcp,
-            search: search.handle().clone(),
-            knowledge,
-            remote,
+            built_in: Arc::new(built_in),
+            plugins: Arc::new(plugins),
             providers: Arc::new(providers),
-            health: HealthBoard::default(),
+            health,
             stop: CancellationToken::new(),
             front,
             root,
             children,
             identity,
-            sessions: crate::auth::Sessions::default(),
+            sessions,
             tls,
         };
-        config.check_sections(&app.sections())?;
         for provider in app.providers.iter() {
             provider.start(config).await?;
         }
@@ -274,10 +251,10 @@ impl App {
     /// atomically (calls in flight keep the definition they started with), the MCP servers
     /// are made to match `[[mcp.servers]]` (only added, removed or changed servers are
     /// touched), and the routing profiles of `[routing]` apply to calls that start from
-    /// then on. Every provider is given the configuration even when one fails; the first
-    /// failure is returned.
+    /// then on. A configuration a start would refuse changes nothing. Every provider is
+    /// given the configuration even when one fails; the first failure is returned.
     pub async fn reload(&self, config: &Config) -> anyhow::Result<()> {
-        config.check_sections(&self.sections())?;
+        check(config, &self.plugins)?;
         // Who may call, and the listener's certificates read again (a rotation): a bad
         // [auth] or [tls] fails the reload before anything changed.
         let authenticator = crate::auth::authenticator(config).await?;
@@ -297,7 +274,7 @@ impl App {
         // request in flight under a revoked credential goes on. A certificate's principal
         // is kept: its connection's certificate was checked.
         let identity = self.identity.load_full();
-        self.remote
+        self.remote()
             .revoke(|principal| {
                 let identity = identity.clone();
                 async move {
@@ -310,12 +287,12 @@ impl App {
         failure.map_or(Ok(()), |error| Err(error.into()))
     }
 
-    /// Returns the configuration sections the providers and the front door define.
+    /// Returns the configuration sections the front door and the plug-ins define.
     pub fn sections(&self) -> Vec<&'static str> {
-        self.providers
+        FRONT_SECTIONS
             .iter()
-            .filter_map(|p| p.section())
-            .chain([toolmesh_identity::SECTION, toolmesh_policy::SECTION, crate::tls::SECTION])
+            .chain(self.plugins.iter().flat_map(|p| p.sections()))
+            .copied()
             .collect()
     }
 
@@ -331,22 +308,22 @@ impl App {
 
     /// Returns the local worker pool.
     pub fn pool(&self) -> &WorkerPool {
-        self.local.pool()
+        &self.built_in.pool
     }
 
     /// Returns the tool search.
     pub fn search(&self) -> &SearchHandle {
-        &self.search
+        &self.built_in.search
     }
 
     /// Returns the knowledge collections.
     pub fn knowledge(&self) -> &KnowledgeHandle {
-        &self.knowledge
+        &self.built_in.knowledge
     }
 
     /// Returns the remote workers.
     pub fn remote(&self) -> &RemoteWorkers {
-        &self.remote
+        &self.built_in.remote
     }
 
     /// Returns the meta-tools and routing profiles.
@@ -356,7 +333,7 @@ impl App {
 
     /// Returns the MCP backend.
     pub fn mcp(&self) -> &McpManager {
-        &self.mcp
+        &self.built_in.mcp
     }
 
     /// Returns every provider's health, as last published.
@@ -364,8 +341,8 @@ impl App {
         &self.health
     }
 
-    /// Returns the root supervisor's children (`registry`, `workers`, `mcp`, `search`, `knowledge`)
-    /// and their actors now.
+    /// Returns the root supervisor's children (`registry`, the plug-ins' actors: `workers`,
+    /// `mcp`, `search`, `knowledge`, …, and the front door, `front`) and their actors now.
     pub fn actors(&self) -> Vec<(&'static str, ractor::ActorCell)> {
         self.children.actors()
     }
@@ -390,13 +367,13 @@ impl App {
         &self.front
     }
 
-    /// Stops, in order: the front door (a server still running), the root supervisor (so
-    /// that nothing stopping now is restarted), the providers, last started first (their
+    /// Stops, in order: the root supervisor (so that nothing stopping now is restarted),
+    /// the front door (a server still running), the providers, last started first (their
     /// processes and connections with them), then the registry. [`crate::serve`] drains
     /// the calls in flight before this.
     pub async fn shutdown(&self) {
-        self.front.stop().await;
         let _ = self.root.stop_and_wait(None, Some(Duration::from_secs(5))).await;
+        self.front.stop().await;
         self.stop.cancel();
         for provider in self.providers.iter().rev() {
             provider.stop(PROVIDER_STOP_GRACE).await;
@@ -446,5 +423,34 @@ async fn watch_health(
             _ = stop.cancelled() => return,
         }
         publish_health(&providers, &board);
+    }
+}
+
+/// Serves the API on `listener` with the limits of `config` until `shutdown` resolves;
+/// then shuts down in order: the front door stops accepting and waits up to
+/// `config.shutdown_grace` for calls in flight, then the providers stop (their processes
+/// and connections with them). Telemetry is flushed by the caller's guard, last. Returns
+/// whether every call finished within the grace period.
+pub async fn serve(
+    listener: TcpListener,
+    app: App,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<bool> {
+    let grace = config.shutdown_grace;
+    let ended = app.front_door().serve(listener, config).await?;
+    tokio::select! {
+        // The server ended by itself: report why, after stopping what runs.
+        result = ended => {
+            app.shutdown().await;
+            result.unwrap_or_else(|_| Err(anyhow::anyhow!("the front door stopped")))?;
+            Ok(true)
+        }
+        () = shutdown => {
+            info!("shutting down: no new calls; waiting for calls in flight");
+            let drained = app.front_door().drain(grace).await;
+            app.shutdown().await;
+            Ok(drained)
+        }
     }
 }

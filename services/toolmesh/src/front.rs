@@ -1,6 +1,8 @@
 //! The front door's actor: it serves the gRPC API, puts reloaded routing profiles in force,
 //! and drains the calls in flight. Calls never pass through its mailbox: each runs in its
-//! own task, through the [`Router`] it shares.
+//! own task, through the [`Router`] it shares. The root supervisor restarts it: what it
+//! serves lives in [`FrontDoor`]'s shared state, so a fresh actor takes over the running
+//! server.
 
 use std::time::Duration;
 
@@ -14,7 +16,7 @@ use toolmesh_policy::Policy;
 use toolmesh_router::{Admission, Router};
 use tracing::{Instrument, info};
 
-use crate::{App, server};
+use crate::server::{self, Front};
 
 /// Why the front door could not do what it was asked.
 #[derive(Debug, thiserror::Error)]
@@ -36,8 +38,6 @@ pub enum RouterMsg {
     Serve {
         /// The bound listener.
         listener: TcpListener,
-        /// What it serves.
-        app: Box<App>,
         /// Limits and timeouts.
         config: Box<ServerConfig>,
         /// Resolves with the server's end.
@@ -63,7 +63,9 @@ pub enum RouterMsg {
 }
 
 /// Owns the front door.
-pub struct RouterActor;
+pub struct RouterActor {
+    state: Arc<RouterState>,
+}
 
 /// The gRPC server while it runs.
 struct Serving {
@@ -73,72 +75,70 @@ struct Serving {
     server: JoinHandle<()>,
     health: tonic_health::server::HealthReporter,
     health_task: JoinHandle<()>,
+    /// The API's services, marked NOT_SERVING on drain.
+    services: Vec<&'static str>,
 }
 
-/// The [`RouterActor`]'s state: the router it admits calls through, the routing
-/// configuration in force, and the server.
+/// What the front door serves, kept by its handle so that it outlives a crash of the
+/// actor: the router it admits calls through, the routing configuration in force, and the
+/// server while it runs. Only the actor writes it, one message at a time.
 pub struct RouterState {
     router: Router,
-    routing: RoutingConfig,
-    serving: Option<Serving>,
+    front: Front,
+    routing: std::sync::Mutex<RoutingConfig>,
+    serving: tokio::sync::Mutex<Option<Serving>>,
 }
 
 impl RouterState {
     fn policy(&self) -> Arc<Policy> {
         self.router.admission().policy().clone()
     }
+
+    fn reload(&self, routing: RoutingConfig, policy: Arc<Policy>) {
+        let mut current = self.routing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // An unchanged policy stays in force (with its audit log); a new one is dropped
+        // unused.
+        let policy_changed = policy.config() != self.policy().config();
+        if routing != *current || policy_changed {
+            let policy = if policy_changed { policy } else { self.policy() };
+            self.router.set_admission(Admission::new(&routing, policy));
+            *current = routing;
+            info!(policy_changed, "routing profiles and tool policy reloaded");
+        }
+    }
 }
 
 impl Actor for RouterActor {
     type Msg = RouterMsg;
-    type State = RouterState;
-    type Arguments = (Router, RoutingConfig);
+    type State = Arc<RouterState>;
+    type Arguments = ();
 
     async fn pre_start(
         &self,
         _: ActorRef<RouterMsg>,
-        (router, routing): Self::Arguments,
-    ) -> Result<RouterState, ActorProcessingErr> {
-        // The router admits calls by `routing` already; reloads change both together.
-        Ok(RouterState { router, routing, serving: None })
-    }
-
-    async fn post_stop(
-        &self,
-        _: ActorRef<RouterMsg>,
-        state: &mut RouterState,
-    ) -> Result<(), ActorProcessingErr> {
-        if let Some(serving) = state.serving.take() {
-            serving.server.abort();
-            serving.health_task.abort();
-        }
-        Ok(())
+        (): (),
+    ) -> Result<Arc<RouterState>, ActorProcessingErr> {
+        Ok(self.state.clone())
     }
 
     async fn handle(
         &self,
         _: ActorRef<RouterMsg>,
         message: RouterMsg,
-        state: &mut RouterState,
+        state: &mut Arc<RouterState>,
     ) -> Result<(), ActorProcessingErr> {
         match message {
-            RouterMsg::Serve { listener, app, config, reply } => {
-                let _ = reply.send(serve(state, listener, &app, &config).await);
+            RouterMsg::Serve { listener, config, reply } => {
+                let mut serving = state.serving.lock().await;
+                let _ = reply.send(serve(&mut serving, listener, &state.front, &config).await);
             }
             RouterMsg::Reload { routing, policy, reply } => {
-                // An unchanged policy stays in force (with its audit log); a new one is
-                // dropped unused.
-                let policy_changed = policy.config() != state.policy().config();
-                if routing != state.routing || policy_changed {
-                    let policy = if policy_changed { policy } else { state.policy() };
-                    state.router.set_admission(Admission::new(&routing, policy));
-                    state.routing = routing;
-                    info!(policy_changed, "routing profiles and tool policy reloaded");
-                }
+                state.reload(routing, policy);
                 let _ = reply.send(());
             }
             RouterMsg::Drain { grace, reply } => {
-                let _ = reply.send(drain(state, grace).await);
+                let serving = state.serving.lock().await.take();
+                let _ = reply.send(drain(&state.router, serving, grace).await);
             }
         }
         Ok(())
@@ -146,22 +146,29 @@ impl Actor for RouterActor {
 }
 
 async fn serve(
-    state: &mut RouterState,
+    state: &mut Option<Serving>,
     listener: TcpListener,
-    app: &App,
+    front: &Front,
     config: &ServerConfig,
 ) -> Result<oneshot::Receiver<anyhow::Result<()>>, FrontDoorError> {
-    if state.serving.is_some() {
+    if state.is_some() {
         return Err(FrontDoorError::Serving);
     }
-    let (health, health_service, health_task) = server::health_service(app).await;
+    let (health, health_service, health_task) =
+        crate::api::health::health_service(&front.api).await;
     let (stop, stopped) = oneshot::channel::<()>();
     let sessions = CancellationToken::new();
-    let server =
-        server::grpc_server(listener, app, config, health_service, sessions.clone(), async move {
+    let server = server::grpc_server(
+        listener,
+        front,
+        config,
+        health_service,
+        sessions.clone(),
+        async move {
             let _ = stopped.await;
-        })
-        .map_err(FrontDoorError::Start)?;
+        },
+    )
+    .map_err(FrontDoorError::Start)?;
     let (ended_tx, ended) = oneshot::channel();
     let server = tokio::spawn(
         async move {
@@ -169,20 +176,21 @@ async fn serve(
         }
         .instrument(tracing::info_span!("front door", task = "grpc server")),
     );
-    state.serving = Some(Serving { stop, sessions, server, health, health_task });
+    let services = crate::api::services(&front.api);
+    *state = Some(Serving { stop, sessions, server, health, health_task, services });
     Ok(ended)
 }
 
-async fn drain(state: &mut RouterState, grace: Duration) -> bool {
-    let Some(mut serving) = state.serving.take() else { return true };
-    server::not_serving(&serving.health).await;
+async fn drain(router: &Router, serving: Option<Serving>, grace: Duration) -> bool {
+    let Some(mut serving) = serving else { return true };
+    crate::api::health::not_serving(&serving.services, &serving.health).await;
     let _ = serving.stop.send(());
     // Every call answered, and the server closed its connections.
-    let router = state.router.clone();
+    let calls = router.clone();
     let server = &mut serving.server;
     let sessions = serving.sessions.clone();
     let finished = tokio::time::timeout(grace, async move {
-        router.drained().await;
+        calls.drained().await;
         // Remote workers stay connected while calls run on them; then their sessions end
         // too (they connect to another router), or the server would wait for them.
         sessions.cancel();
@@ -191,27 +199,42 @@ async fn drain(state: &mut RouterState, grace: Duration) -> bool {
     .await
     .is_ok();
     if !finished {
-        server::grace_exceeded(grace, state.router.in_flight());
+        server::grace_exceeded(grace, router.in_flight());
         serving.server.abort();
     }
     serving.health_task.abort();
     finished
 }
 
-/// The handle to the [`RouterActor`].
-#[derive(Debug, Clone)]
+/// The handle to the [`RouterActor`], and what it serves.
+#[derive(Clone)]
 pub struct FrontDoor {
-    actor: ActorRef<RouterMsg>,
+    actor: Arc<arc_swap::ArcSwap<ActorRef<RouterMsg>>>,
+    state: Arc<RouterState>,
+}
+
+impl std::fmt::Debug for FrontDoor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FrontDoor").field("actor", &self.actor.load().get_id()).finish()
+    }
 }
 
 impl FrontDoor {
-    /// Starts the front door over `router`, which admits calls by `routing`'s profiles.
+    /// Starts the front door over what it serves; its router admits calls by `routing`'s
+    /// profiles.
     pub(crate) async fn start(
-        router: Router,
+        front: Front,
         routing: RoutingConfig,
     ) -> Result<Self, ractor::SpawnErr> {
-        let (actor, _) = Actor::spawn(None, RouterActor, (router, routing)).await?;
-        Ok(FrontDoor { actor })
+        // The router admits calls by `routing` already; reloads change both together.
+        let state = Arc::new(RouterState {
+            router: front.api.router.clone(),
+            front,
+            routing: std::sync::Mutex::new(routing),
+            serving: tokio::sync::Mutex::new(None),
+        });
+        let (actor, _) = Actor::spawn(None, RouterActor { state: state.clone() }, ()).await?;
+        Ok(FrontDoor { actor: Arc::new(arc_swap::ArcSwap::from_pointee(actor)), state })
     }
 
     async fn ask<T: Send + 'static>(
@@ -219,7 +242,7 @@ impl FrontDoor {
         message: impl FnOnce(RpcReplyPort<T>) -> RouterMsg,
         timeout: Option<Duration>,
     ) -> Result<T, FrontDoorError> {
-        match self.actor.call(message, timeout).await {
+        match self.actor.load().call(message, timeout).await {
             Ok(CallResult::Success(value)) => Ok(value),
             Ok(CallResult::Timeout) => Err(FrontDoorError::Unreachable("timed out")),
             Ok(CallResult::SenderError) | Err(_) => Err(FrontDoorError::Unreachable("stopped")),
@@ -230,11 +253,9 @@ impl FrontDoor {
     pub(crate) async fn serve(
         &self,
         listener: TcpListener,
-        app: App,
         config: ServerConfig,
     ) -> Result<oneshot::Receiver<anyhow::Result<()>>, FrontDoorError> {
-        let app = Box::new(app);
-        self.ask(|reply| RouterMsg::Serve { listener, app, config: Box::new(config), reply }, None)
+        self.ask(|reply| RouterMsg::Serve { listener, config: Box::new(config), reply }, None)
             .await?
     }
 
@@ -257,8 +278,34 @@ impl FrontDoor {
         self.ask(|reply| RouterMsg::Drain { grace, reply }, None).await.unwrap_or(true)
     }
 
-    /// Stops the actor (and a server still running).
+    /// Stops the actor, and a server still running.
     pub(crate) async fn stop(&self) {
-        let _ = self.actor.stop_and_wait(None, Some(Duration::from_secs(5))).await;
+        let actor = self.actor.load_full();
+        let _ = actor.stop_and_wait(None, Some(Duration::from_secs(5))).await;
+        if let Some(serving) = self.state.serving.lock().await.take() {
+            serving.server.abort();
+            serving.health_task.abort();
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl toolmesh_core::Supervised for FrontDoor {
+    fn actor(&self) -> ractor::ActorCell {
+        self.actor.load().get_cell()
+    }
+
+    /// A fresh actor over the same state: the server it started keeps running, and the
+    /// next reload or drain goes to the new actor.
+    async fn respawn(
+        &self,
+        root: ractor::ActorCell,
+        _: String,
+    ) -> Result<ractor::ActorCell, String> {
+        let front = RouterActor { state: self.state.clone() };
+        let (actor, _) =
+            Actor::spawn_linked(None, front, (), root).await.map_err(|e| e.to_string())?;
+        self.actor.store(Arc::new(actor.clone()));
+        Ok(actor.get_cell())
     }
 }

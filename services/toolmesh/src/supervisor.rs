@@ -11,12 +11,7 @@ use arc_swap::ArcSwap;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::sync::Notify;
 use toolmesh_config::Config;
-use toolmesh_core::{Health, Provider, ProviderError};
-use toolmesh_knowledge::KnowledgeHandle;
-use toolmesh_mcp::McpManager;
-use toolmesh_registry::RegistryHandle;
-use toolmesh_search::SearchProvider;
-use toolmesh_workers::WorkerPool;
+use toolmesh_core::{Health, Provider, ProviderError, Supervised};
 use tracing::{error, info};
 
 /// Restarts within [`RESTART_WINDOW`] after which the root gives a child up.
@@ -25,72 +20,6 @@ const MAX_RESTARTS: usize = 5;
 const RESTART_WINDOW: Duration = Duration::from_secs(60);
 /// How long the children of a failed child get to stop before it is started again.
 const ORPHANS_STOP: Duration = Duration::from_secs(10);
-
-/// A child of the root, through the handle that owns its actor: the actor now, and how
-/// to start it again under the root.
-#[async_trait::async_trait]
-pub(crate) trait Supervised: Send + Sync + 'static {
-    /// The actor now.
-    fn actor(&self) -> ActorCell;
-
-    /// Starts a fresh actor under `root`, after it ended for `reason`.
-    async fn respawn(&self, root: ActorCell, reason: String) -> Result<ActorCell, String>;
-}
-
-#[async_trait::async_trait]
-impl Supervised for RegistryHandle {
-    fn actor(&self) -> ActorCell {
-        RegistryHandle::actor(self)
-    }
-
-    async fn respawn(&self, root: ActorCell, _: String) -> Result<ActorCell, String> {
-        RegistryHandle::respawn(self, root).await.map_err(|e| e.to_string())
-    }
-}
-
-#[async_trait::async_trait]
-impl Supervised for WorkerPool {
-    fn actor(&self) -> ActorCell {
-        WorkerPool::actor(self)
-    }
-
-    async fn respawn(&self, root: ActorCell, _: String) -> Result<ActorCell, String> {
-        WorkerPool::respawn(self, root).await.map_err(|e| e.to_string())
-    }
-}
-
-#[async_trait::async_trait]
-impl Supervised for McpManager {
-    fn actor(&self) -> ActorCell {
-        self.supervisor()
-    }
-
-    async fn respawn(&self, root: ActorCell, _: String) -> Result<ActorCell, String> {
-        McpManager::respawn(self, root).await.map_err(|e| e.to_string())
-    }
-}
-
-#[async_trait::async_trait]
-impl Supervised for SearchProvider {
-    fn actor(&self) -> ActorCell {
-        SearchProvider::actor(self)
-    }
-
-    async fn respawn(&self, root: ActorCell, reason: String) -> Result<ActorCell, String> {
-        SearchProvider::respawn(self, root, reason).await.map_err(|e| e.to_string())
-    }
-}
-
-#[async_trait::async_trait]
-impl Supervised for KnowledgeHandle {
-    fn actor(&self) -> ActorCell {
-        KnowledgeHandle::actor(self)
-    }
-
-    async fn respawn(&self, root: ActorCell, _: String) -> Result<ActorCell, String> {
-        KnowledgeHandle::respawn(self, root).await.map_err(|e| e.to_string())
-    }
-}
 
 /// One child of the root: its name (in health, `toolmesh.actor.<name>`) and its handle.
 pub(crate) type Child = (&'static str, Arc<dyn Supervised>);

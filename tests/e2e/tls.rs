@@ -6,11 +6,11 @@
 use std::{path::Path, time::Duration};
 
 use toolmesh_e2e::{
-    BinaryServer, BinaryWorker, eventually,
+    BinaryServer, BinaryWorker,
+    cli::{grpcurl, stderr, stdout},
+    eventually,
     pki::{Ca, Pair},
 };
-
-use super::{grpcurl, stderr, stdout};
 
 /// Runs `toolmesh ARGS…` without the caller's TOOLMESH_* environment.
 async fn toolmesh(args: &[&str]) -> std::process::Output {

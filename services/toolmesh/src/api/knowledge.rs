@@ -98,7 +98,7 @@ impl KnowledgeServiceImpl {
 
     /// Refuses a request whose principal may not write ([`Self::writes`]).
     fn may_write<T>(&self, request: &Request<T>) -> Result<(), Status> {
-        let principal = toolmesh_router::principal(request)?;
+        let principal = super::principal(request)?;
         if self.writes(&principal) {
             return Ok(());
         }
@@ -222,7 +222,7 @@ impl KnowledgeServiceImpl {
         request: Request<ListCollectionsRequest>,
     ) -> Result<Response<ListCollectionsResponse>, Status> {
         let started = std::time::Instant::now();
-        let principal = toolmesh_router::principal(&request)?;
+        let principal = super::principal(&request)?;
         let mut collections = self.knowledge.collections().await;
         // Under a policy a collection is listed where its tool would be: to the principals
         // that may see the tool. And to the writers, who ingest into it by name.

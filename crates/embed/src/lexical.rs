@@ -1,5 +1,6 @@
-//! Lexical vectors: a text's BM25 term weights as a sparse vector, for the store to score
-//! with the inverse document frequency it keeps.
+//! Lexical vectors: a text cut into terms ([`terms`]), and its BM25 term weights as a
+//! sparse vector, for the store to score with the inverse document frequency it keeps. The
+//! tool index and knowledge collections analyse text alike.
 //!
 //! A document's weight for a term is BM25's saturated term frequency,
 //! `tf · (k1 + 1) / (tf + k1 · (1 − b + b · len / avg))`; a query's is 1 per distinct term.
@@ -8,7 +9,9 @@
 //! are a stable hash of the term (FNV-1a), the same in every process and release, because
 //! the vectors are stored and shared.
 
-use std::collections::HashMap;
+use std::{borrow::Cow, collections::HashMap};
+
+use rust_stemmers::{Algorithm, Stemmer};
 
 use toolmesh_core::vector::SparseVector;
 
@@ -56,10 +59,80 @@ fn sparse(weights: impl Iterator<Item = (u32, f32)>) -> SparseVector {
     SparseVector { indices, values }
 }
 
+/// Words too common to tell tools apart.
+const STOPWORDS: &[&str] = &[
+    "a", "an", "and", "are", "as", "at", "be", "by", "for", "from", "in", "is", "it", "of", "on",
+    "or", "that", "the", "this", "to", "with", "you", "your", "can", "will", "which", "its",
+];
+
+/// Cuts text into lowercase terms: splits on anything but letters and digits and at
+/// camelCase boundaries, drops stopwords, folds simple plurals (`files` → `file`), and
+/// stems with the Snowball English stemmer (`predicting`, `predicts` → `predict`).
+pub fn terms(text: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut current = String::new();
+    let mut previous: Option<char> = None;
+    for c in text.chars() {
+        if !c.is_alphanumeric() {
+            if !current.is_empty() {
+                words.push(std::mem::take(&mut current));
+            }
+            previous = None;
+            continue;
+        }
+        // getUserToken → get user token; HTTPServer stays one word until the lowercase run.
+        if let Some(p) = previous
+            && c.is_uppercase()
+            && p.is_lowercase()
+            && !current.is_empty()
+        {
+            words.push(std::mem::take(&mut current));
+        }
+        current.extend(c.to_lowercase());
+        previous = Some(c);
+    }
+    if !current.is_empty() {
+        words.push(current);
+    }
+    let stemmer = Stemmer::create(Algorithm::English);
+    words
+        .into_iter()
+        .filter(|w| !STOPWORDS.contains(&w.as_str()))
+        .map(|w| {
+            let word = fold_plural(w);
+            match stemmer.stem(&word) {
+                Cow::Borrowed(stem) if stem.len() == word.len() => word,
+                stem => stem.into_owned(),
+            }
+        })
+        .collect()
+}
+
+fn fold_plural(word: String) -> String {
+    if word.len() > 3 && word.ends_with('s') && !word.ends_with("ss") && !word.ends_with("us") {
+        let stem = &word[..word.len() - 1];
+        return stem.strip_suffix("ie").map_or_else(|| stem.to_owned(), |s| format!("{s}y"));
+    }
+    word
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::terms;
+
+    #[test]
+    fn terms_split_case_and_punctuation_and_drop_noise() {
+        assert_eq!(terms("getUserToken"), ["get", "user", "token"]);
+        assert_eq!(
+            terms("read_file / Files in the directories"),
+            ["read", "file", "file", "directori"]
+        );
+        assert_eq!(terms("YituTech_conv-bert-base"), ["yitu", "tech", "conv", "bert", "base"]);
+        assert_eq!(terms("Address status"), ["address", "status"]);
+        // Inflections meet at one stem, in tool texts and queries alike.
+        assert_eq!(terms("predicting predicts predicted"), ["predict", "predict", "predict"]);
+        assert_eq!(terms("Translation"), terms("translations"));
+    }
 
     #[test]
     fn weights_saturate_with_frequency_and_fall_with_length() {

@@ -21,7 +21,10 @@ use toolmesh_proto::{
 use toolmesh_telemetry::rpc_server_span;
 use tracing::{Instrument, Span, debug};
 
-use crate::{Admission, CallRequest, Discovery, Router, RouterError, is_meta, parse_grpc_timeout};
+use toolmesh_meta::MetaTools;
+use toolmesh_router::{
+    Admission, CallRequest, Hidden, Router, RouterError, is_meta, parse_grpc_timeout,
+};
 
 /// Default tools per `ListTools` page.
 const DEFAULT_PAGE_SIZE: usize = 100;
@@ -43,7 +46,7 @@ type Outbound = (Result<CallToolServerMessage, Status>, Option<OwnedSemaphorePer
 #[derive(Clone)]
 pub struct ToolServiceImpl {
     router: Router,
-    discovery: Arc<dyn Discovery>,
+    meta: MetaTools,
     health: HealthBoard,
 }
 
@@ -54,10 +57,10 @@ impl std::fmt::Debug for ToolServiceImpl {
 }
 
 impl ToolServiceImpl {
-    /// Returns the service over `router`, finding and describing tools with `discovery`;
-    /// a tool's source is available as `health` says.
-    pub fn new(router: Router, discovery: Arc<dyn Discovery>, health: HealthBoard) -> Self {
-        ToolServiceImpl { router, discovery, health }
+    /// Returns the service over `router`, finding and describing tools with the
+    /// meta-tools' search; a tool's source is available as `health` says.
+    pub fn new(router: Router, meta: MetaTools, health: HealthBoard) -> Self {
+        ToolServiceImpl { router, meta, health }
     }
 }
 
@@ -179,7 +182,7 @@ impl ToolServiceImpl {
             filter.keeps(spec) && counted.note(&spec.name, scope.hidden_by(spec))
         };
         let found = self
-            .discovery
+            .meta
             .find(&request.query, top_k, &profile, Box::new(keep))
             .await
             .map_err(|error| status(&error))?;
@@ -273,7 +276,7 @@ impl ToolService for ToolServiceImpl {
                 // searchTools describes this profile's pool, as the catalog is now and as the
                 // principal may see it.
                 if let Some(description) =
-                    self.discovery.describe(spec, &profile_name, &catalog, &scope)
+                    self.meta.description_of(spec, &profile_name, &catalog, &scope)
                 {
                     converted.description = description;
                 }
@@ -537,69 +540,15 @@ async fn run_stream(
     let _ = tx.send((last, None)).await;
 }
 
-/// The tools a discovery request left out because the caller may not see them, for its
-/// audit event and the decisions metric. A search may look at a tool more than once (again
-/// over every tool when its ranking holds fewer than k the caller may see): each tool
-/// counts once.
-pub struct Hidden {
-    principal: Arc<Principal>,
-    state: std::sync::Mutex<(std::collections::HashSet<String>, Vec<Arc<str>>)>,
+/// A router error as the status its client gets: its failure, mapped once in the proto
+/// crate.
+trait ToStatus {
+    fn to_status(&self) -> Status;
 }
 
-impl Hidden {
-    /// Starts the count of one request of `principal`.
-    pub fn new(principal: Arc<Principal>) -> Self {
-        Hidden { principal, state: Default::default() }
-    }
-
-    /// Notes the rule that hides the tool `name`, if one does; returns whether the tool is
-    /// seen.
-    pub fn note(&self, name: &str, rule: Option<Arc<str>>) -> bool {
-        let Some(rule) = rule else { return true };
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if !state.0.contains(name) {
-            state.0.insert(name.to_owned());
-        }
-        if !state.1.contains(&rule) {
-            state.1.push(rule);
-        }
-        false
-    }
-
-    /// Counts the hidden tools and writes one audit event for `rpc`, when any was hidden.
-    pub fn audit(&self, admission: &Admission, rpc: &str, started: std::time::Instant) {
-        let (count, rules) = {
-            let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            if state.0.is_empty() {
-                return;
-            }
-            (state.0.len(), state.1.join(","))
-        };
-        crate::metrics::policy_decided("hide", "discovery", count as u64);
-        let policy = admission.policy();
-        let ended = std::time::Instant::now();
-        policy.audit().record(&toolmesh_policy::AuditEvent {
-            event: "discovery",
-            principal: &self.principal.name,
-            principal_kind: self.principal.kind.as_str(),
-            issuer: self.principal.issuer.as_deref(),
-            agent: self
-                .principal
-                .attributes
-                .get(toolmesh_policy::AGENT_ATTRIBUTE)
-                .map(String::as_str),
-            tool: rpc,
-            call_id: "",
-            decision: "hide",
-            rule: &rules,
-            hidden: Some(count),
-            outcome: "ok",
-            duration: ended.duration_since(started),
-            at: ended,
-            trace_id: &crate::router::current_trace_id(),
-            policy: policy.version(),
-            note: None,
-        });
+impl ToStatus for RouterError {
+    fn to_status(&self) -> Status {
+        toolmesh_proto::status(&self.failure())
     }
 }
 
@@ -621,8 +570,6 @@ mod tests {
 
     use toolmesh_core::Principal;
 
-    use super::Hidden;
-
     #[test]
     fn a_request_without_a_principal_is_refused_never_taken_for_the_open_one() {
         let mut request = tonic::Request::new(());
@@ -637,20 +584,5 @@ mod tests {
         // Only a service served without the front door's layers sees the open principal.
         let bare = tonic::Request::new(());
         assert!(toolmesh_core::is_open(&super::principal(&bare).unwrap()));
-    }
-
-    #[test]
-    fn a_tool_looked_at_again_is_hidden_once() {
-        let hidden = Hidden::new(Arc::new(Principal::anonymous("bob")));
-        let rule: Arc<str> = "only-admins-delete".into();
-        // The ranking, the pass over every tool, and the ranking again.
-        for _ in 0..3 {
-            assert!(!hidden.note("file_delete", Some(rule.clone())));
-            assert!(hidden.note("echo", None));
-        }
-        assert!(!hidden.note("drop_table", Some("no-sql".into())));
-        let state = hidden.state.lock().unwrap();
-        assert_eq!(state.0.len(), 2);
-        assert_eq!(state.1, vec![rule, "no-sql".into()]);
     }
 }

@@ -1,13 +1,15 @@
 //! The meta-tools searchTools and callTool through CallTool, with routing profiles and
 //! stateless search-before-call enforcement.
 
-#![allow(clippy::unwrap_used)]
-
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use std::sync::Arc;
 use tonic::Code;
 use toolmesh::AppOptions;
+use toolmesh_e2e::calls::call as call_tool_rpc;
+use toolmesh_e2e::calls::{server, structured};
+use toolmesh_e2e::tools::BlockingProbe;
 use toolmesh_e2e::{TestServer, eventually};
 use toolmesh_proto::v1::{CallToolRequest, CallToolResponse, ListToolsRequest};
 
@@ -313,4 +315,177 @@ async fn reloaded_routing_profiles_apply_to_the_next_calls() {
     assert!(
         call(&server, "think", json!({"title": "t", "thought": "ok"}), "", "ops").await.is_ok()
     );
+}
+
+#[tokio::test]
+async fn search_tools_ranks_the_live_catalog() {
+    let probe = Arc::new(BlockingProbe::default());
+    let server = server("", &probe).await;
+    let client = server.client().await;
+    let search = |query: &str, source_name: &str| {
+        let mut client = client.clone();
+        let request = toolmesh_proto::v1::SearchToolsRequest {
+            query: query.into(),
+            top_k: 3,
+            source_name: source_name.into(),
+            ..Default::default()
+        };
+        async move { client.search_tools(request).await.map(|r| r.into_inner()) }
+    };
+    // The first start embeds the tools in the background at the lowest priority: beside the
+    // other tests on a busy machine that can take seconds.
+    let found = eventually(Duration::from_secs(60), || async {
+        let response = search("record a reasoning step before acting", "").await.unwrap();
+        (response.index_complete
+            && response.hits.first().map(|h| h.tool.as_ref().unwrap().name.as_str())
+                == Some("think"))
+        .then_some(response)
+    })
+    .await
+    .expect("think ranks first once the index is complete");
+    // Without a policy the index is counted: every tool of the catalog, each with its vector.
+    let catalog = server.app.registry().snapshot().len() as u64;
+    assert_eq!((found.indexed_tools, found.embedded_tools), (catalog, catalog));
+    assert!(
+        found.ranking.starts_with("convex[dense=0.5](bm25, minilm"),
+        "hybrid ranking with the real model: {}",
+        found.ranking
+    );
+    assert!(found.hits.len() <= 3);
+    assert!(found.hits.windows(2).all(|w| w[0].score >= w[1].score), "best first");
+    let think = found.hits[0].tool.as_ref().unwrap();
+    assert!(think.input_schema_json.contains("thought"), "hits carry the full definition");
+
+    let filtered = search("record a reasoning step", "embedded").await.unwrap();
+    assert!(
+        filtered
+            .hits
+            .iter()
+            .all(|h| h.tool.as_ref().unwrap().source.as_ref().unwrap().name == "embedded")
+    );
+    let empty = search("  ", "").await.unwrap_err();
+    assert_eq!(empty.code(), Code::InvalidArgument);
+
+    // The index follows the catalog: a tool added by a reload is found, then forgotten.
+    let config = r#"
+[[tools.command]]
+name = "word_count"
+description = "Counts the words of a text document."
+command = "/usr/bin/wc"
+"#;
+    server.app.reload(&TestServer::config(config).unwrap()).await.unwrap();
+    let added = eventually(Duration::from_secs(5), || async {
+        let response = search("count the words in my document", "").await.unwrap();
+        response.hits.iter().any(|h| h.tool.as_ref().unwrap().name == "word_count").then_some(())
+    })
+    .await;
+    assert!(added.is_some(), "a new tool is searchable");
+    server.app.reload(&TestServer::config("").unwrap()).await.unwrap();
+    let removed = eventually(Duration::from_secs(5), || async {
+        let response = search("count the words in my document", "").await.unwrap();
+        (!response.hits.iter().any(|h| h.tool.as_ref().unwrap().name == "word_count")).then_some(())
+    })
+    .await;
+    assert!(removed.is_some(), "a removed tool is purged");
+}
+
+/// A query beyond `search.max_query_bytes` (4096 by default) — a whole dialogue an agent
+/// passed on — is searched by its beginning, and the answer says how much was cut, through
+/// SearchTools and searchTools alike.
+#[tokio::test]
+async fn a_long_query_is_searched_by_its_beginning_and_the_cut_reported() {
+    let probe = Arc::new(BlockingProbe::default());
+    let config = "[[tools.command]]\nname = \"word_count\"\ndescription = \"Counts the words of a text document.\"\ncommand = \"/usr/bin/wc\"\n";
+    let server = server(config, &probe).await;
+    let mut client = server.client().await;
+    // 18.7 KB, with a multi-byte character across the limit.
+    let long = format!("count the words {}xé{}", "a ".repeat(2039), "talk ".repeat(2900));
+    assert!(!long.is_char_boundary(4096), "the cut falls inside a character");
+    let search = |query: &str| toolmesh_proto::v1::SearchToolsRequest {
+        query: query.into(),
+        ..Default::default()
+    };
+    // The index takes the tools in after the start.
+    let short = eventually(Duration::from_secs(30), || {
+        let mut client = client.clone();
+        async move {
+            let short = client.search_tools(search("count the words")).await.ok()?.into_inner();
+            short.index_complete.then_some(short)
+        }
+    })
+    .await
+    .expect("the index takes in the catalog");
+    assert_eq!(short.query_bytes_cut, 0);
+    let answer = client.search_tools(search(&long)).await.expect("a long query is searched");
+    let answer = answer.into_inner();
+    assert_eq!(answer.query_bytes_cut as usize, long.len() - 4095);
+    assert_eq!(answer.hits[0].tool.as_ref().unwrap().name, "word_count", "{answer:?}");
+
+    let meta = call_tool_rpc(&mut client, "searchTools", json!({"query": long})).await.unwrap();
+    let structured = structured(&meta);
+    let cut = structured["queryCut"].as_str().unwrap();
+    assert!(cut.contains("first 4095 bytes"), "{cut}");
+    assert_eq!(structured["tools"][0]["name"], "word_count");
+}
+
+#[tokio::test]
+async fn a_restart_on_the_same_data_embeds_no_tool_again_and_ranks_alike() {
+    let data = tempfile::tempdir().unwrap();
+    let described = |description: &str| {
+        format!(
+            "[[tools.command]]\nname = \"word_count\"\ndescription = \"{description}\"\ncommand = \"/usr/bin/wc\"\n"
+        )
+    };
+    let config = described("Counts the words of a text document.");
+    let settled = |server: &TestServer| {
+        let search = server.app.search();
+        search.version() > 0 && search.indexed() > 0 && search.embedded() == search.indexed()
+    };
+    let top = |server: &TestServer| {
+        let search = server.app.search().clone();
+        async move {
+            let hits = search.search("record a reasoning step before acting", 3, |_| true).await;
+            hits.unwrap().into_iter().map(|h| h.tool.spec.name.clone()).collect::<Vec<_>>()
+        }
+    };
+
+    let first = TestServer::start_in(&config, AppOptions::default(), data.path()).await.unwrap();
+    eventually(Duration::from_secs(60), || async { settled(&first).then_some(()) })
+        .await
+        .expect("every tool embedded");
+    let tools = first.app.search().indexed();
+    // A fresh data directory: every tool text is embedded once.
+    assert_eq!(first.app.search().embeddings_made() as usize, tools);
+    let ranked = top(&first).await;
+    assert_eq!(ranked[0], "think");
+    first.stop().await.unwrap();
+
+    let second = TestServer::start_in(&config, AppOptions::default(), data.path()).await.unwrap();
+    eventually(Duration::from_secs(10), || async {
+        (settled(&second) && second.app.search().indexed() == tools).then_some(())
+    })
+    .await
+    .expect("the index caught up from the store");
+    assert_eq!(second.app.search().embeddings_made(), 0, "nothing is embedded again");
+    assert_eq!(top(&second).await, ranked);
+    second.stop().await.unwrap();
+
+    // A description changed while nothing ran: its new text is embedded, and the point of
+    // the old one does not stay behind in the store.
+    let changed = described("Tallies lines, words and bytes of a file.");
+    let third = TestServer::start_in(&changed, AppOptions::default(), data.path()).await.unwrap();
+    eventually(Duration::from_secs(30), || async {
+        (settled(&third) && third.app.search().indexed() == tools).then_some(())
+    })
+    .await
+    .expect("the index caught up");
+    let search = third.app.search();
+    assert_eq!(search.embeddings_made(), 1, "only the changed text is embedded");
+    // Swept once the catalog has been still for a second.
+    let points = || async { search.store().count(search.collection(), None).await.unwrap() };
+    let swept = eventually(Duration::from_secs(10), || async {
+        (points().await as usize == tools).then_some(())
+    })
+    .await;
+    assert!(swept.is_some(), "one point per tool, none of an old text: {}", points().await);
 }

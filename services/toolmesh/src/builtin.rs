@@ -1,0 +1,232 @@
+//! The backends built into toolmesh, each a [`Plugin`]: local tools on the worker pool,
+//! MCP servers, the vector stores, the tool-search index, knowledge collections and remote
+//! workers. [`built_in`] is the one list of them; a new backend is its crate and one line
+//! there.
+
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use toolmesh_config::Config;
+use toolmesh_knowledge::{KnowledgeHandle, KnowledgeProvider, unknown_store};
+use toolmesh_mcp::McpManager;
+use toolmesh_proto::v1::{
+    knowledge_service_server::KnowledgeServiceServer, worker_service_server::WorkerServiceServer,
+};
+use toolmesh_remote::{RemoteWorkers, WorkerServiceImpl};
+use toolmesh_search::SearchProvider;
+use toolmesh_tools::LocalProvider;
+use toolmesh_vector::{VectorConfig, VectorProvider};
+use tracing::info;
+
+use crate::{
+    api::KnowledgeServiceImpl,
+    plugin::{Assembly, GrpcService, Parts, Plugin},
+};
+
+/// Every built-in backend, in start order (each may use what those before it share); they
+/// stop in reverse.
+pub fn built_in() -> Vec<Box<dyn Plugin>> {
+    vec![
+        Box::new(Local),
+        Box::new(Mcp),
+        Box::new(Vector),
+        Box::new(Search),
+        Box::new(Knowledge),
+        Box::new(Remote),
+    ]
+}
+
+/// Local tools (`[[tools.*]]`, `[workers]`) on the supervised worker pool.
+struct Local;
+
+#[async_trait::async_trait]
+impl Plugin for Local {
+    fn name(&self) -> &'static str {
+        "local"
+    }
+
+    async fn build(&self, assembly: &mut Assembly<'_>) -> anyhow::Result<Parts> {
+        let embedded = assembly.local_tools.take().unwrap_or_default();
+        let local = Arc::new(
+            LocalProvider::new(&assembly.config.workers, assembly.registry.clone(), embedded)
+                .await?,
+        );
+        let pool = local.pool().clone();
+        assembly.handles.pool = Some(pool.clone());
+        Ok(Parts::provider(local).actor("workers", Arc::new(pool)))
+    }
+}
+
+/// MCP servers (`[[mcp.servers]]`), one supervised client each.
+struct Mcp;
+
+#[async_trait::async_trait]
+impl Plugin for Mcp {
+    fn name(&self) -> &'static str {
+        "mcp"
+    }
+
+    async fn build(&self, assembly: &mut Assembly<'_>) -> anyhow::Result<Parts> {
+        // MCP servers' last listings live beside the vector store, in the data directory.
+        let remember_in = assembly.config.server.data_dir.as_ref().map(|dir| dir.join("mcp"));
+        let mcp = McpManager::start(assembly.registry.clone(), remember_in)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot start the mcp supervisor: {e}"))?;
+        assembly.handles.mcp = Some(mcp.clone());
+        Ok(Parts::provider(Arc::new(mcp.clone())).actor("mcp", Arc::new(mcp)))
+    }
+}
+
+/// The vector stores (`[vector]`): the embedded engine under the data directory, or a
+/// Qdrant server; the default one and each of `[vector.stores.NAME]`.
+struct Vector;
+
+impl Vector {
+    fn section(config: &Config) -> anyhow::Result<VectorConfig> {
+        let vector: VectorConfig = config.section(toolmesh_vector::SECTION)?.unwrap_or_default();
+        vector.validate().map_err(|(key, reason)| config.key_error(&key, reason))?;
+        Ok(vector)
+    }
+}
+
+#[async_trait::async_trait]
+impl Plugin for Vector {
+    fn name(&self) -> &'static str {
+        "vector"
+    }
+
+    fn sections(&self) -> &'static [&'static str] {
+        &[toolmesh_vector::SECTION]
+    }
+
+    fn check(&self, config: &Config) -> anyhow::Result<()> {
+        Self::section(config).map(drop)
+    }
+
+    async fn build(&self, assembly: &mut Assembly<'_>) -> anyhow::Result<Parts> {
+        let vector = Self::section(assembly.config)?;
+        let data_dir =
+            assembly.config.server.data_dir.clone().context(
+                "no data directory: set --data-dir, server.data_dir, XDG_DATA_HOME or HOME",
+            )?;
+        let stores = toolmesh_vector::open_all(&vector, &data_dir).await?;
+        for (name, store) in stores.all() {
+            let name = name.unwrap_or(toolmesh_core::VectorStores::DEFAULT);
+            info!(name, store = %store.describe(), "vector store open");
+        }
+        assembly.stores = Some(stores.clone());
+        Ok(Parts::provider(Arc::new(VectorProvider::new(stores))))
+    }
+}
+
+/// The tool-search index (`[search]`), its vectors in the default store.
+struct Search;
+
+#[async_trait::async_trait]
+impl Plugin for Search {
+    fn name(&self) -> &'static str {
+        "search"
+    }
+
+    async fn build(&self, assembly: &mut Assembly<'_>) -> anyhow::Result<Parts> {
+        let store = assembly.stores.as_ref().context("search needs the vector stores")?;
+        let store = store.default_store().clone();
+        let model = assembly.model().await;
+        let search = Arc::new(
+            SearchProvider::from_config(assembly.registry.clone(), assembly.config, store, model)
+                .await?,
+        );
+        assembly.handles.search = Some(search.handle().clone());
+        Ok(Parts::provider(search.clone()).actor("search", search))
+    }
+}
+
+/// Knowledge collections (`[knowledge]`): retrieval as a tool, and the
+/// `toolmesh.v1.KnowledgeService` that ingests into them.
+struct Knowledge;
+
+#[async_trait::async_trait]
+impl Plugin for Knowledge {
+    fn name(&self) -> &'static str {
+        "knowledge"
+    }
+
+    fn sections(&self) -> &'static [&'static str] {
+        &[toolmesh_knowledge::SECTION]
+    }
+
+    fn check(&self, config: &Config) -> anyhow::Result<()> {
+        let knowledge = KnowledgeProvider::section(config)?;
+        let vector = Vector::section(config)?;
+        let stores: Vec<&str> = std::iter::once(toolmesh_core::VectorStores::DEFAULT)
+            .chain(vector.stores.keys().map(String::as_str))
+            .collect();
+        for (i, collection) in knowledge.collections.iter().enumerate() {
+            if let Some(name) = collection.store.as_deref().filter(|name| !stores.contains(name)) {
+                let key = format!("knowledge.collections[{i}].store");
+                return Err(config.key_error(&key, unknown_store(name, &stores)).into());
+            }
+        }
+        Ok(())
+    }
+
+    async fn build(&self, assembly: &mut Assembly<'_>) -> anyhow::Result<Parts> {
+        let stores = assembly.stores.clone().context("knowledge needs the vector stores")?;
+        let model = assembly.model().await.ok();
+        let knowledge = KnowledgeHandle::start(stores, model, assembly.registry.clone())
+            .await
+            .context("starting the retriever")?;
+        assembly.handles.knowledge = Some(knowledge.clone());
+        let service = {
+            let (knowledge, router) = (knowledge.clone(), assembly.router.clone());
+            GrpcService::new::<KnowledgeServiceServer<KnowledgeServiceImpl>>(
+                move |routes, serving| {
+                    let service = KnowledgeServiceImpl::new(knowledge.clone(), router.clone());
+                    routes.add_service(
+                        KnowledgeServiceServer::new(service)
+                            .max_decoding_message_size(serving.max_message_bytes),
+                    );
+                },
+            )
+        };
+        Ok(Parts::provider(Arc::new(KnowledgeProvider::new(knowledge.clone())))
+            .actor("knowledge", Arc::new(knowledge))
+            .service(service))
+    }
+}
+
+/// Remote workers (`[remote]`): processes that connect to `toolmesh.v1.WorkerService` and
+/// serve tools.
+struct Remote;
+
+#[async_trait::async_trait]
+impl Plugin for Remote {
+    fn name(&self) -> &'static str {
+        "remote"
+    }
+
+    fn sections(&self) -> &'static [&'static str] {
+        &[toolmesh_remote::SECTION]
+    }
+
+    fn check(&self, config: &Config) -> anyhow::Result<()> {
+        RemoteWorkers::section(config)?;
+        Ok(())
+    }
+
+    async fn build(&self, assembly: &mut Assembly<'_>) -> anyhow::Result<Parts> {
+        let remote = RemoteWorkers::new(assembly.registry.clone());
+        assembly.handles.remote = Some(remote.clone());
+        let service = {
+            let remote = remote.clone();
+            GrpcService::new::<WorkerServiceServer<WorkerServiceImpl>>(move |routes, serving| {
+                let service = remote.service(serving.sessions.clone(), serving.max_message_bytes);
+                routes.add_service(
+                    WorkerServiceServer::new(service)
+                        .max_decoding_message_size(serving.max_message_bytes),
+                );
+            })
+        };
+        Ok(Parts::provider(Arc::new(remote)).service(service))
+    }
+}

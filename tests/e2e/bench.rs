@@ -1,0 +1,158 @@
+//! The `toolmesh-bench` benchmarks run end to end on small inputs.
+
+use serde_json::json;
+use toolmesh_e2e::cli::{bench, stderr, stdout};
+
+#[tokio::test]
+async fn bench_measures_toolmesh_and_the_bare_echo_baseline() {
+    // This checks that the load generator works and reports; it asserts no speed.
+    let output = bench(&[
+        "--concurrency",
+        "4",
+        "--connections",
+        "2",
+        "--duration",
+        "0.4",
+        "--warmup",
+        "0.1",
+        "--rounds",
+        "3",
+    ])
+    .await;
+    assert!(output.status.success(), "{}", stderr(&output));
+    let report = stdout(&output);
+    let rows: Vec<&str> = report
+        .lines()
+        .filter(|l| {
+            l.starts_with("bare tonic echo ")
+                || (l.starts_with("toolmesh ") && !l.starts_with("toolmesh-bench"))
+        })
+        .collect();
+    assert_eq!(rows.len(), 4, "closed and open loop rows for both servers:\n{report}");
+    for row in rows {
+        let columns: Vec<&str> = row.split_whitespace().collect();
+        let errors: u64 = columns.last().unwrap().parse().unwrap();
+        let throughput: f64 = columns[columns.len() - 5].parse().unwrap();
+        assert_eq!(errors, 0, "{row}");
+        assert!(throughput > 0.0, "{row}");
+    }
+    assert!(report.contains("throughput ratio") && report.contains("p99 added"), "{report}");
+    assert!(report.contains("3 alternating rounds"), "{report}");
+
+    // The same figures as JSON, for scripts.
+    let args = ["--concurrency", "2", "--duration", "0.2", "--warmup", "0.1", "--rounds", "1"];
+    let output = bench(&[&args[..], &["--no-half-load", "--json"]].concat()).await;
+    assert!(output.status.success(), "{}", stderr(&output));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    assert!(report["toolmesh"]["throughput"].as_f64().unwrap() > 0.0, "{report}");
+    assert_eq!(report["toolmesh"]["errors"], 0, "{report}");
+    assert!(report["echo"]["p99_ms"].is_number(), "{report}");
+    assert!(report["toolmesh_half"].is_null(), "{report}");
+}
+
+#[tokio::test]
+async fn bench_policy_measures_calls_with_and_without_a_policy() {
+    // This checks that the policy benchmark runs its fifty rules and reports; no speed.
+    let args = ["--policy", "--concurrency", "4", "--duration", "0.4", "--warmup", "0.1"];
+    let output = bench(&[&args[..], &["--rounds", "2", "--json"]].concat()).await;
+    assert!(output.status.success(), "{}", stderr(&output));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    assert_eq!(report["rules"], 50, "{report}");
+    for sample in ["open", "governed", "open_half", "governed_half"] {
+        assert_eq!(report[sample]["errors"], 0, "{sample}: {report}");
+        assert!(report[sample]["throughput"].as_f64().unwrap() > 0.0, "{sample}: {report}");
+    }
+    assert!(report["throughput_ratio"].as_f64().unwrap() > 0.0, "{report}");
+    assert!(report["p99_added_ms"].is_number(), "{report}");
+}
+
+#[tokio::test]
+async fn bench_mcp_compares_toolmesh_with_a_direct_mcp_client() {
+    // This checks that the MCP load generator works and reports; it asserts no speed.
+    let output = bench(&[
+        "--mcp",
+        "--concurrency",
+        "2",
+        "--duration",
+        "0.6",
+        "--warmup",
+        "0.1",
+        "--rounds",
+        "2",
+    ])
+    .await;
+    assert!(output.status.success(), "{}", stderr(&output));
+    let report = stdout(&output);
+    for row in ["direct MCP client", "through toolmesh"] {
+        let line = report
+            .lines()
+            .find(|l| l.starts_with(row))
+            .unwrap_or_else(|| panic!("{row} in:\n{report}"));
+        let columns: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(columns.last(), Some(&"0"), "no errors: {line}");
+        assert!(columns[columns.len() - 5].parse::<f64>().unwrap() > 0.0, "{line}");
+    }
+    assert!(report.contains("p50 added") && report.contains("proxied calls/s/core"), "{report}");
+}
+
+/// A small benchmark in the format of shared/bench/toolsearch: four tools, two queries.
+fn small_tool_search_benchmark() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let tools = [
+        ("weather_current", "Current weather conditions for a city"),
+        ("stock_quote", "Latest stock price quote for a ticker symbol"),
+        ("translate_text", "Translate text between languages"),
+        ("send_email", "Send an email message to a recipient"),
+    ];
+    let lines: Vec<String> = tools
+        .iter()
+        .map(|(n, d)| {
+            json!({"name": n, "description": d, "input_schema": {"type": "object"}}).to_string()
+        })
+        .collect();
+    std::fs::write(dir.path().join("tools.jsonl"), lines.join("\n")).unwrap();
+    let queries = [
+        json!({"query": "what is the weather in Paris", "relevant": ["weather_current"]}),
+        json!({"query": "translate this text into French", "relevant": ["translate_text"]}),
+    ];
+    let lines: Vec<String> = queries.iter().map(ToString::to_string).collect();
+    std::fs::write(dir.path().join("queries-dev.jsonl"), lines.join("\n")).unwrap();
+    dir
+}
+
+#[tokio::test]
+async fn bench_search_measures_a_tool_search_benchmark() {
+    // This checks that the harness loads tools through MCP, scores rankings and
+    // re-indexes, not how fast.
+    let dir = small_tool_search_benchmark();
+    let output = bench(&["--search", dir.path().to_str().unwrap(), "--fresh"]).await;
+    assert!(output.status.success(), "{}", stderr(&output));
+    let report = stdout(&output);
+    assert!(report.contains("2 queries over the whole pool of 4 tools"), "{report}");
+    assert!(report.contains("Recall@1   1.000") && report.contains("NDCG@10    1.000"), "{report}");
+    assert!(report.contains("re-index after one tool changed"), "{report}");
+}
+
+#[tokio::test]
+async fn bench_embed_measures_the_model_alone() {
+    let dir = small_tool_search_benchmark();
+    let output = bench(&["--embed", dir.path().to_str().unwrap(), "--json"]).await;
+    assert!(output.status.success(), "{}", stderr(&output));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    assert!(report["model"].as_str().unwrap().starts_with("minilm-"), "{report}");
+    assert_eq!(report["queries"], 2, "{report}");
+    assert_eq!(report["batch_texts"], 4, "{report}");
+    // "what is the weather in Paris" is 6 words, 8 tokens with [CLS] and [SEP].
+    let tokens = report["query_tokens_mean"].as_f64().unwrap();
+    assert!((7.0..=12.0).contains(&tokens), "{report}");
+    let (p50, p99) =
+        (report["query_p50_ms"].as_f64().unwrap(), report["query_p99_ms"].as_f64().unwrap());
+    assert!(p50 > 0.0 && p99 >= p50, "{report}");
+    assert!(report["batch_texts_per_s"].as_f64().unwrap() > 0.0, "{report}");
+
+    // Without queries there is nothing to measure, and the bench says so.
+    std::fs::write(dir.path().join("queries-dev.jsonl"), "").unwrap();
+    let output = bench(&["--embed", dir.path().to_str().unwrap()]).await;
+    assert!(!output.status.success());
+    assert!(stderr(&output).contains("no queries in"), "{}", stderr(&output));
+}

@@ -1,0 +1,595 @@
+//! Traces and metrics: one trace per call across processes and MCP servers, OTLP
+//! export, health as metrics.
+
+use opentelemetry_proto::tonic::{common::v1::any_value, trace::v1::Span};
+use serde_json::json;
+use std::{
+    path::Path,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+use tonic::Code;
+use toolmesh_e2e::cli::tool_names;
+use toolmesh_e2e::otlp::{Receiver, attr, hex, int_attr, serve_on_loopback};
+use toolmesh_e2e::{BinaryServer, PyHttpServer, eventually, py_server, python};
+use toolmesh_proto::v1::{CallToolRequest, ListToolsRequest};
+
+#[tokio::test]
+async fn traces_reach_an_otlp_receiver_as_one_tree_under_the_callers_span() {
+    let (receiver, otlp) = Receiver::start().await;
+    let mut server = BinaryServer::start(
+        &[],
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()), ("OTEL_SERVICE_NAME", "toolmesh-e2e")],
+    )
+    .await
+    .unwrap();
+
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let parent_id = "00f067aa0ba902b7";
+    let mut client = toolmesh::client::connect(&server.addr.to_string(), None).await.unwrap();
+    let mut request = tonic::Request::new(CallToolRequest {
+        name: "echo".into(),
+        arguments_json: "{}".into(),
+        call_id: "traced-1".into(),
+        ..Default::default()
+    });
+    request
+        .metadata_mut()
+        .insert("traceparent", format!("00-{trace_id}-{parent_id}-01").parse().unwrap());
+    client.call_tool(request).await.unwrap();
+    let mut bad = tonic::Request::new(CallToolRequest {
+        name: "think".into(),
+        arguments_json: "{}".into(),
+        ..Default::default()
+    });
+    bad.metadata_mut()
+        .insert("traceparent", format!("00-{trace_id}-{parent_id}-01").parse().unwrap());
+    assert_eq!(client.call_tool(bad).await.unwrap_err().code(), Code::InvalidArgument);
+    client.list_tools(ListToolsRequest::default()).await.unwrap();
+
+    let spans = receiver.spans_after_stop(&mut server, "toolmesh.worker.execute").await;
+
+    let find = |name: &str, call_id: Option<&str>| {
+        spans
+            .iter()
+            .map(|(_, s)| s)
+            .find(|s| {
+                s.name == name
+                    && call_id
+                        .is_none_or(|id| attr(s, "gen_ai.tool.call.id").as_deref() == Some(id))
+            })
+            .unwrap_or_else(|| {
+                panic!(
+                    "no span {name}; got {:?}",
+                    spans.iter().map(|(_, s)| &s.name).collect::<Vec<_>>()
+                )
+            })
+    };
+    assert!(spans.iter().all(|(service, _)| service.contains("toolmesh-e2e")));
+
+    let rpc = spans
+        .iter()
+        .map(|(_, s)| s)
+        .find(|s| {
+            s.name == "toolmesh.v1.ToolService/CallTool" && hex(&s.parent_span_id) == parent_id
+        })
+        .expect("the gRPC server span is a child of the caller's span");
+    assert_eq!(hex(&rpc.trace_id), trace_id, "one trace from the caller into toolmesh");
+    assert_eq!(attr(rpc, "rpc.system").as_deref(), Some("grpc"));
+    assert_eq!(attr(rpc, "rpc.method").as_deref(), Some("CallTool"));
+
+    let execute = find("execute_tool echo", Some("traced-1"));
+    assert_eq!(execute.parent_span_id, rpc.span_id);
+    assert_eq!(attr(execute, "gen_ai.operation.name").as_deref(), Some("execute_tool"));
+    assert_eq!(attr(execute, "gen_ai.tool.name").as_deref(), Some("echo"));
+    assert_eq!(attr(execute, "toolmesh.source.kind").as_deref(), Some("local"));
+    assert_eq!(hex(&execute.trace_id), trace_id);
+
+    let children: Vec<&Span> =
+        spans.iter().map(|(_, s)| s).filter(|s| s.parent_span_id == execute.span_id).collect();
+    let names: Vec<&str> = children.iter().map(|s| s.name.as_str()).collect();
+    for expected in ["toolmesh.resolve", "toolmesh.validate", "toolmesh.dispatch"] {
+        assert!(names.contains(&expected), "{expected} under execute_tool: {names:?}");
+    }
+    let dispatch = children.iter().find(|s| s.name == "toolmesh.dispatch").unwrap();
+    let worker = find("toolmesh.worker.execute", Some("traced-1"));
+    assert_eq!(worker.parent_span_id, dispatch.span_id, "the worker's span is under dispatch");
+
+    let failed = find("execute_tool think", None);
+    assert_eq!(attr(failed, "error.type").as_deref(), Some("invalid_arguments"));
+    assert_eq!(hex(&failed.trace_id), trace_id);
+}
+
+#[tokio::test]
+async fn call_tool_spans_link_to_the_search_that_returned_the_tool() {
+    let (receiver, otlp) = Receiver::start().await;
+    let metrics = MetricsReceiver::default();
+    let otlp_metrics = serve_on_loopback(
+        opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::MetricsServiceServer::new(
+            metrics.clone(),
+        ),
+    )
+    .await;
+    let mut server = BinaryServer::start(
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", otlp.as_str()),
+            ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", otlp_metrics.as_str()),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "200"),
+        ],
+    )
+    .await
+    .unwrap();
+    let mut client = toolmesh::client::connect(&server.addr.to_string(), None).await.unwrap();
+    let request = |name: &str, arguments: serde_json::Value| CallToolRequest {
+        name: name.into(),
+        arguments_json: arguments.to_string(),
+        session_id: "traced-session".into(),
+        ..Default::default()
+    };
+    let found = eventually(Duration::from_secs(10), || {
+        let mut client = client.clone();
+        let search =
+            request("searchTools", serde_json::json!({"query": "return my arguments unchanged"}));
+        async move {
+            let response = client.call_tool(search).await.unwrap().into_inner();
+            let result: serde_json::Value =
+                serde_json::from_str(response.structured_json.as_deref()?).unwrap();
+            let rank = result["tools"].as_array()?.iter().position(|t| t["name"] == "echo")? + 1;
+            Some((rank, result["searchToken"].as_str()?.to_owned()))
+        }
+    })
+    .await;
+    let (rank, token) = found.expect("searchTools returns echo");
+    let arguments = serde_json::json!({"name": "echo", "arguments": {}, "searchToken": token});
+    client.call_tool(request("callTool", arguments)).await.unwrap();
+    let unsearched = serde_json::json!({"name": "think", "arguments": {}});
+    client.call_tool(request("callTool", unsearched)).await.unwrap_err();
+    let think = eventually(Duration::from_secs(10), || {
+        let mut client = client.clone();
+        let search =
+            request("searchTools", serde_json::json!({"query": "record a reasoning step"}));
+        async move {
+            let response = client.call_tool(search).await.unwrap().into_inner();
+            let result: serde_json::Value =
+                serde_json::from_str(response.structured_json.as_deref()?).unwrap();
+            result["tools"].as_array()?.iter().any(|t| t["name"] == "think").then_some(())?;
+            Some(result["searchToken"].as_str()?.to_owned())
+        }
+    })
+    .await
+    .expect("searchTools returns think");
+    let bad = serde_json::json!({"name": "think", "arguments": {"title": 1}, "searchToken": think});
+    client.call_tool(request("callTool", bad)).await.unwrap_err();
+
+    // Calls are counted by whether the tool was in the search result.
+    let counted = |in_result: &str| {
+        metrics.points.lock().unwrap().iter().rev().find_map(|(name, attributes, value)| {
+            let matches = name == "toolmesh.call_tool.calls"
+                && attributes
+                    .iter()
+                    .any(|(k, v)| k == "toolmesh.search.in_result" && v == in_result);
+            matches.then_some(*value)
+        })
+    };
+    let (yes, no) = ("Some(BoolValue(true))", "Some(BoolValue(false))");
+    let settled = eventually(Duration::from_secs(20), || async {
+        (counted(yes) == Some(2.0) && counted(no) == Some(1.0)).then_some(())
+    })
+    .await;
+    assert!(settled.is_some(), "in the result {:?}, not {:?}", counted(yes), counted(no));
+
+    let spans = receiver.spans_after_stop(&mut server, "toolmesh.call_tool").await;
+    let spans: Vec<&Span> = spans.iter().map(|(_, s)| s).collect();
+    let call = spans.iter().find(|s| s.name == "toolmesh.call_tool").unwrap();
+    let link = call.links.first().expect("the callTool span links to a search");
+    let search = spans
+        .iter()
+        .find(|s| s.name == "toolmesh.search_tools" && s.span_id == link.span_id)
+        .expect("the linked span is a searchTools span");
+    assert_eq!(link.trace_id, search.trace_id);
+    assert_eq!(
+        attr(search, "toolmesh.search.query").as_deref(),
+        Some("return my arguments unchanged")
+    );
+    assert_eq!(attr(call, "toolmesh.search.in_result").as_deref(), Some("BoolValue(true)"));
+    assert_eq!(attr(call, "toolmesh.search.rank"), Some(format!("IntValue({rank})")));
+    let link_rank = link.attributes.iter().find(|a| a.key == "toolmesh.search.rank");
+    assert_eq!(
+        link_rank.and_then(|a| a.value.as_ref()?.value.clone()),
+        Some(any_value::Value::IntValue(rank as i64))
+    );
+    // Each refusal keeps its own error type: the called tool's, or callTool's.
+    let mut kinds: Vec<String> = spans
+        .iter()
+        .filter(|s| s.name == "execute_tool callTool")
+        .filter_map(|s| attr(s, "error.type"))
+        .collect();
+    kinds.sort();
+    assert_eq!(kinds, ["invalid_arguments", "search_required"]);
+    // The called tool runs under the callTool span.
+    let execute = spans.iter().find(|s| s.name == "execute_tool echo").unwrap();
+    assert_eq!(execute.parent_span_id, call.span_id);
+}
+
+#[tokio::test]
+async fn mcp_calls_carry_the_trace_into_the_server() {
+    let (receiver, otlp) = Receiver::start().await;
+    let mut server = BinaryServer::with_config(
+        &format!(
+            "[[mcp.servers]]\nname = \"py\"\ntransport = \"stdio\"\ncommand = \"{}\"\nargs = [\"{}\"]\n",
+            python(),
+            py_server()
+        ),
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str())],
+    )
+    .await
+    .unwrap();
+    let addr = server.addr.to_string();
+    eventually(Duration::from_secs(30), || async {
+        tool_names(&addr).await.contains(&"py_trace".to_owned()).then_some(())
+    })
+    .await
+    .expect("the MCP server's tools are published");
+
+    let trace_id = "0af7651916cd43dd8448eb211c80319c";
+    let mut client = toolmesh::client::connect(&addr, None).await.unwrap();
+    let mut request =
+        tonic::Request::new(CallToolRequest { name: "py_trace".into(), ..Default::default() });
+    request
+        .metadata_mut()
+        .insert("traceparent", format!("00-{trace_id}-b7ad6b7169203331-01").parse().unwrap());
+    let response = client.call_tool(request).await.unwrap().into_inner();
+    let received = toolmesh::client::render_part(&response.content[0].part);
+    let parts: Vec<&str> = received.split('-').collect();
+    assert_eq!(parts.len(), 4, "a traceparent reached the server: {received:?}");
+    assert_eq!(parts[1], trace_id, "the MCP request belongs to the caller's trace");
+
+    let spans = receiver.spans_after_stop(&mut server, "tools/call trace").await;
+    let client_span = spans.iter().map(|(_, s)| s).find(|s| s.name == "tools/call trace").unwrap();
+    assert_eq!(
+        hex(&client_span.span_id),
+        parts[2],
+        "the server's parent is toolmesh's MCP client span"
+    );
+    assert_eq!(attr(client_span, "mcp.method.name").as_deref(), Some("tools/call"));
+    assert_eq!(attr(client_span, "network.transport").as_deref(), Some("pipe"));
+    assert!(attr(client_span, "jsonrpc.request.id").is_some());
+    let execute = spans.iter().map(|(_, s)| s).find(|s| s.name == "execute_tool py_trace").unwrap();
+    let dispatch = spans
+        .iter()
+        .map(|(_, s)| s)
+        .find(|s| s.name == "toolmesh.dispatch" && s.parent_span_id == execute.span_id)
+        .unwrap();
+    assert_eq!(client_span.parent_span_id, dispatch.span_id);
+}
+
+#[tokio::test]
+async fn streamable_http_mcp_calls_carry_the_trace_in_http_headers_too() {
+    let (_receiver, otlp) = Receiver::start().await;
+    let mut upstream = PyHttpServer::start().await;
+    let port = upstream.port;
+
+    let server = BinaryServer::with_config(
+        &format!("[[mcp.servers]]\nname = \"web\"\ntransport = \"streamable-http\"\nurl = \"http://127.0.0.1:{port}/mcp\"\n"),
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str())],
+    )
+    .await
+    .unwrap();
+    let addr = server.addr.to_string();
+    eventually(Duration::from_secs(30), || async {
+        tool_names(&addr).await.contains(&"web_http_trace".to_owned()).then_some(())
+    })
+    .await
+    .expect("the server's tools are published");
+
+    let trace_id = "5bf92f3577b34da6a3ce929d0e0e4736";
+    let mut client = toolmesh::client::connect(&addr, None).await.unwrap();
+    for tool in ["web_http_trace", "web_trace"] {
+        let mut request =
+            tonic::Request::new(CallToolRequest { name: tool.into(), ..Default::default() });
+        request
+            .metadata_mut()
+            .insert("traceparent", format!("00-{trace_id}-00f067aa0ba902b7-01").parse().unwrap());
+        let response = client.call_tool(request).await.unwrap().into_inner();
+        let received = toolmesh::client::render_part(&response.content[0].part);
+        assert_eq!(received.split('-').nth(1), Some(trace_id), "{tool}: {received:?}");
+    }
+    upstream.child.kill().await.unwrap();
+}
+
+/// One received data point: metric name, attributes, value.
+type DataPoint = (String, Vec<(String, String)>, f64);
+
+/// An OTLP/gRPC metrics receiver that keeps every data point.
+#[derive(Clone, Default)]
+struct MetricsReceiver {
+    points: Arc<Mutex<Vec<DataPoint>>>,
+}
+
+#[tonic::async_trait]
+impl opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::MetricsService
+    for MetricsReceiver
+{
+    async fn export(
+        &self,
+        request: tonic::Request<
+            opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest,
+        >,
+    ) -> Result<
+        tonic::Response<
+            opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceResponse,
+        >,
+        tonic::Status,
+    > {
+        use opentelemetry_proto::tonic::metrics::v1::{metric::Data, number_data_point::Value};
+        let mut points = self.points.lock().unwrap();
+        for resource in request.into_inner().resource_metrics {
+            for scope in resource.scope_metrics {
+                for metric in scope.metrics {
+                    let attributes_of =
+                        |attributes: &[opentelemetry_proto::tonic::common::v1::KeyValue]| {
+                            attributes
+                                .iter()
+                                .map(|a| {
+                                    let value =
+                                        match a.value.as_ref().and_then(|v| v.value.as_ref()) {
+                                            Some(any_value::Value::StringValue(s)) => s.clone(),
+                                            other => format!("{other:?}"),
+                                        };
+                                    (a.key.clone(), value)
+                                })
+                                .collect::<Vec<_>>()
+                        };
+                    let data_points = match metric.data {
+                        Some(Data::Gauge(g)) => g.data_points,
+                        Some(Data::Sum(s)) => s.data_points,
+                        // A histogram is recorded by its count.
+                        Some(Data::Histogram(h)) => {
+                            for point in h.data_points {
+                                let attributes = attributes_of(&point.attributes);
+                                points.push((metric.name.clone(), attributes, point.count as f64));
+                            }
+                            continue;
+                        }
+                        _ => continue,
+                    };
+                    for point in data_points {
+                        let attributes = attributes_of(&point.attributes);
+                        let value = match point.value {
+                            Some(Value::AsInt(i)) => i as f64,
+                            Some(Value::AsDouble(d)) => d,
+                            None => continue,
+                        };
+                        points.push((metric.name.clone(), attributes, value));
+                    }
+                }
+            }
+        }
+        Ok(tonic::Response::new(Default::default()))
+    }
+}
+
+#[tokio::test]
+async fn mcp_server_health_is_exported_as_metrics() {
+    let receiver = MetricsReceiver::default();
+    let otlp = serve_on_loopback(
+        opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::MetricsServiceServer::new(
+            receiver.clone(),
+        ),
+    )
+    .await;
+    let python = python();
+    let mini = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/mini_server.py");
+    let _server = BinaryServer::with_config(
+        &format!(
+            "[[mcp.servers]]\nname = \"hang\"\ntransport = \"stdio\"\ncommand = \"sleep\"\nargs = [\"600\"]\ntimeout_ms = 300\n\n[[mcp.servers]]\nname = \"mini\"\ntransport = \"stdio\"\ncommand = \"{python}\"\nargs = [\"{}\"]\n",
+            mini.display()
+        ),
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()), ("OTEL_METRIC_EXPORT_INTERVAL", "200")],
+    )
+    .await
+    .unwrap();
+
+    let value = |metric: &str, server: &str| {
+        // The generic gauge names its source by kind and name, the MCP counter by server.
+        let names = |attributes: &[(String, String)]| {
+            attributes.iter().any(|(k, v)| k == "mcp.server" && v == server)
+                || (attributes.iter().any(|(k, v)| k == "toolmesh.source.kind" && v == "mcp")
+                    && attributes.iter().any(|(k, v)| k == "toolmesh.source.name" && v == server))
+        };
+        receiver
+            .points
+            .lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|(name, attributes, _)| name == metric && names(attributes))
+            .map(|(_, _, value)| *value)
+    };
+    let settled = eventually(Duration::from_secs(20), || async {
+        let ready = value("toolmesh.source.up", "mini") == Some(1.0)
+            && value("toolmesh.source.up", "hang") == Some(0.0)
+            && value("toolmesh.mcp.connection.failures", "hang").is_some_and(|n| n >= 1.0);
+        ready.then_some(())
+    })
+    .await;
+    assert!(
+        settled.is_some(),
+        "up: mini {:?}, hang {:?}; failures: hang {:?}",
+        value("toolmesh.source.up", "mini"),
+        value("toolmesh.source.up", "hang"),
+        value("toolmesh.mcp.connection.failures", "hang")
+    );
+}
+
+/// Calls to an MCP server that went down are refused with UNAVAILABLE and counted in the
+/// call metric by error type, but not logged as errors: the log says once that the server
+/// went down, not once per call.
+#[tokio::test]
+async fn calls_to_a_down_mcp_server_are_counted_not_logged_as_errors() {
+    let metrics = MetricsReceiver::default();
+    let otlp = serve_on_loopback(
+        opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::MetricsServiceServer::new(
+            metrics.clone(),
+        ),
+    )
+    .await;
+    let mut upstream = PyHttpServer::start().await;
+    let port = upstream.port;
+    let server = BinaryServer::with_config(
+        &format!("[[mcp.servers]]\nname = \"web\"\ntransport = \"streamable-http\"\nurl = \"http://127.0.0.1:{port}/mcp\"\n"),
+        &[
+            ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", otlp.as_str()),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "200"),
+        ],
+    )
+    .await
+    .unwrap();
+    let addr = server.addr.to_string();
+    let mut client = toolmesh::client::connect(&addr, None).await.unwrap();
+    let add = || CallToolRequest {
+        name: "web_add".into(),
+        arguments_json: json!({"a": 1, "b": 2}).to_string(),
+        ..Default::default()
+    };
+    eventually(Duration::from_secs(30), || {
+        let mut client = client.clone();
+        async move { client.call_tool(add()).await.ok() }
+    })
+    .await
+    .expect("the server's tools are published");
+
+    upstream.child.kill().await.unwrap();
+    eventually(Duration::from_secs(30), || {
+        let mut client = client.clone();
+        async move {
+            let status = client.call_tool(add()).await.err()?;
+            (status.code() == Code::Unavailable).then_some(())
+        }
+    })
+    .await
+    .expect("calls fail with UNAVAILABLE once the server is down");
+    for _ in 0..500 {
+        let status = client.call_tool(add()).await.unwrap_err();
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    }
+
+    let unavailable = || {
+        metrics.points.lock().unwrap().iter().rev().find_map(|(name, attributes, value)| {
+            let matches = name == "toolmesh.call.duration"
+                && attributes.iter().any(|(k, v)| k == "error.type" && v == "unavailable")
+                && attributes.iter().any(|(k, v)| k == "toolmesh.source.name" && v == "web");
+            matches.then_some(*value)
+        })
+    };
+    let counted =
+        eventually(Duration::from_secs(20), || async { unavailable().filter(|n| *n >= 500.0) })
+            .await;
+    assert!(counted.is_some(), "the refusals are counted: {:?}", unavailable());
+    let logs = server.logs();
+    let errors: Vec<&str> = logs.lines().filter(|l| l.contains(" ERROR ")).collect();
+    assert!(
+        errors.is_empty(),
+        "{} ERROR lines: {:?}",
+        errors.len(),
+        &errors[..errors.len().min(3)]
+    );
+    assert!(!logs.contains("call failed"), "{logs}");
+    let warnings = logs.lines().filter(|l| l.contains(" WARN ")).count();
+    assert!(warnings <= 4, "the change of state is logged, not each call:\n{logs}");
+    assert!(logs.contains("mcp server disconnected"), "{logs}");
+}
+
+#[tokio::test]
+async fn knowledge_ingest_and_query_are_spans_in_the_callers_trace() {
+    let (receiver, otlp) = Receiver::start().await;
+    let config = "[[knowledge.collections]]\nname = \"docs\"\ndescription = \"The handbook.\"\n";
+    let mut server = BinaryServer::with_config(
+        config,
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()), ("OTEL_SERVICE_NAME", "toolmesh-e2e")],
+    )
+    .await
+    .unwrap();
+    let addr = server.addr.to_string();
+    let trace_id = "5bf92f3577b34da6a3ce929d0e0e4737";
+    fn traced<T>(message: T, trace_id: &str) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        let parent = format!("00-{trace_id}-00f067aa0ba902b8-01");
+        request.metadata_mut().insert("traceparent", parent.parse().unwrap());
+        request
+    }
+    let channel = toolmesh::client::channel(&addr, None).await.unwrap();
+    let mut knowledge =
+        toolmesh_proto::v1::knowledge_service_client::KnowledgeServiceClient::new(channel);
+    let documents = ["Passwords are reset from the login page.", "Invoices are sent monthly."]
+        .iter()
+        .enumerate()
+        .map(|(i, text)| toolmesh_proto::v1::Document {
+            id: format!("doc-{i}"),
+            text: (*text).into(),
+            ..Default::default()
+        })
+        .collect();
+    let request = toolmesh_proto::v1::IngestRequest { collection: "docs".into(), documents };
+    let ingested =
+        knowledge.ingest(traced(futures::stream::iter([request]), trace_id)).await.unwrap();
+    assert_eq!(ingested.into_inner().ingested, 2);
+    let mut client = toolmesh::client::connect(&addr, None).await.unwrap();
+    let query = CallToolRequest {
+        name: "search_docs".into(),
+        arguments_json: json!({"query": "reset my password", "top_k": 3}).to_string(),
+        ..Default::default()
+    };
+    client.call_tool(traced(query, trace_id)).await.unwrap();
+
+    let spans = receiver.spans_after_stop(&mut server, "knowledge.query").await;
+    let spans: Vec<&Span> = spans.iter().map(|(_, s)| s).collect();
+    let named = |name: &str| -> Vec<&Span> {
+        spans.iter().copied().filter(|s| s.name == name).collect::<Vec<_>>()
+    };
+    let one = |name: &str| -> &Span {
+        let found = named(name);
+        assert_eq!(
+            found.len(),
+            1,
+            "one {name} span; got {:?}",
+            spans.iter().map(|s| &s.name).collect::<Vec<_>>()
+        );
+        found[0]
+    };
+    let parent_of = |span: &Span| spans.iter().copied().find(|s| s.span_id == span.parent_span_id);
+    let under = |span: &Span, ancestor: &Span| {
+        let mut at = parent_of(span);
+        while let Some(s) = at {
+            if s.span_id == ancestor.span_id {
+                return true;
+            }
+            at = parent_of(s);
+        }
+        false
+    };
+
+    // Ingestion: in the caller's trace, under the gRPC call, with its parts beneath it.
+    let ingest = one("knowledge.ingest");
+    assert_eq!(hex(&ingest.trace_id), trace_id, "the ingestion is in the caller's trace");
+    let rpc = one("toolmesh.v1.KnowledgeService/Ingest");
+    assert!(under(ingest, rpc), "knowledge.ingest is under the Ingest call");
+    assert_eq!(attr(ingest, "knowledge.collection").as_deref(), Some("docs"));
+    assert_eq!(int_attr(ingest, "knowledge.documents"), Some(2));
+    for part in ["knowledge.chunk", "knowledge.upsert"] {
+        assert!(under(one(part), ingest), "{part} under knowledge.ingest");
+    }
+    let embeds = named("knowledge.embed");
+    let batch = embeds.iter().find(|s| under(s, ingest)).expect("an embed span under the ingest");
+    assert!(int_attr(batch, "knowledge.texts").is_some_and(|n| n >= 2), "{batch:?}");
+
+    // The query: under the tool call, with the collection, top_k, the hits and its embed.
+    let query = one("knowledge.query");
+    assert_eq!(hex(&query.trace_id), trace_id);
+    assert!(under(query, one("execute_tool search_docs")), "knowledge.query under the call");
+    assert_eq!(attr(query, "knowledge.collection").as_deref(), Some("docs"));
+    assert_eq!(int_attr(query, "knowledge.top_k"), Some(3));
+    assert_eq!(int_attr(query, "knowledge.hits"), Some(2));
+    assert!(embeds.iter().any(|s| under(s, query)), "an embed span under the query");
+}
