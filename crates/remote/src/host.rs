@@ -236,8 +236,9 @@ async fn follow_routers(host: Arc<Host>, routers: Vec<String>, every: Duration) 
             let url = host.dial.url(router);
             let authority = url.split_once("://").map_or(url.as_str(), |(_, rest)| rest);
             match tokio::net::lookup_host(authority.trim_end_matches('/')).await {
-                Ok(addrs) => resolved
-                    .extend(addrs.map(|addr| (addr, (url.clone(), host_of(&url))))),
+                Ok(addrs) => {
+                    resolved.extend(addrs.map(|addr| (addr, (url.clone(), host_of(&url)))))
+                }
                 Err(error) => {
                     warn!(router, %error, "cannot resolve the router");
                     failed = true;

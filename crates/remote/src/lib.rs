@@ -12,9 +12,13 @@
 //! is answered at once with [`BackendError::Lost`](toolmesh_core::BackendError::Lost),
 //! which the router repeats on another worker only for read-only and idempotent tools.
 //! [`RemoteWorkers`] is the provider: health per pool (`toolmesh.remote.<pool>`).
+//!
+//! Both sides of the protocol live here: the router's (`service`, `members`, `backend`)
+//! and the worker's ([`host`], which `toolmesh worker` runs).
 
 mod backend;
 mod config;
+pub mod host;
 mod members;
 mod provider;
 mod service;

@@ -43,7 +43,8 @@
 //! ```
 //!
 //! - [`client`] backs the `toolmesh tools list` and `toolmesh call` commands, [`ingest`]
-//!   the `toolmesh ingest` command, [`worker`] the `toolmesh worker` process.
+//!   the `toolmesh ingest` command, [`worker`] the `toolmesh worker` process (the worker's
+//!   side of the protocol is `toolmesh_remote::host`).
 //!
 //! Reading order for a newcomer: `proto/toolmesh/v1/tools.proto`, then [`built_in`] (what
 //! runs), `crates/router` (the call path), then `crates/workers` (one backend).
