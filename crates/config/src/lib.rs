@@ -3,16 +3,29 @@
 //! typed values. [`load`] is the entry point; a bad file yields one [`ConfigError`] line
 //! that names the key and the problem.
 
+mod credentials;
 mod error;
 mod layer;
+mod mcp;
 mod model;
+mod routing;
+mod search;
+mod server;
+mod telemetry;
+mod tools;
+mod values;
 
+pub use credentials::{CredentialConfig, CredentialSource, UpstreamCredentials};
 pub use error::ConfigError;
-pub use model::{
-    BuiltinConfig, CommandToolConfig, Config, ConnectMode, CredentialConfig, CredentialSource,
-    DEFAULT_PROFILE, Fusion, HttpMethod, HttpToolConfig, MAX_TOP_K, McpConfig, McpServerConfig,
-    McpTransport, PrefixMode, ProfileConfig, RoutingConfig, SearchConfig, Selector, ServerConfig,
-    TelemetryConfig, ToolCommon, ToolsConfig, UpstreamCredentials, WorkersConfig, glob,
+pub use mcp::{ConnectMode, McpConfig, McpServerConfig, McpTransport, PrefixMode};
+pub use model::Config;
+pub use routing::{DEFAULT_PROFILE, MAX_TOP_K, ProfileConfig, RoutingConfig, Selector, glob};
+pub use search::{Fusion, SearchConfig};
+pub use server::ServerConfig;
+pub use telemetry::TelemetryConfig;
+pub use tools::{
+    BuiltinConfig, CommandToolConfig, HttpMethod, HttpToolConfig, ToolCommon, ToolsConfig,
+    WorkersConfig,
 };
 
 use std::{collections::HashMap, path::Path};

@@ -220,7 +220,7 @@ enforce_search_before_call = false
 
 #[test]
 fn globs_match_whole_names() {
-    let name = crate::model::glob;
+    let name = crate::glob;
     assert!(name("*", "anything"));
     assert!(name("echo", "echo"));
     assert!(!name("echo", "echo2"));

@@ -1,0 +1,70 @@
+//! `[telemetry]`: logs and OpenTelemetry export.
+
+use crate::ConfigError;
+
+use serde::Deserialize;
+
+/// `[telemetry]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TelemetryConfig {
+    /// Log filter.
+    pub log: String,
+    /// OTLP/gRPC endpoint; `None` falls back to `OTEL_EXPORTER_OTLP_ENDPOINT`.
+    pub otlp_endpoint: Option<String>,
+    /// `service.name` of exported spans.
+    pub service_name: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTelemetry {
+    pub(crate) log: String,
+    pub(crate) otlp_endpoint: String,
+    pub(crate) service_name: String,
+}
+
+/// Refuses a log filter whose directive cannot mean what was written: a bare word that is
+/// not a level (`inof` is read as a target, which silences every other log) or a level
+/// that is none. Span and field filters (`target[span{f=v}]=debug`) are left to the
+/// filter's own parser.
+pub(crate) fn log_filter(filter: &str) -> Result<(), String> {
+    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+    let is_level = |word: &str| LEVELS.iter().any(|level| level.eq_ignore_ascii_case(word.trim()));
+    for directive in filter.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        if directive.contains('[') {
+            continue;
+        }
+        match directive.rsplit_once('=') {
+            Some((target, level)) if target.trim().is_empty() || !is_level(level) => {
+                return Err(format!(
+                    "`{directive}` is not `target=level` with a level among {}",
+                    LEVELS.join(", ")
+                ));
+            }
+            Some(_) => {}
+            None if !is_level(directive) => {
+                return Err(format!(
+                    "`{directive}` is not a level ({}); a target needs one too: \
+                     `{directive}=debug`",
+                    LEVELS.join(", ")
+                ));
+            }
+            None => {}
+        }
+    }
+    Ok(())
+}
+
+/// Reads `[telemetry]`.
+pub(crate) fn telemetry(
+    raw: RawTelemetry,
+    key_error: &dyn Fn(String, String) -> ConfigError,
+) -> Result<TelemetryConfig, ConfigError> {
+    log_filter(&raw.log).map_err(|reason| key_error("telemetry.log".into(), reason))?;
+    let telemetry = TelemetryConfig {
+        log: raw.log,
+        otlp_endpoint: Some(raw.otlp_endpoint).filter(|s| !s.trim().is_empty()),
+        service_name: raw.service_name,
+    };
+    Ok(telemetry)
+}

@@ -1,0 +1,65 @@
+//! Values every section reads alike: durations in milliseconds, JSON from TOML, `${VAR}`
+//! references.
+
+use std::{collections::HashMap, time::Duration};
+
+use serde_json::Value as Json;
+
+use crate::ConfigError;
+
+pub(crate) fn default_true() -> bool {
+    true
+}
+
+pub(crate) fn positive_ms(
+    ms: u64,
+    key: &str,
+    key_error: &dyn Fn(String, String) -> ConfigError,
+) -> Result<Duration, ConfigError> {
+    if ms == 0 {
+        return Err(key_error(key.to_owned(), "must be greater than 0".into()));
+    }
+    Ok(Duration::from_millis(ms))
+}
+
+/// Converts a TOML value to JSON; TOML datetimes have no JSON counterpart.
+pub(crate) fn to_json(value: toml::Value) -> Result<Json, String> {
+    Ok(match value {
+        toml::Value::String(s) => Json::String(s),
+        toml::Value::Integer(i) => Json::from(i),
+        toml::Value::Float(f) => serde_json::Number::from_f64(f)
+            .map(Json::Number)
+            .ok_or("NaN and infinity are not JSON")?,
+        toml::Value::Boolean(b) => Json::Bool(b),
+        toml::Value::Datetime(d) => return Err(format!("datetime {d} has no JSON form; quote it")),
+        toml::Value::Array(items) => {
+            Json::Array(items.into_iter().map(to_json).collect::<Result<_, _>>()?)
+        }
+        toml::Value::Table(table) => Json::Object(
+            table.into_iter().map(|(k, v)| Ok((k, to_json(v)?))).collect::<Result<_, String>>()?,
+        ),
+    })
+}
+
+/// Replaces `${VAR}` with the variable's value from `env`; a missing variable is an error,
+/// so a secret that did not arrive fails at load time instead of at the first call.
+pub(crate) fn resolve_env_refs(
+    value: &str,
+    env: &HashMap<String, String>,
+) -> Result<String, String> {
+    let mut out = String::with_capacity(value.len());
+    let mut rest = value;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let end = after.find('}').ok_or_else(|| "unterminated ${ in value".to_owned())?;
+        let name = &after[..end];
+        let resolved = env
+            .get(name)
+            .ok_or_else(|| format!("references environment variable {name}, which is not set"))?;
+        out.push_str(resolved);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
