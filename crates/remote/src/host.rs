@@ -112,9 +112,9 @@ pub trait Dial: Send + Sync + 'static {
     /// The URL of `router` (`host:port`, or a URL).
     fn url(&self, router: &str) -> String;
 
-    /// A channel to `addr`, which `url` (whose host is `name`, which TLS verifies) resolved
-    /// to.
-    async fn connect(&self, url: &str, name: &str, addr: SocketAddr) -> anyhow::Result<Channel>;
+    /// A channel to `addr`, which `url` resolved to (TLS verifies the router by the URL's
+    /// host name).
+    async fn connect(&self, url: &str, addr: SocketAddr) -> anyhow::Result<Channel>;
 
     /// Adds the worker's credential to a request.
     fn authorize(&self, request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status>;
@@ -229,16 +229,14 @@ async fn follow_routers(host: Arc<Host>, routers: Vec<String>, every: Duration) 
             _ = tick.tick() => {}
             () = host.draining.cancelled() => break,
         }
-        // Each address with the name it was found by: TLS verifies the router by its name.
+        // Each address with the URL it was found by: TLS verifies the router by its name.
         let mut resolved = std::collections::BTreeMap::new();
         let mut failed = false;
         for router in &routers {
             let url = host.dial.url(router);
             let authority = url.split_once("://").map_or(url.as_str(), |(_, rest)| rest);
             match tokio::net::lookup_host(authority.trim_end_matches('/')).await {
-                Ok(addrs) => {
-                    resolved.extend(addrs.map(|addr| (addr, (url.clone(), host_of(&url)))))
-                }
+                Ok(addrs) => resolved.extend(addrs.map(|addr| (addr, url.clone()))),
                 Err(error) => {
                     warn!(router, %error, "cannot resolve the router");
                     failed = true;
@@ -271,14 +269,9 @@ async fn follow_routers(host: Arc<Host>, routers: Vec<String>, every: Duration) 
     while tasks.join_next().await.is_some() {}
 }
 
-/// Holds a session with the router at `addr` (found as `router`: its URL and host name)
+/// Holds a session with the router at `addr` (found as `router`, a URL)
 /// until the worker drains or `stop`, reconnecting with backoff when it breaks.
-async fn keep_session(
-    host: Arc<Host>,
-    addr: SocketAddr,
-    router: (String, String),
-    stop: CancellationToken,
-) {
+async fn keep_session(host: Arc<Host>, addr: SocketAddr, router: String, stop: CancellationToken) {
     const FIRST_BACKOFF: Duration = Duration::from_millis(100);
     const MAX_BACKOFF: Duration = Duration::from_secs(10);
     let mut backoff = FIRST_BACKOFF;
@@ -329,10 +322,10 @@ fn set_session(host: &Host, addr: SocketAddr, up: Option<bool>) {
 async fn session(
     host: &Arc<Host>,
     addr: SocketAddr,
-    (url, name): &(String, String),
+    url: &str,
     stop: &CancellationToken,
 ) -> anyhow::Result<()> {
-    let channel = host.dial.connect(url, name, addr).await?;
+    let channel = host.dial.connect(url, addr).await?;
     let dial = host.dial.clone();
     let channel = InterceptedService::new(channel, move |request| dial.authorize(request));
     let mut client = WorkerServiceClient::new(channel).max_decoding_message_size(64 << 20);
@@ -678,15 +671,4 @@ fn caller(caller: Option<&v1::Caller>) -> Arc<toolmesh_core::Principal> {
         attributes: caller.attributes.clone().into_iter().collect(),
         credential: None,
     })
-}
-
-/// The host of a URL (`https://router.example:7443` → `router.example`), as TLS verifies it.
-fn host_of(url: &str) -> String {
-    let authority = url.split_once("://").map_or(url, |(_, rest)| rest);
-    let authority = authority.split('/').next().unwrap_or_default();
-    let host = match authority.rsplit_once(':') {
-        Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => host,
-        _ => authority,
-    };
-    host.trim_start_matches('[').trim_end_matches(']').to_owned()
 }

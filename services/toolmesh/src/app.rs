@@ -72,31 +72,29 @@ impl BuiltIn {
 /// the health of every provider.
 #[derive(Clone)]
 pub struct App {
-    router: Router,
-    meta: MetaTools,
+    /// What the front door serves: the router, the meta-tools, the providers' health, who
+    /// may call (`[auth]`, replaced on reload), the requests in flight under a bearer
+    /// credential, and the listener's TLS (`[tls]`, replaced on reload).
+    served: Front,
     built_in: Arc<BuiltIn>,
     /// Every plug-in, built-in ones first.
     plugins: Arc<Vec<Box<dyn Plugin>>>,
     /// Every provider, in start order; stopped in reverse.
     providers: Arc<Vec<Arc<dyn Provider<Config>>>>,
-    health: HealthBoard,
     /// Ends the health loop.
     stop: CancellationToken,
     front: FrontDoor,
     root: ActorRef<()>,
     children: Arc<Children>,
-    /// Who requests run as (`[auth]`), replaced on reload.
-    identity: Arc<ArcSwap<Authenticator>>,
-    /// The requests in flight under a bearer credential, ended when a reload revokes it.
-    sessions: crate::auth::Sessions,
-    /// The listener's TLS (`[tls]`), replaced on reload.
-    tls: ListenerTls,
 }
 
 impl std::fmt::Debug for App {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let plugins: Vec<&str> = self.plugins.iter().map(|p| p.name()).collect();
-        f.debug_struct("App").field("plugins", &plugins).field("health", &self.health).finish()
+        f.debug_struct("App")
+            .field("plugins", &plugins)
+            .field("health", &self.served.api.health)
+            .finish()
     }
 }
 
@@ -205,13 +203,10 @@ impl App {
         }
         let built_in = BuiltIn::from(assembly.handles)?;
         let meta = MetaTools::new(router.clone(), built_in.search.clone(), &config.routing);
-        let (health, services, sessions) =
-            (HealthBoard::default(), Arc::new(services), crate::auth::Sessions::default());
         let api =
-            Api { router: router.clone(), meta: meta.clone(), health: health.clone(), services };
-        let served =
-            Front { api, identity: identity.clone(), sessions: sessions.clone(), tls: tls.clone() };
-        let front = FrontDoor::start(served, config.routing.clone())
+            Api { router, meta, health: HealthBoard::default(), services: Arc::new(services) };
+        let served = Front { api, identity, sessions: crate::auth::Sessions::default(), tls };
+        let front = FrontDoor::start(served.clone(), config.routing.clone())
             .await
             .context("starting the front door")?;
         actors.push(("front", Arc::new(front.clone())));
@@ -220,30 +215,25 @@ impl App {
         providers.push(Arc::new(ActorsHealth(children.clone())));
 
         let app = App {
-            router,
-            meta,
+            served,
             built_in: Arc::new(built_in),
             plugins: Arc::new(plugins),
             providers: Arc::new(providers),
-            health,
             stop: CancellationToken::new(),
             front,
             root,
             children,
-            identity,
-            sessions,
-            tls,
         };
         for provider in app.providers.iter() {
             provider.start(config).await?;
         }
         info!(tools = app.registry().snapshot().len(), "tool definitions loaded");
-        publish_health(&app.providers, &app.health);
+        publish_health(&app.providers, app.health());
         tokio::spawn(
-            watch_health(app.providers.clone(), app.health.clone(), app.stop.clone())
+            watch_health(app.providers.clone(), app.health().clone(), app.stop.clone())
                 .instrument(tracing::info_span!("health", task = "providers")),
         );
-        app.meta.publish(&registry).await.context("publishing the meta-tools")?;
+        app.meta().publish(&registry).await.context("publishing the meta-tools")?;
         Ok(app)
     }
 
@@ -259,8 +249,8 @@ impl App {
         // [auth] or [tls] fails the reload before anything changed.
         let authenticator = crate::auth::authenticator(config).await?;
         let tls = crate::tls::load(config)?;
-        self.identity.store(Arc::new(authenticator));
-        self.tls.replace(tls);
+        self.served.identity.store(Arc::new(authenticator));
+        self.served.tls.replace(tls);
         // The routing profiles and the tool policy, through the front door.
         self.front.reload(config.routing.clone(), policy(config)?).await?;
         let mut failure = None;
@@ -273,7 +263,7 @@ impl App {
         // A worker whose credential is no longer accepted serves no further call, and no
         // request in flight under a revoked credential goes on. A certificate's principal
         // is kept: its connection's certificate was checked.
-        let identity = self.identity.load_full();
+        let identity = self.served.identity.load_full();
         self.remote()
             .revoke(|principal| {
                 let identity = identity.clone();
@@ -283,7 +273,7 @@ impl App {
                 }
             })
             .await;
-        self.sessions.revoke(&identity).await;
+        self.served.sessions.revoke(&identity).await;
         failure.map_or(Ok(()), |error| Err(error.into()))
     }
 
@@ -298,12 +288,12 @@ impl App {
 
     /// Returns the router.
     pub fn router(&self) -> &Router {
-        &self.router
+        &self.served.api.router
     }
 
     /// Returns the registry handle.
     pub fn registry(&self) -> &RegistryHandle {
-        self.router.registry()
+        self.served.api.router.registry()
     }
 
     /// Returns the local worker pool.
@@ -328,7 +318,7 @@ impl App {
 
     /// Returns the meta-tools and routing profiles.
     pub fn meta(&self) -> &MetaTools {
-        &self.meta
+        &self.served.api.meta
     }
 
     /// Returns the MCP backend.
@@ -338,7 +328,7 @@ impl App {
 
     /// Returns every provider's health, as last published.
     pub fn health(&self) -> &HealthBoard {
-        &self.health
+        &self.served.api.health
     }
 
     /// Returns the root supervisor's children (`registry`, the plug-ins' actors: `workers`,
@@ -349,17 +339,17 @@ impl App {
 
     /// Returns the listener's TLS in force, replaced on reload.
     pub fn tls(&self) -> &ListenerTls {
-        &self.tls
+        &self.served.tls
     }
 
     /// Returns the authenticator in force, replaced on reload.
     pub fn identity(&self) -> &Arc<ArcSwap<Authenticator>> {
-        &self.identity
+        &self.served.identity
     }
 
     /// Returns the requests in flight under a bearer credential.
     pub fn sessions(&self) -> &crate::auth::Sessions {
-        &self.sessions
+        &self.served.sessions
     }
 
     /// Returns the front door.
@@ -381,7 +371,7 @@ impl App {
         let registry = self.registry().actor();
         registry.stop(Some("shutdown".into()));
         // Every audit event of the calls that ran is written before the process ends.
-        let policy = self.router.admission().policy().clone();
+        let policy = self.served.api.router.admission().policy().clone();
         let flushed =
             tokio::task::spawn_blocking(move || policy.audit().flush(Duration::from_secs(5))).await;
         if !matches!(flushed, Ok(true)) {

@@ -83,15 +83,18 @@ struct Serving {
 /// actor: the router it admits calls through, the routing configuration in force, and the
 /// server while it runs. Only the actor writes it, one message at a time.
 pub struct RouterState {
-    router: Router,
     front: Front,
     routing: std::sync::Mutex<RoutingConfig>,
     serving: tokio::sync::Mutex<Option<Serving>>,
 }
 
 impl RouterState {
+    fn router(&self) -> &Router {
+        &self.front.api.router
+    }
+
     fn policy(&self) -> Arc<Policy> {
-        self.router.admission().policy().clone()
+        self.router().admission().policy().clone()
     }
 
     fn reload(&self, routing: RoutingConfig, policy: Arc<Policy>) {
@@ -101,7 +104,7 @@ impl RouterState {
         let policy_changed = policy.config() != self.policy().config();
         if routing != *current || policy_changed {
             let policy = if policy_changed { policy } else { self.policy() };
-            self.router.set_admission(Admission::new(&routing, policy));
+            self.router().set_admission(Admission::new(&routing, policy));
             *current = routing;
             info!(policy_changed, "routing profiles and tool policy reloaded");
         }
@@ -138,7 +141,7 @@ impl Actor for RouterActor {
             }
             RouterMsg::Drain { grace, reply } => {
                 let serving = state.serving.lock().await.take();
-                let _ = reply.send(drain(&state.router, serving, grace).await);
+                let _ = reply.send(drain(state.router(), serving, grace).await);
             }
         }
         Ok(())
@@ -228,7 +231,6 @@ impl FrontDoor {
     ) -> Result<Self, ractor::SpawnErr> {
         // The router admits calls by `routing` already; reloads change both together.
         let state = Arc::new(RouterState {
-            router: front.api.router.clone(),
             front,
             routing: std::sync::Mutex::new(routing),
             serving: tokio::sync::Mutex::new(None),

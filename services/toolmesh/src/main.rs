@@ -401,10 +401,12 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         service_name: config.telemetry.service_name.clone(),
     })?;
     let options = toolmesh::worker::WorkerOptions {
-        routers: args.router,
-        pool: args.pool,
-        capacity: args.capacity,
-        health_listen: args.health_listen,
+        host: toolmesh_remote::host::WorkerOptions {
+            routers: args.router,
+            pool: args.pool,
+            capacity: args.capacity,
+            health_listen: args.health_listen,
+        },
         token: args.token,
         tls: args.tls,
     };

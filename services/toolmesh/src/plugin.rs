@@ -6,6 +6,8 @@
 
 use std::sync::Arc;
 
+use futures::FutureExt as _;
+
 use tokio_util::sync::CancellationToken;
 use toolmesh_config::Config;
 use toolmesh_core::{Provider, Supervised, VectorStores};
@@ -102,11 +104,10 @@ pub(crate) struct Handles {
     pub(crate) remote: Option<RemoteWorkers>,
 }
 
-/// The embedding model: loading on a blocking thread since the start began, then loaded.
-enum Model {
-    Loading(tokio::task::JoinHandle<Result<Arc<dyn Embedder>, String>>),
-    Loaded(Result<Arc<dyn Embedder>, String>),
-}
+/// The embedding model, loading since the assembly began; every plug-in that embeds awaits
+/// the one load.
+type Model =
+    futures::future::Shared<futures::future::BoxFuture<'static, Result<Arc<dyn Embedder>, String>>>;
 
 impl<'a> Assembly<'a> {
     pub(crate) fn new(
@@ -123,7 +124,9 @@ impl<'a> Assembly<'a> {
             model_index: search.model_index.clone(),
             threads: search.embed_threads,
         };
-        let load = tokio::spawn(toolmesh_embed::load_model(source));
+        // Spawned, so that it loads while the plug-ins before search are built.
+        let load = tokio::spawn(toolmesh_embed::load_model(source))
+            .map(|loaded| loaded.unwrap_or_else(|e| Err(format!("loading the model: {e}"))));
         Assembly {
             config,
             registry,
@@ -131,21 +134,14 @@ impl<'a> Assembly<'a> {
             local_tools: Some(local_tools),
             stores: None,
             handles: Handles::default(),
-            model: Model::Loading(load),
+            model: load.boxed().shared(),
         }
     }
 
     /// Returns the embedding model `[search]` names, loaded once for every plug-in that
     /// embeds, or why there is none (search is lexical then, and says so).
-    pub async fn model(&mut self) -> Result<Arc<dyn Embedder>, String> {
-        if let Model::Loading(load) = &mut self.model {
-            let loaded = load.await.unwrap_or_else(|e| Err(format!("loading the model: {e}")));
-            self.model = Model::Loaded(loaded);
-        }
-        match &self.model {
-            Model::Loaded(loaded) => loaded.clone(),
-            Model::Loading(_) => Err("the model is still loading".into()),
-        }
+    pub async fn model(&self) -> Result<Arc<dyn Embedder>, String> {
+        self.model.clone().await
     }
 }
 

@@ -12,19 +12,11 @@ pub use toolmesh_remote::host::{WORKER_SECTION, WorkerConfig, check, is_worker_f
 
 use crate::client::{ClientTls, Credential};
 
-/// What `toolmesh worker` was asked.
+/// What `toolmesh worker` was asked: the host's options, and how to reach the routers.
 #[derive(Debug, Clone)]
 pub struct WorkerOptions {
-    /// The routers: each `host:port` (or `https://host:port`), a DNS name that may
-    /// resolve to several routers.
-    pub routers: Vec<String>,
-    /// Overrides `[worker] pool`.
-    pub pool: Option<String>,
-    /// Overrides `[worker] capacity`.
-    pub capacity: Option<usize>,
-    /// Where the worker's own gRPC health service listens, if anywhere: SERVING while it
-    /// has a session with at least one router.
-    pub health_listen: Option<SocketAddr>,
+    /// The routers, the pool, the capacity, the health listener.
+    pub host: toolmesh_remote::host::WorkerOptions,
     /// The worker's credential (an API key or a JWT), for routers that authenticate.
     pub token: Option<String>,
     /// TLS to the routers (their listeners' `[tls]`); a client certificate can be the
@@ -43,13 +35,7 @@ pub async fn run(
         credential: Credential::bearer(options.token.as_deref())?,
         tls: options.tls,
     });
-    let host = toolmesh_remote::host::WorkerOptions {
-        routers: options.routers,
-        pool: options.pool,
-        capacity: options.capacity,
-        health_listen: options.health_listen,
-    };
-    toolmesh_remote::host::run(config, host, dial, shutdown).await
+    toolmesh_remote::host::run(config, options.host, dial, shutdown).await
 }
 
 /// Routers reached with the command line's TLS options, the worker's credential on every
@@ -65,11 +51,11 @@ impl Dial for RouterDial {
         self.tls.url(router)
     }
 
-    async fn connect(&self, url: &str, name: &str, addr: SocketAddr) -> anyhow::Result<Channel> {
-        // This address, under the name's scheme; TLS verifies the certificate by the name.
+    async fn connect(&self, url: &str, addr: SocketAddr) -> anyhow::Result<Channel> {
+        // This address, under the URL's scheme; TLS verifies the certificate by its name.
         let scheme = url.split_once("://").map_or("http", |(scheme, _)| scheme);
         self.tls
-            .endpoint(&format!("{scheme}://{addr}"), name)?
+            .endpoint(&format!("{scheme}://{addr}"), &crate::client::host(url))?
             .connect()
             .await
             .with_context(|| format!("cannot connect to {addr}"))
