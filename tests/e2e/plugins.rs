@@ -17,17 +17,30 @@ struct FleetPlugin {
     made: std::sync::mpsc::Sender<Arc<FleetProvider>>,
 }
 
-/// The plug-in's own configuration section, `[fleet]`: defined here, not in the config
-/// crate.
+/// The plug-in's own configuration section, `[fleet]`: defined, defaulted and checked
+/// here, not in the config crate.
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FleetSection {
     tool: String,
 }
 
+impl toolmesh_config::Section for FleetSection {
+    const NAME: &'static str = "fleet";
+    const DEFAULTS: &'static str =
+        "# The fleet: off unless written.\n# [fleet]\n# tool = \"fleet_status\"\n";
+
+    fn read(
+        value: toml::Value,
+        cx: &toolmesh_config::Reading<'_>,
+    ) -> Result<Self, toolmesh_config::ConfigError> {
+        cx.deserialize(value)
+    }
+}
+
 impl FleetSection {
     fn read(config: &toolmesh_config::Config) -> anyhow::Result<FleetSection> {
-        config.section::<FleetSection>("fleet")?.ok_or_else(|| anyhow::anyhow!("no [fleet]"))
+        config.find::<FleetSection>()?.ok_or_else(|| anyhow::anyhow!("no [fleet]"))
     }
 }
 
@@ -77,10 +90,13 @@ impl toolmesh::Plugin for FleetPlugin {
         "fleet"
     }
 
-    fn sections(&self) -> &'static [&'static str] {
-        &["fleet"]
+    fn sections(&self) -> &'static [toolmesh_config::SectionDef] {
+        const SECTIONS: [toolmesh_config::SectionDef; 1] =
+            [toolmesh_config::SectionDef::of::<FleetSection>()];
+        &SECTIONS
     }
 
+    /// The fleet is off unless written, and this test always writes it.
     fn check(&self, config: &toolmesh_config::Config) -> anyhow::Result<()> {
         FleetSection::read(config).map(drop)
     }
@@ -339,6 +355,9 @@ async fn a_plugin_is_checked_supervised_served_watched_reloaded_and_stopped_like
     let error = format!("{:#}", server.app.reload(&unknown).await.unwrap_err());
     assert!(error.contains("flet") && error.contains("unknown section"), "{error}");
     assert_eq!(fleet.reloads.load(Ordering::SeqCst), 1, "refused before any provider ran");
+    // Its defaults are printed with the built-in ones.
+    let defaults = toolmesh_config::defaults_text(&server.app.sections());
+    assert!(defaults.contains("[search]") && defaults.contains("# [fleet]"), "{defaults}");
 
     server.app.shutdown().await;
     assert!(fleet.stopped.load(Ordering::SeqCst), "stopped with the app");

@@ -60,7 +60,8 @@ impl TestServer {
     /// Tool vectors go to a cache shared by the test processes of this run, not the user's.
     pub fn config(toml: &str) -> anyhow::Result<Config> {
         let mut config = toolmesh_config::load_str(Some(("test.toml", toml)), &HashMap::new())?;
-        config.search.cache_dir = Some(std::env::temp_dir().join("toolmesh-e2e-cache"));
+        let cache = std::env::temp_dir().join("toolmesh-e2e-cache");
+        config.set("search.cache_dir", cache.display().to_string());
         Ok(config)
     }
 

@@ -1,36 +1,34 @@
-//! toolmesh configuration: one TOML file layered over compiled-in defaults
-//! (`default.toml`) and `TOOLMESH__SECTION__KEY` environment overrides, validated into
-//! typed values. [`load`] is the entry point; a bad file yields one [`ConfigError`] line
-//! that names the key and the problem.
+//! toolmesh configuration: one TOML file layered over compiled-in defaults and
+//! `TOOLMESH__SECTION__KEY` environment overrides, validated into typed values. [`load`]
+//! is the entry point; a bad file yields one [`ConfigError`] line that names the key and
+//! the problem.
+//!
+//! This crate defines the core sections (`[server]`, `[telemetry]`, `[credentials]`). Every
+//! other section is defined, defaulted and checked by the crate that uses it, as a
+//! [`Section`], and read with [`Config::get`].
 
 mod credentials;
 mod error;
 mod layer;
-mod mcp;
 mod model;
-mod routing;
-mod search;
+mod section;
+mod selector;
 mod server;
 mod telemetry;
-mod tools;
-mod values;
+pub mod values;
 
 pub use credentials::{CredentialConfig, CredentialSource, UpstreamCredentials};
 pub use error::ConfigError;
-pub use mcp::{ConnectMode, McpConfig, McpServerConfig, McpTransport, PrefixMode};
 pub use model::Config;
-pub use routing::{DEFAULT_PROFILE, MAX_TOP_K, ProfileConfig, RoutingConfig, Selector, glob};
-pub use search::{Fusion, SearchConfig};
+pub use section::{Reading, Section, SectionDef, defaults_text};
+pub use selector::{Selector, glob};
 pub use server::ServerConfig;
 pub use telemetry::TelemetryConfig;
-pub use tools::{
-    BuiltinConfig, CommandToolConfig, HttpMethod, HttpToolConfig, ToolCommon, ToolsConfig,
-    WorkersConfig,
-};
 
 use std::{collections::HashMap, path::Path};
 
-/// The compiled-in default configuration, with comments.
+/// The defaults of the core sections, with comments; [`defaults_text`] adds those of the
+/// crates' sections.
 pub const DEFAULT_CONFIG: &str = include_str!("default.toml");
 
 /// Loads the configuration: the defaults, then the file at `path` (when given), then the

@@ -1,94 +1,103 @@
-//! The configuration model. Serde structs with `deny_unknown_fields` are deserialized with
-//! the key path tracked, then validated into typed values.
+//! The configuration model: the core sections, typed, and the sections the crates define,
+//! layered and kept until a crate reads its own ([`Config::get`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+};
 
 use serde::Deserialize;
 use toml::Table;
 
-use crate::ConfigError;
-
 use crate::{
+    ConfigError,
     credentials::{self, CredentialConfig, RawCredential},
-    mcp::{self, McpConfig, RawMcp},
-    routing::{self, RawRouting, RoutingConfig},
-    search::{self, RawSearch, SearchConfig},
+    layer,
+    section::{Reading, Section, defaults_of},
     server::{self, RawServer, ServerConfig},
     telemetry::{self, RawTelemetry, TelemetryConfig},
-    tools::{
-        self, BuiltinConfig, RawBuiltin, RawTools, RawWorkers, ToolNames, ToolsConfig,
-        WorkersConfig,
-    },
 };
 
 /// The whole configuration.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub struct Config {
-    /// The gRPC server.
+    /// The front door: the listener, its limits, and the bounds of every call.
     pub server: ServerConfig,
-    /// The local worker pool.
-    pub workers: WorkersConfig,
     /// Logs and traces.
     pub telemetry: TelemetryConfig,
-    /// Which built-in tools are on.
-    pub builtin: BuiltinConfig,
-    /// Tools defined in the file.
-    pub tools: ToolsConfig,
-    /// MCP servers whose tools join the catalog.
-    pub mcp: McpConfig,
-    /// Tool search.
-    pub search: SearchConfig,
-    /// The meta-tools `searchTools` and `callTool`, and routing profiles.
-    pub routing: RoutingConfig,
     /// Upstream credentials, by name: what HTTP tools and MCP servers send for a caller.
     pub credentials: BTreeMap<String, CredentialConfig>,
-    /// The sections this model does not define, layered like the rest, for the providers
-    /// that define them ([`Config::section`]).
-    sections: BTreeMap<String, toml::Value>,
+    /// The sections the crates define, as the file and the environment wrote them (without
+    /// their defaults, which [`Config::get`] lays under them).
+    sections: Table,
+    /// The environment the file was loaded with: `${VAR}` references and default places.
+    env: Arc<HashMap<String, String>>,
     /// Where the file came from, for the errors of those sections.
     origin: String,
 }
 
-/// The sections the core model defines; any other belongs to a provider.
-const CORE_SECTIONS: [&str; 9] = [
-    "server",
-    "workers",
-    "telemetry",
-    "builtin",
-    "tools",
-    "mcp",
-    "search",
-    "routing",
-    "credentials",
-];
+/// The sections this crate defines; any other belongs to the crate that reads it.
+const CORE_SECTIONS: [&str; 3] = ["server", "telemetry", "credentials"];
 
 impl Config {
-    /// Parses section `[name]` into the provider's own type `T` (its defaults are the
-    /// type's, through serde); `None` when the file has no such section. A bad key or value
-    /// is one line naming `name.key`, as for the core sections.
-    pub fn section<T: serde::de::DeserializeOwned>(
-        &self,
-        name: &str,
-    ) -> Result<Option<T>, ConfigError> {
-        let Some(value) = self.sections.get(name) else { return Ok(None) };
-        serde_path_to_error::deserialize(value.clone()).map(Some).map_err(|error| {
-            let path = error.path().to_string();
-            ConfigError::Key {
-                origin: self.origin.clone(),
-                key: if path == "." { name.to_owned() } else { format!("{name}.{path}") },
-                reason: error.inner().message().trim().to_owned(),
+    /// Reads section `T`: its defaults, under what the file and the environment wrote. A bad
+    /// key or value is one line naming `section.key`.
+    pub fn get<T: Section>(&self) -> Result<T, ConfigError> {
+        let mut table = defaults_of::<T>()?;
+        let value = match self.sections.get(T::NAME).cloned() {
+            Some(toml::Value::Table(written)) => {
+                layer::merge(&mut table, written);
+                toml::Value::Table(table)
             }
-        })
+            Some(other) => other,
+            None => toml::Value::Table(table),
+        };
+        T::read(value, &self.reading(T::NAME))
+    }
+
+    /// Reads section `T` when the file or the environment writes it; `None` otherwise: for
+    /// a section that is off unless written, such as `[auth]`.
+    pub fn find<T: Section>(&self) -> Result<Option<T>, ConfigError> {
+        if !self.has(T::NAME) {
+            return Ok(None);
+        }
+        self.get().map(Some)
+    }
+
+    /// Returns whether the file or the environment writes section `name`.
+    pub fn has(&self, name: &str) -> bool {
+        self.sections.contains_key(name)
+    }
+
+    /// Sets `key` (a dotted path into a crate's section, `search.cache_dir`) as if the file
+    /// had written it: for a program or a test that starts from a file and changes a key.
+    pub fn set(&mut self, key: &str, value: impl Into<toml::Value>) {
+        let mut path: Vec<&str> = key.split('.').collect();
+        let last = path.pop().unwrap_or_default();
+        let mut table = &mut self.sections;
+        for segment in path {
+            let entry = table.entry(segment).or_insert_with(|| toml::Value::Table(Table::new()));
+            if !entry.is_table() {
+                *entry = toml::Value::Table(Table::new());
+            }
+            table = entry.as_table_mut().expect("made a table above");
+        }
+        table.insert(last.to_owned(), value.into());
+    }
+
+    /// Returns whether section `name` is written alike in `self` and `other`.
+    pub fn same_section(&self, other: &Config, name: &str) -> bool {
+        self.sections.get(name) == other.sections.get(name)
     }
 
     /// Returns the error of a bad value of `key` (for example `vector.url`), named as a
-    /// bad key of this configuration is: for a provider that checks its section further.
+    /// bad key of this configuration is: for a check that spans sections.
     pub fn key_error(&self, key: &str, reason: impl Into<String>) -> ConfigError {
         ConfigError::Key { origin: self.origin.clone(), key: key.to_owned(), reason: reason.into() }
     }
 
-    /// Refuses a section that neither the core model nor any of the providers (`claimed`)
-    /// defines: a misspelt section fails as a misspelt key does.
+    /// Refuses a section that neither this crate nor the crates that read theirs
+    /// (`claimed`) define: a misspelt section fails as a misspelt key does.
     pub fn check_sections(&self, claimed: &[&str]) -> Result<(), ConfigError> {
         match self.sections.keys().find(|name| !claimed.contains(&name.as_str())) {
             None => Ok(()),
@@ -102,20 +111,31 @@ impl Config {
             }),
         }
     }
+
+    fn reading(&self, section: &'static str) -> Reading<'_> {
+        Reading { origin: &self.origin, section, env: &self.env, credentials: &self.credentials }
+    }
+}
+
+/// Secrets stay out of a printed configuration: the environment is not shown, and
+/// credentials show only their names.
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("server", &self.server)
+            .field("telemetry", &self.telemetry)
+            .field("credentials", &self.credentials.keys().collect::<Vec<_>>())
+            .field("sections", &self.sections.keys().collect::<Vec<_>>())
+            .field("origin", &self.origin)
+            .finish()
+    }
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
     server: RawServer,
-    workers: RawWorkers,
     telemetry: RawTelemetry,
-    builtin: RawBuiltin,
-    tools: RawTools,
-    #[serde(default)]
-    mcp: RawMcp,
-    search: RawSearch,
-    routing: RawRouting,
     #[serde(default)]
     credentials: BTreeMap<String, RawCredential>,
 }
@@ -123,7 +143,7 @@ struct RawConfig {
 impl Config {
     pub(crate) fn from_table(
         origin: &str,
-        table: Table,
+        mut table: Table,
         env: &HashMap<String, String>,
     ) -> Result<Config, ConfigError> {
         let key_error = |key: String, reason: String| ConfigError::Key {
@@ -131,34 +151,20 @@ impl Config {
             key,
             reason,
         };
-        let mut table = table;
-        let sections: BTreeMap<String, toml::Value> = table
-            .keys()
-            .filter(|key| !CORE_SECTIONS.contains(&key.as_str()))
-            .cloned()
-            .collect::<Vec<_>>()
-            .into_iter()
-            .filter_map(|key| table.remove(&key).map(|value| (key, value)))
-            .collect();
+        let crates: Vec<String> =
+            table.keys().filter(|key| !CORE_SECTIONS.contains(&key.as_str())).cloned().collect();
+        let sections: Table =
+            crates.into_iter().filter_map(|key| table.remove_entry(&key)).collect();
         let raw: RawConfig =
             serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|error| {
                 key_error(error.path().to_string(), error.inner().message().trim().to_owned())
             })?;
-        let credentials = credentials::credentials(raw.credentials, env, &key_error)?;
-        let mut names = ToolNames::default();
-        let http = tools::http_tools(raw.tools.http, &mut names, &credentials, env, &key_error)?;
-        let command = tools::command_tools(raw.tools.command, &mut names, &key_error)?;
         Ok(Config {
             server: server::server(raw.server, env, &key_error)?,
-            workers: tools::workers(raw.workers, &key_error)?,
             telemetry: telemetry::telemetry(raw.telemetry, &key_error)?,
-            builtin: BuiltinConfig { reasoning: raw.builtin.reasoning, echo: raw.builtin.echo },
-            tools: ToolsConfig { http, command },
-            mcp: mcp::mcp(raw.mcp, &credentials, env, &key_error)?,
-            search: search::search(raw.search, env, &key_error)?,
-            routing: routing::routing(raw.routing, &key_error)?,
-            credentials,
+            credentials: credentials::credentials(raw.credentials, env, &key_error)?,
             sections,
+            env: Arc::new(env.clone()),
             origin: origin.to_owned(),
         })
     }

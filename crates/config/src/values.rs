@@ -1,4 +1,4 @@
-//! Values every section reads alike: durations in milliseconds, JSON from TOML, `${VAR}`
+//! Values that sections read alike: durations in milliseconds, JSON from TOML, `${VAR}`
 //! references.
 
 use std::{collections::HashMap, time::Duration};
@@ -7,11 +7,13 @@ use serde_json::Value as Json;
 
 use crate::ConfigError;
 
-pub(crate) fn default_true() -> bool {
+/// `true`, for `#[serde(default = "...")]`.
+pub fn default_true() -> bool {
     true
 }
 
-pub(crate) fn positive_ms(
+/// `ms` as a duration; 0 is refused, naming `key`.
+pub fn positive_ms(
     ms: u64,
     key: &str,
     key_error: &dyn Fn(String, String) -> ConfigError,
@@ -23,7 +25,7 @@ pub(crate) fn positive_ms(
 }
 
 /// Converts a TOML value to JSON; TOML datetimes have no JSON counterpart.
-pub(crate) fn to_json(value: toml::Value) -> Result<Json, String> {
+pub fn to_json(value: toml::Value) -> Result<Json, String> {
     Ok(match value {
         toml::Value::String(s) => Json::String(s),
         toml::Value::Integer(i) => Json::from(i),
@@ -43,10 +45,7 @@ pub(crate) fn to_json(value: toml::Value) -> Result<Json, String> {
 
 /// Replaces `${VAR}` with the variable's value from `env`; a missing variable is an error,
 /// so a secret that did not arrive fails at load time instead of at the first call.
-pub(crate) fn resolve_env_refs(
-    value: &str,
-    env: &HashMap<String, String>,
-) -> Result<String, String> {
+pub fn resolve_env_refs(value: &str, env: &HashMap<String, String>) -> Result<String, String> {
     let mut out = String::with_capacity(value.len());
     let mut rest = value;
     while let Some(start) = rest.find("${") {

@@ -55,6 +55,18 @@ impl Default for AuthConfig {
     }
 }
 
+impl toolmesh_config::Section for AuthConfig {
+    const NAME: &'static str = crate::SECTION;
+    const DEFAULTS: &'static str = include_str!("default.toml");
+
+    fn read(
+        value: toml::Value,
+        cx: &toolmesh_config::Reading<'_>,
+    ) -> Result<Self, toolmesh_config::ConfigError> {
+        cx.deserialize(value)
+    }
+}
+
 fn default_public() -> Vec<String> {
     DEFAULT_PUBLIC.iter().map(|s| (*s).to_owned()).collect()
 }

@@ -116,6 +116,20 @@ impl CollectionConfig {
     }
 }
 
+impl toolmesh_config::Section for KnowledgeConfig {
+    const NAME: &'static str = SECTION;
+    const DEFAULTS: &'static str = include_str!("default.toml");
+
+    fn read(
+        value: toml::Value,
+        cx: &toolmesh_config::Reading<'_>,
+    ) -> Result<Self, toolmesh_config::ConfigError> {
+        let knowledge: KnowledgeConfig = cx.deserialize(value)?;
+        knowledge.validate().map_err(|(key, reason)| cx.key_error(key, reason))?;
+        Ok(knowledge)
+    }
+}
+
 impl KnowledgeConfig {
     /// Checks the section: names, the tool names, chunk sizes. The error names the key.
     pub fn validate(&self) -> Result<(), (String, String)> {

@@ -5,7 +5,7 @@ use std::time::Duration;
 use toolmesh_config::Config;
 use toolmesh_core::{Health, Provider, ProviderError};
 
-use crate::{KnowledgeConfig, KnowledgeHandle, SECTION};
+use crate::{KnowledgeConfig, KnowledgeHandle};
 
 /// The knowledge collections: `[knowledge]` applied at start and on reload, one search
 /// tool per collection, health `toolmesh.knowledge.<collection>`.
@@ -25,15 +25,9 @@ impl KnowledgeProvider {
         &self.handle
     }
 
-    /// Reads and checks `[knowledge]` from `config`.
-    pub fn section(config: &Config) -> Result<KnowledgeConfig, toolmesh_config::ConfigError> {
-        let knowledge: KnowledgeConfig = config.section(SECTION)?.unwrap_or_default();
-        knowledge.validate().map_err(|(key, reason)| config.key_error(&key, reason))?;
-        Ok(knowledge)
-    }
-
     async fn apply(&self, config: &Config) -> Result<(), ProviderError> {
-        let knowledge = Self::section(config).map_err(|e| ProviderError::new("knowledge", e))?;
+        let knowledge: KnowledgeConfig =
+            config.get().map_err(|e| ProviderError::new("knowledge", e))?;
         self.handle.apply(knowledge).await.map_err(|e| ProviderError::new("knowledge", e))
     }
 }

@@ -316,7 +316,7 @@ impl McpClientActor {
         self.publish(tools, state, Origin::Server).await;
         self.shared.touch();
         self.shared.attempts.send_modify(|n| *n += 1);
-        if self.shared.config.connect == toolmesh_config::ConnectMode::Lazy {
+        if self.shared.config.connect == crate::ConnectMode::Lazy {
             let (shared, actor) = (self.shared.clone(), myself.clone());
             let lost = CancellationToken::clone(&self.shared.lost.load());
             self.spawn("idle", watch_idle(shared, actor, lost, generation));
@@ -354,7 +354,7 @@ impl McpClientActor {
         tools: Option<Vec<Tool>>,
     ) -> Result<(), ActorProcessingErr> {
         let server = self.shared.name();
-        let lazy = self.shared.config.connect == toolmesh_config::ConnectMode::Lazy;
+        let lazy = self.shared.config.connect == crate::ConnectMode::Lazy;
         // The server's own listing, when it came first, is newer.
         let first = state.generation == 0 && state.listed.is_empty();
         let remembered = match tools {
@@ -458,7 +458,8 @@ mod tests {
         let toml = "[[mcp.servers]]\nname = \"lazy\"\ntransport = \"stdio\"\ncommand = \"true\"\nconnect = \"lazy\"\n";
         let config = toolmesh_config::load_str(Some(("t.toml", toml)), &Default::default())
             .unwrap()
-            .mcp
+            .get::<crate::McpConfig>()
+            .unwrap()
             .servers
             .remove(0);
         let idle = config.idle_timeout;

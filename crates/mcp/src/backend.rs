@@ -343,7 +343,7 @@ impl Backend for McpBackend {
         };
         let lost = self.shared.lost.load_full();
         let transport = match &self.shared.config.transport {
-            toolmesh_config::McpTransport::Stdio { .. } => "pipe",
+            crate::McpTransport::Stdio { .. } => "pipe",
             _ => "tcp",
         };
         let span = info_span!(

@@ -3,6 +3,7 @@
 
 use std::{process::Stdio, sync::Arc, time::Duration};
 
+use crate::McpTransport;
 use ractor::ActorRef;
 use rmcp::{
     ClientServiceExt, RoleClient,
@@ -17,7 +18,6 @@ use rmcp::{
 };
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio_util::sync::CancellationToken;
-use toolmesh_config::McpTransport;
 use toolmesh_process::ProcessTag;
 use tracing::{Instrument, debug, info_span};
 

@@ -22,6 +22,7 @@
 
 mod actor;
 mod backend;
+mod config;
 mod connection;
 mod convert;
 mod group;
@@ -41,6 +42,7 @@ mod sse;
 mod state;
 
 pub use actor::McpClientActor;
+pub use config::{ConnectMode, McpConfig, McpServerConfig, McpTransport, PrefixMode};
 pub use group::ProcessGroupGuard;
 pub use handler::McpClientHandler;
 pub use http_client::TracingHttpClient;

@@ -1,11 +1,11 @@
 use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
 
+use crate::McpServerConfig;
 use arc_swap::ArcSwap;
 use ractor::{
     Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent, rpc::CallResult,
 };
 use tokio::sync::Notify;
-use toolmesh_config::McpServerConfig;
 use toolmesh_core::ErrorCode;
 use toolmesh_registry::RegistryHandle;
 use tracing::{Instrument, error, info, warn};

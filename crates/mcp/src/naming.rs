@@ -1,6 +1,6 @@
 //! Names under which a server's tools are published.
 
-use toolmesh_config::PrefixMode;
+use crate::PrefixMode;
 
 /// Longest published name (model APIs accept 64 characters).
 const MAX_NAME: usize = 64;

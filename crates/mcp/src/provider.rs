@@ -3,7 +3,7 @@ use std::time::Duration;
 use toolmesh_config::Config;
 use toolmesh_core::{Health, Provider, ProviderError};
 
-use crate::{McpManager, ServerHealth};
+use crate::{McpConfig, McpManager, ServerHealth};
 
 /// The MCP servers of `[[mcp.servers]]`: one health entry per server,
 /// `toolmesh.mcp.<server>`.
@@ -14,13 +14,13 @@ impl Provider<Config> for McpManager {
     }
 
     async fn start(&self, config: &Config) -> Result<(), ProviderError> {
-        self.reload(config.mcp.servers.clone()).await.map_err(|e| ProviderError::new("mcp", e))
+        let mcp: McpConfig = config.get().map_err(|e| ProviderError::new("mcp", e))?;
+        self.reload(mcp.servers).await.map_err(|e| ProviderError::new("mcp", e))
     }
 
     async fn reload(&self, config: &Config) -> Result<(), ProviderError> {
-        McpManager::reload(self, config.mcp.servers.clone())
-            .await
-            .map_err(|e| ProviderError::new("mcp", e))
+        let mcp: McpConfig = config.get().map_err(|e| ProviderError::new("mcp", e))?;
+        McpManager::reload(self, mcp.servers).await.map_err(|e| ProviderError::new("mcp", e))
     }
 
     fn health(&self) -> Vec<(String, Health)> {

@@ -16,11 +16,11 @@ use std::{
     sync::atomic::{AtomicU64, Ordering},
 };
 
+use crate::{McpServerConfig, McpTransport};
 use rayon::prelude::*;
 use rmcp::model::Tool;
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
-use toolmesh_config::{McpServerConfig, McpTransport};
 
 use crate::parallel::map_listing;
 
@@ -159,7 +159,7 @@ mod tests {
 
     use std::{sync::Arc, time::Duration};
 
-    use toolmesh_config::{ConnectMode, PrefixMode};
+    use crate::{ConnectMode, PrefixMode};
 
     use super::*;
 

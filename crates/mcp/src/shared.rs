@@ -11,13 +11,13 @@ use rmcp::{
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::McpServerConfig;
 use tokio::{
     sync::{Notify, watch},
     // tokio's clock, so that idle timeouts can be tested on a paused one.
     time::Instant,
 };
 use tokio_util::sync::CancellationToken;
-use toolmesh_config::McpServerConfig;
 use toolmesh_core::EventSink;
 use tracing::warn;
 

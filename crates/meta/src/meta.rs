@@ -9,7 +9,6 @@ use opentelemetry::{
 };
 use serde_json::{Value, json};
 use tokio::time::Instant;
-use toolmesh_config::{MAX_TOP_K, ProfileConfig, RoutingConfig};
 use toolmesh_core::{
     Backend, BackendError, CallContext, CallFailure, ContentPart, FailureDetail, FieldViolation,
     MAX_LISTING_BYTES, Nesting, ToolAnnotations, ToolOutput, ToolSource, ToolSpec,
@@ -17,8 +16,8 @@ use toolmesh_core::{
 use toolmesh_policy::Scope;
 use toolmesh_registry::{Catalog, RegistryError, RegistryHandle, SourceUpdate, ToolEntry};
 use toolmesh_router::{
-    Admission, CALL_TOOL, CallRequest, META_SOURCE, Router, RouterError, SEARCH_TOOLS, Searched,
-    call_tool_not_found, is_meta,
+    Admission, CALL_TOOL, CallRequest, MAX_TOP_K, META_SOURCE, ProfileConfig, Router, RouterError,
+    RoutingConfig, SEARCH_TOOLS, Searched, call_tool_not_found, is_meta,
 };
 use toolmesh_search::{SearchError, SearchHandle};
 use toolmesh_telemetry::{add_link, names, span_ids};

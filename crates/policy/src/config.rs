@@ -36,6 +36,18 @@ pub struct PolicyConfig {
     pub approval_timeout_ms: u64,
 }
 
+impl toolmesh_config::Section for PolicyConfig {
+    const NAME: &'static str = crate::SECTION;
+    const DEFAULTS: &'static str = include_str!("default.toml");
+
+    fn read(
+        value: toml::Value,
+        cx: &toolmesh_config::Reading<'_>,
+    ) -> Result<Self, toolmesh_config::ConfigError> {
+        cx.deserialize(value)
+    }
+}
+
 fn default_approval_timeout_ms() -> u64 {
     300_000
 }

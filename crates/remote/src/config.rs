@@ -62,6 +62,20 @@ pub struct ToolTimeouts {
     pub start_to_close_ms: Option<u64>,
 }
 
+impl toolmesh_config::Section for RemoteConfig {
+    const NAME: &'static str = SECTION;
+    const DEFAULTS: &'static str = include_str!("default.toml");
+
+    fn read(
+        value: toml::Value,
+        cx: &toolmesh_config::Reading<'_>,
+    ) -> Result<Self, toolmesh_config::ConfigError> {
+        let remote: RemoteConfig = cx.deserialize(value)?;
+        remote.check().map_err(|(key, reason)| cx.key_error(key, reason))?;
+        Ok(remote)
+    }
+}
+
 impl RemoteConfig {
     /// Checks the values: intervals and timeouts must be positive, and the heartbeat
     /// timeout longer than the interval. Returns the key and reason of the first problem.

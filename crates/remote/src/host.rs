@@ -29,7 +29,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
-use toolmesh_config::Config;
+use toolmesh_config::{Config, ConfigError, Reading, Section, SectionDef};
 use toolmesh_core::{BackendError, CallContext, CallEvent, EventSink, Provider as _, SourceKind};
 use toolmesh_proto::{
     convert,
@@ -40,7 +40,8 @@ use toolmesh_proto::{
 };
 use toolmesh_registry::RegistryHandle;
 use toolmesh_telemetry::names;
-use toolmesh_tools::{BUILTIN_SOURCE, LocalProvider, LocalTools};
+use toolmesh_tools::{BUILTIN_SOURCE, BuiltinConfig, LocalProvider, LocalTools, ToolsConfig};
+use toolmesh_workers::WorkersConfig;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 /// The section of a worker's config file that only workers read.
@@ -75,17 +76,36 @@ impl Default for WorkerConfig {
     }
 }
 
-/// Returns whether `config` is a worker's file: it has a `[worker]` section, which a
-/// router does not read.
-pub fn is_worker_file(config: &Config) -> anyhow::Result<bool> {
-    Ok(config.section::<serde::de::IgnoredAny>(WORKER_SECTION)?.is_some())
+impl Section for WorkerConfig {
+    const NAME: &'static str = WORKER_SECTION;
+    const DEFAULTS: &'static str = include_str!("worker.toml");
+
+    fn read(value: toml::Value, cx: &Reading<'_>) -> Result<Self, ConfigError> {
+        cx.deserialize(value)
+    }
 }
 
-/// Checks a worker's file as `toolmesh worker` reads it: its `[worker]` section, and no
-/// section a worker does not read.
+/// The sections of a worker's file beside the core ones: its own and the local tools'.
+pub const SECTIONS: [SectionDef; 4] = [
+    SectionDef::of::<WorkerConfig>(),
+    SectionDef::of::<WorkersConfig>(),
+    SectionDef::of::<BuiltinConfig>(),
+    SectionDef::of::<ToolsConfig>(),
+];
+
+/// Returns whether `config` is a worker's file: it has a `[worker]` section, which a
+/// router does not read.
+pub fn is_worker_file(config: &Config) -> bool {
+    config.has(WORKER_SECTION)
+}
+
+/// Checks a worker's file as `toolmesh worker` reads it: its sections, and no section a
+/// worker does not read.
 pub fn check(config: &Config) -> anyhow::Result<()> {
-    let _: Option<WorkerConfig> = config.section(WORKER_SECTION)?;
-    config.check_sections(&[WORKER_SECTION])?;
+    config.check_sections(&SECTIONS.map(|section| section.name))?;
+    for section in SECTIONS {
+        section.check(config)?;
+    }
     Ok(())
 }
 
@@ -146,21 +166,22 @@ pub async fn run(
     dial: Arc<dyn Dial>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<bool> {
-    let section: WorkerConfig = config.section(WORKER_SECTION)?.unwrap_or_default();
-    config.check_sections(&[WORKER_SECTION])?;
+    check(&config)?;
+    let section: WorkerConfig = config.get()?;
     if !section.builtins {
-        config.builtin.echo = false;
-        config.builtin.reasoning = false;
+        config.set("builtin.echo", false);
+        config.set("builtin.reasoning", false);
     }
+    let workers: WorkersConfig = config.get()?;
     let capacity = options
         .capacity
         .or(Some(section.capacity).filter(|c| *c > 0))
-        .unwrap_or(config.workers.size.get());
+        .unwrap_or(workers.size.get());
     anyhow::ensure!(capacity > 0, "worker capacity must be at least 1");
     let pool = options.pool.clone().unwrap_or(section.pool.clone());
 
     let registry = RegistryHandle::start().await.context("starting the registry")?;
-    let local = LocalProvider::new(&config.workers, registry.clone(), LocalTools::default())
+    let local = LocalProvider::new(&workers, registry.clone(), LocalTools::default())
         .await
         .context("starting the worker pool")?;
     local.start(&config).await?;

@@ -7,7 +7,7 @@ use toolmesh_config::Config;
 use toolmesh_core::{Health, Provider, ProviderError};
 use toolmesh_registry::RegistryHandle;
 
-use crate::{RemoteConfig, SECTION, WorkerServiceImpl, members::Members, service::Closing};
+use crate::{RemoteConfig, WorkerServiceImpl, members::Members, service::Closing};
 
 /// The remote workers of one router: the provider of their tools, and the maker of the
 /// service they connect to. Cheap to clone.
@@ -24,13 +24,6 @@ impl RemoteWorkers {
             members: Arc::new(Members::new(registry)),
             closing: CancellationToken::new(),
         }
-    }
-
-    /// Parses and checks `[remote]`.
-    pub fn section(config: &Config) -> Result<RemoteConfig, toolmesh_config::ConfigError> {
-        let section: RemoteConfig = config.section(SECTION)?.unwrap_or_default();
-        section.check().map_err(|(key, reason)| config.key_error(&key, reason))?;
-        Ok(section)
     }
 
     /// The gRPC service workers connect to. Its sessions end when `closing` is cancelled
@@ -79,7 +72,7 @@ impl RemoteWorkers {
     }
 
     fn apply(&self, config: &Config) -> Result<(), ProviderError> {
-        let section = Self::section(config).map_err(|e| ProviderError::new("remote", e))?;
+        let section: RemoteConfig = config.get().map_err(|e| ProviderError::new("remote", e))?;
         *self.members.config.write().unwrap_or_else(std::sync::PoisonError::into_inner) =
             Arc::new(section);
         Ok(())

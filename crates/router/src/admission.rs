@@ -10,11 +10,11 @@
 
 use std::{collections::BTreeMap, sync::Arc};
 
-use toolmesh_config::{DEFAULT_PROFILE, ProfileConfig, RoutingConfig, Selector};
+use toolmesh_config::Selector;
 use toolmesh_core::{CallFailure, ECHO_CHARS, ErrorCode, Principal, ToolSpec, clip};
 use toolmesh_policy::{Policy, Scope};
 
-use crate::RouterError;
+use crate::{DEFAULT_PROFILE, ProfileConfig, RouterError, RoutingConfig};
 
 /// The name of the search meta-tool.
 pub const SEARCH_TOOLS: &str = "searchTools";

@@ -18,6 +18,7 @@
 
 mod admission;
 mod approval;
+mod config;
 mod deadline;
 mod dispatch;
 mod error;
@@ -29,6 +30,7 @@ mod steps;
 mod trace;
 
 pub use admission::{Admission, CALL_TOOL, Door, META_SOURCE, SEARCH_TOOLS, Searched, is_meta};
+pub use config::{DEFAULT_PROFILE, MAX_TOP_K, ProfileConfig, RoutingConfig};
 pub use deadline::parse_grpc_timeout;
 pub use error::{RouterError, call_tool_not_found, policy_refusal};
 pub use hidden::Hidden;

@@ -286,7 +286,8 @@ mod tests {
 
     fn open_scope() -> Scope {
         let config = toolmesh_config::load_str(None, &Default::default()).unwrap();
-        let admission = Admission::new(&config.routing, Arc::new(Policy::open()));
+        let routing: crate::RoutingConfig = config.get().unwrap();
+        let admission = Admission::new(&routing, Arc::new(Policy::open()));
         admission.scope(toolmesh_core::open_principal())
     }
 

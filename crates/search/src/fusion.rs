@@ -2,7 +2,38 @@
 
 use std::{collections::HashMap, hash::Hash};
 
-pub use toolmesh_config::Fusion;
+/// `search.fusion`: how the lexical and the dense ranking become one. The search index
+/// applies it; this is its one definition.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Fusion {
+    /// Reciprocal-rank fusion: a tool scores `1 / (k + rank)` in each list it is in.
+    Rrf {
+        /// The rank offset (`search.rrf_k`); 60 is the usual choice.
+        k: f64,
+    },
+    /// A convex combination of scores normalised to [0, 1] per list (min-max over the
+    /// candidates; all 1 when they score alike): `dense_weight * dense + (1 - dense_weight)
+    /// * lexical`; a tool missing from a list scores 0 there.
+    Convex {
+        /// The weight of the embedding score (`search.dense_weight`).
+        dense_weight: f64,
+    },
+}
+
+impl Default for Fusion {
+    fn default() -> Self {
+        Fusion::Rrf { k: 60.0 }
+    }
+}
+
+impl std::fmt::Display for Fusion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Fusion::Rrf { k } => write!(f, "rrf[k={k}]"),
+            Fusion::Convex { dense_weight } => write!(f, "convex[dense={dense_weight}]"),
+        }
+    }
+}
 
 /// How the index applies a [`Fusion`].
 pub(crate) trait Fuse {

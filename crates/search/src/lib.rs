@@ -15,6 +15,7 @@
 //! by a convex combination of the two rankings, as `search.fusion` says).
 
 mod actor;
+mod config;
 mod embedding;
 mod error;
 mod fusion;
@@ -31,6 +32,7 @@ mod testing;
 mod text;
 
 pub use actor::ToolSearchActor;
+pub use config::SearchConfig;
 pub use error::SearchError;
 pub use fusion::Fusion;
 pub use handle::{DEFAULT_MAX_QUERY_BYTES, SearchHandle, SearchHit};

@@ -10,7 +10,7 @@ use toolmesh_core::{Health, Provider, ProviderError, VectorStore};
 use toolmesh_embed::Embedder;
 use toolmesh_registry::RegistryHandle;
 
-use crate::{SearchError, SearchHandle, SearchMsg, SearchOptions, ToolSearchActor};
+use crate::{SearchConfig, SearchError, SearchHandle, SearchMsg, SearchOptions, ToolSearchActor};
 
 /// The tool-search index as a provider: it follows the catalog by itself, so it has no
 /// tools to publish. Health entries: `toolmesh.search.index` (down from a crash of the
@@ -29,7 +29,7 @@ impl SearchProvider {
     /// in `store`. Without a model, search is lexical, loudly, and its health says why.
     pub async fn from_config(
         registry: RegistryHandle,
-        config: &Config,
+        config: &SearchConfig,
         store: Arc<dyn VectorStore>,
         model: Result<Arc<dyn Embedder>, String>,
     ) -> Result<Self, SearchError> {
@@ -40,8 +40,8 @@ impl SearchProvider {
         let options = SearchOptions {
             store,
             embedder,
-            fusion: config.search.fusion,
-            max_query_bytes: config.search.max_query_bytes.get(),
+            fusion: config.fusion,
+            max_query_bytes: config.max_query_bytes.get(),
         };
         let mut provider = Self::start(registry, options).await?;
         provider.lexical = lexical;

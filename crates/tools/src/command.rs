@@ -1,8 +1,8 @@
 use std::process::Stdio;
 
+use crate::CommandToolConfig;
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use toolmesh_config::CommandToolConfig;
 use toolmesh_core::{BackendError, CallContext, Nesting, ToolOutput, ToolSource, ToolSpec};
 use toolmesh_process::ProcessTag;
 use toolmesh_workers::LocalTool;

@@ -3,8 +3,8 @@ use std::{
     sync::Arc,
 };
 
+use crate::{HttpMethod, HttpToolConfig};
 use serde_json::Value;
-use toolmesh_config::{HttpMethod, HttpToolConfig};
 use toolmesh_core::{
     BackendError, CallContext, ErrorCode, Nesting, Secret, ToolAnnotations, ToolOutput, ToolSource,
     ToolSpec,

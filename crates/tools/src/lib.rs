@@ -11,6 +11,7 @@
 
 mod addresses;
 mod command;
+mod config;
 mod echo;
 mod http;
 mod provider;
@@ -20,12 +21,14 @@ mod template;
 use std::sync::Arc;
 
 pub use command::CommandTool;
+pub use config::{
+    BuiltinConfig, CommandToolConfig, HttpMethod, HttpToolConfig, ToolCommon, ToolsConfig,
+};
 pub use echo::EchoTool;
 pub use http::{HttpTool, HttpToolError};
 pub use provider::{EMBEDDED_SOURCE, LocalProvider, LocalTools, LocalToolsError};
 pub use reasoning::{AnalyzeTool, REASONING_INSTRUCTIONS, ThinkTool, reasoning_toolkit};
 
-use toolmesh_config::ToolsConfig;
 use toolmesh_workers::{LocalToolInstall, ToolLimits};
 
 /// Name of the source of configured tools.

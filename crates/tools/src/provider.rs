@@ -1,13 +1,14 @@
 use std::{sync::Arc, time::Duration};
 
-use toolmesh_config::{Config, WorkersConfig};
+use toolmesh_config::{Config, ConfigError};
 use toolmesh_core::{ErrorCode, Health, Provider, ProviderError, ToolSource, Toolkit};
 use toolmesh_registry::{RegistryError, RegistryHandle, SourceUpdate, ToolEntry};
-use toolmesh_workers::{LocalToolInstall, ToolLimits, WorkerPool, WorkersError};
+use toolmesh_workers::{LocalToolInstall, ToolLimits, WorkerPool, WorkersConfig, WorkersError};
 use tracing::info;
 
 use crate::{
-    BUILTIN_SOURCE, CONFIG_SOURCE, EchoTool, HttpToolError, config_tools, reasoning_toolkit,
+    BUILTIN_SOURCE, BuiltinConfig, CONFIG_SOURCE, EchoTool, HttpToolError, ToolsConfig,
+    config_tools, reasoning_toolkit,
 };
 
 /// Name of the source of the local tools an embedding program adds.
@@ -35,6 +36,9 @@ pub enum LocalToolsError {
     /// The catalog refused a tool or toolkit.
     #[error(transparent)]
     Registry(#[from] RegistryError),
+    /// The section of the tools is not valid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
 }
 
 impl LocalToolsError {
@@ -42,7 +46,9 @@ impl LocalToolsError {
     pub fn code(&self) -> ErrorCode {
         match self {
             LocalToolsError::Pool(_) => ErrorCode::Internal,
-            LocalToolsError::Http(_) | LocalToolsError::Registry(_) => ErrorCode::InvalidArgument,
+            LocalToolsError::Http(_)
+            | LocalToolsError::Registry(_)
+            | LocalToolsError::Config(_) => ErrorCode::InvalidArgument,
         }
     }
 }
@@ -98,14 +104,15 @@ impl LocalProvider {
     }
 
     async fn publish_builtin(&self, config: &Config) -> Result<(), LocalToolsError> {
+        let builtin: BuiltinConfig = config.get()?;
         let mut toolkits = vec![];
-        if config.builtin.reasoning {
+        if builtin.reasoning {
             let (toolkit, tools) = reasoning_toolkit();
             toolkits
                 .push((toolkit, tools.into_iter().map(|t| (t, ToolLimits::default())).collect()));
         }
         let mut tools: Vec<LocalToolInstall> = vec![];
-        if config.builtin.echo {
+        if builtin.echo {
             tools.push((Arc::new(EchoTool), ToolLimits::default()));
         }
         self.registry.replace_source(self.update(BUILTIN_SOURCE, tools, toolkits)?).await?;
@@ -120,7 +127,7 @@ impl LocalProvider {
     }
 
     async fn publish_configured(&self, config: &Config) -> Result<(), LocalToolsError> {
-        let tools = config_tools(&config.tools)?;
+        let tools = config_tools(&config.get::<ToolsConfig>()?)?;
         let count = tools.len();
         self.registry.replace_source(self.update(CONFIG_SOURCE, tools, vec![])?).await?;
         info!(configured = count, "configured local tools loaded");

@@ -69,6 +69,20 @@ pub enum BackendKind {
     Qdrant,
 }
 
+impl toolmesh_config::Section for VectorConfig {
+    const NAME: &'static str = SECTION;
+    const DEFAULTS: &'static str = include_str!("default.toml");
+
+    fn read(
+        value: toml::Value,
+        cx: &toolmesh_config::Reading<'_>,
+    ) -> Result<Self, toolmesh_config::ConfigError> {
+        let vector: VectorConfig = cx.deserialize(value)?;
+        vector.validate().map_err(|(key, reason)| cx.key_error(key, reason))?;
+        Ok(vector)
+    }
+}
+
 impl VectorConfig {
     /// Checks the section on its own: a server backend needs its address; a named store
     /// has a name that is not taken by the default store or a backend, and no stores of its

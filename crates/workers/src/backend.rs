@@ -155,10 +155,10 @@ impl WorkerPool {
 mod tests {
     use std::{num::NonZeroUsize, sync::Arc, time::Duration};
 
+    use crate::WorkersConfig;
     use serde_json::json;
     use tokio::sync::Semaphore;
     use tokio_util::sync::CancellationToken;
-    use toolmesh_config::WorkersConfig;
     use toolmesh_core::{BackendError, CallContext, ContentPart, ToolOutput, ToolSource, ToolSpec};
 
     use super::*;

@@ -15,12 +15,14 @@
 //! the supervisor starts a fresh worker, and later calls are served as before.
 
 mod backend;
+mod config;
 mod error;
 mod pool;
 mod tool;
 mod worker;
 
 pub use backend::ToolLimits;
+pub use config::WorkersConfig;
 pub use error::WorkersError;
 pub use pool::{PoolStats, WorkerPool, WorkerPoolActor, WorkerPoolMsg};
 pub use tool::LocalTool;

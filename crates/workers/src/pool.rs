@@ -13,7 +13,7 @@ use ractor::{
 use tokio::sync::Semaphore;
 use tracing::{error, info, warn};
 
-use toolmesh_config::WorkersConfig;
+use crate::WorkersConfig;
 
 use crate::{WorkerActor, WorkerMsg, WorkersError};
 

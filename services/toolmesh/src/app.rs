@@ -6,8 +6,7 @@ use futures::FutureExt as _;
 use ractor::ActorRef;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use toolmesh_config::Config;
-use toolmesh_config::ServerConfig;
+use toolmesh_config::{Config, SectionDef, ServerConfig};
 use toolmesh_core::{HealthBoard, Provider, Supervised, Toolkit};
 use toolmesh_identity::Authenticator;
 use toolmesh_knowledge::KnowledgeHandle;
@@ -16,7 +15,7 @@ use toolmesh_meta::MetaTools;
 use toolmesh_policy::{Policy, PolicyConfig, PolicyError};
 use toolmesh_registry::RegistryHandle;
 use toolmesh_remote::RemoteWorkers;
-use toolmesh_router::{Admission, Router, RouterOptions};
+use toolmesh_router::{Admission, DEFAULT_PROFILE, Router, RouterOptions, RoutingConfig};
 use toolmesh_search::SearchHandle;
 use toolmesh_tools::LocalTools;
 use toolmesh_workers::{LocalToolInstall, WorkerPool};
@@ -98,10 +97,30 @@ impl std::fmt::Debug for App {
     }
 }
 
-/// The configuration sections of the front door: who may call, what they may do, and the
-/// listener's TLS.
-const FRONT_SECTIONS: &[&str] =
-    &[toolmesh_identity::SECTION, toolmesh_policy::SECTION, crate::tls::SECTION];
+/// The configuration sections of the front door: the routing profiles, who may call,
+/// what they may do, and the listener's TLS.
+const FRONT_SECTIONS: [SectionDef; 4] = [
+    SectionDef::of::<RoutingConfig>(),
+    SectionDef::of::<toolmesh_identity::AuthConfig>(),
+    SectionDef::of::<PolicyConfig>(),
+    SectionDef::of::<crate::tls::TlsConfig>(),
+];
+
+/// Returns every section beside the core ones: the built-in backends' in their order,
+/// then the front door's.
+pub fn sections() -> Vec<SectionDef> {
+    sections_of(&built_in())
+}
+
+fn sections_of(plugins: &[Box<dyn Plugin>]) -> Vec<SectionDef> {
+    plugins.iter().flat_map(|p| p.sections()).chain(&FRONT_SECTIONS).copied().collect()
+}
+
+/// The configuration `toolmesh config defaults` prints: every section, with its default
+/// and its comments, as the crate that defines it gives them.
+pub fn default_config() -> String {
+    toolmesh_config::defaults_text(&sections())
+}
 
 /// Checks `config` as a start of the built-in backends and the front door does, without
 /// starting anything (`toolmesh config check`): an unclaimed section, or a bad key or
@@ -110,15 +129,14 @@ pub fn check_sections(config: &Config) -> anyhow::Result<()> {
     check(config, &built_in())
 }
 
-/// Checks `config` against the front door's sections and those of `plugins`.
+/// Checks `config` against the front door's sections and those of `plugins`: each section
+/// read as its crate reads it, then what spans sections.
 fn check(config: &Config, plugins: &[Box<dyn Plugin>]) -> anyhow::Result<()> {
-    let sections: Vec<&str> = FRONT_SECTIONS
-        .iter()
-        .copied()
-        .chain(plugins.iter().flat_map(|p| p.sections()).copied())
-        .collect();
-    config.check_sections(&sections)?;
-    config.section::<toolmesh_identity::AuthConfig>(toolmesh_identity::SECTION)?;
+    let sections = sections_of(plugins);
+    config.check_sections(&sections.iter().map(|section| section.name).collect::<Vec<_>>())?;
+    for section in &sections {
+        section.check(config)?;
+    }
     crate::tls::load(config)?;
     policy_config(config)?;
     for plugin in plugins {
@@ -129,7 +147,7 @@ fn check(config: &Config, plugins: &[Box<dyn Plugin>]) -> anyhow::Result<()> {
 
 /// Parses and checks `[policy]`: its rules compile, and the profiles it binds exist.
 fn policy_config(config: &Config) -> anyhow::Result<Option<PolicyConfig>> {
-    let Some(policy) = config.section::<PolicyConfig>(toolmesh_policy::SECTION)? else {
+    let Some(policy) = config.find::<PolicyConfig>()? else {
         return Ok(None);
     };
     // Checked without opening the audit log: `toolmesh config check` writes nothing.
@@ -142,9 +160,10 @@ fn policy_config(config: &Config) -> anyhow::Result<Option<PolicyConfig>> {
         };
         return Err(config.key_error(&key, reason).into());
     }
+    let routing: RoutingConfig = config.get()?;
     for (i, binding) in policy.profiles.iter().enumerate() {
-        let known = binding.profile == toolmesh_config::DEFAULT_PROFILE
-            || config.routing.profiles.contains_key(&binding.profile);
+        let known =
+            binding.profile == DEFAULT_PROFILE || routing.profiles.contains_key(&binding.profile);
         if !known {
             let key = format!("policy.profiles[{i}].profile");
             let reason = format!("no routing profile `{}`", binding.profile);
@@ -176,9 +195,10 @@ impl App {
         let identity = Arc::new(ArcSwap::from_pointee(crate::auth::authenticator(config).await?));
         let tls = ListenerTls::new(crate::tls::load(config)?);
         let registry = RegistryHandle::start().await.context("starting the registry")?;
+        let routing: RoutingConfig = config.get()?;
         let router = Router::new(
             registry.clone(),
-            Admission::new(&config.routing, policy(config)?),
+            Admission::new(&routing, policy(config)?),
             RouterOptions {
                 default_timeout: config.server.default_call_timeout,
                 max_timeout: config.server.max_call_timeout,
@@ -187,7 +207,7 @@ impl App {
             },
         );
         let local_tools = LocalTools { tools: options.tools, toolkits: options.toolkits };
-        let mut assembly = Assembly::new(config, &registry, &router, local_tools);
+        let mut assembly = Assembly::new(config, &registry, &router, local_tools)?;
         let mut providers = Vec::with_capacity(plugins.len() + 1);
         let mut actors: Vec<(&'static str, Arc<dyn Supervised>)> =
             vec![("registry", Arc::new(registry.clone()))];
@@ -202,13 +222,12 @@ impl App {
             services.extend(parts.services);
         }
         let built_in = BuiltIn::from(assembly.handles)?;
-        let meta = MetaTools::new(router.clone(), built_in.search.clone(), &config.routing);
+        let meta = MetaTools::new(router.clone(), built_in.search.clone(), &routing);
         let api =
             Api { router, meta, health: HealthBoard::default(), services: Arc::new(services) };
         let served = Front { api, identity, sessions: crate::auth::Sessions::default(), tls };
-        let front = FrontDoor::start(served.clone(), config.routing.clone())
-            .await
-            .context("starting the front door")?;
+        let front =
+            FrontDoor::start(served.clone(), routing).await.context("starting the front door")?;
         actors.push(("front", Arc::new(front.clone())));
         let (root, children) =
             RootSupervisor::start(actors).await.context("starting the root supervisor")?;
@@ -252,7 +271,7 @@ impl App {
         self.served.identity.store(Arc::new(authenticator));
         self.served.tls.replace(tls);
         // The routing profiles and the tool policy, through the front door.
-        self.front.reload(config.routing.clone(), policy(config)?).await?;
+        self.front.reload(config.get()?, policy(config)?).await?;
         let mut failure = None;
         for provider in self.providers.iter() {
             if let Err(error) = provider.reload(config).await {
@@ -277,13 +296,9 @@ impl App {
         failure.map_or(Ok(()), |error| Err(error.into()))
     }
 
-    /// Returns the configuration sections the front door and the plug-ins define.
-    pub fn sections(&self) -> Vec<&'static str> {
-        FRONT_SECTIONS
-            .iter()
-            .chain(self.plugins.iter().flat_map(|p| p.sections()))
-            .copied()
-            .collect()
+    /// Returns the configuration sections the plug-ins and the front door define.
+    pub fn sections(&self) -> Vec<SectionDef> {
+        sections_of(&self.plugins)
     }
 
     /// Returns the router.

@@ -26,7 +26,7 @@ use tracing::{debug, info};
 
 /// Returns the authenticator of `config`'s `[auth]`: the open one without the section.
 pub async fn authenticator(config: &Config) -> anyhow::Result<Authenticator> {
-    let Some(auth) = config.section::<AuthConfig>(toolmesh_identity::SECTION)? else {
+    let Some(auth) = config.find::<AuthConfig>()? else {
         return Ok(Authenticator::open());
     };
     let env = |name: &str| std::env::var(name).ok();

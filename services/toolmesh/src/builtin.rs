@@ -6,16 +6,17 @@
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use toolmesh_config::Config;
-use toolmesh_knowledge::{KnowledgeHandle, KnowledgeProvider, unknown_store};
-use toolmesh_mcp::McpManager;
+use toolmesh_config::{Config, SectionDef};
+use toolmesh_knowledge::{KnowledgeConfig, KnowledgeHandle, KnowledgeProvider, unknown_store};
+use toolmesh_mcp::{McpConfig, McpManager};
 use toolmesh_proto::v1::{
     knowledge_service_server::KnowledgeServiceServer, worker_service_server::WorkerServiceServer,
 };
-use toolmesh_remote::{RemoteWorkers, WorkerServiceImpl};
-use toolmesh_search::SearchProvider;
-use toolmesh_tools::LocalProvider;
+use toolmesh_remote::{RemoteConfig, RemoteWorkers, WorkerServiceImpl};
+use toolmesh_search::{SearchConfig, SearchProvider};
+use toolmesh_tools::{BuiltinConfig, LocalProvider, ToolsConfig};
 use toolmesh_vector::{VectorConfig, VectorProvider};
+use toolmesh_workers::WorkersConfig;
 use tracing::info;
 
 use crate::{
@@ -36,7 +37,7 @@ pub fn built_in() -> Vec<Box<dyn Plugin>> {
     ]
 }
 
-/// Local tools (`[[tools.*]]`, `[workers]`) on the supervised worker pool.
+/// Local tools (`[builtin]`, `[[tools.*]]`) on the supervised worker pool (`[workers]`).
 struct Local;
 
 #[async_trait::async_trait]
@@ -45,12 +46,20 @@ impl Plugin for Local {
         "local"
     }
 
+    fn sections(&self) -> &'static [SectionDef] {
+        const SECTIONS: [SectionDef; 3] = [
+            SectionDef::of::<WorkersConfig>(),
+            SectionDef::of::<BuiltinConfig>(),
+            SectionDef::of::<ToolsConfig>(),
+        ];
+        &SECTIONS
+    }
+
     async fn build(&self, assembly: &mut Assembly<'_>) -> anyhow::Result<Parts> {
         let embedded = assembly.local_tools.take().unwrap_or_default();
-        let local = Arc::new(
-            LocalProvider::new(&assembly.config.workers, assembly.registry.clone(), embedded)
-                .await?,
-        );
+        let workers: WorkersConfig = assembly.config.get()?;
+        let local =
+            Arc::new(LocalProvider::new(&workers, assembly.registry.clone(), embedded).await?);
         let pool = local.pool().clone();
         assembly.handles.pool = Some(pool.clone());
         Ok(Parts::provider(local).actor("workers", Arc::new(pool)))
@@ -64,6 +73,11 @@ struct Mcp;
 impl Plugin for Mcp {
     fn name(&self) -> &'static str {
         "mcp"
+    }
+
+    fn sections(&self) -> &'static [SectionDef] {
+        const SECTIONS: [SectionDef; 1] = [SectionDef::of::<McpConfig>()];
+        &SECTIONS
     }
 
     async fn build(&self, assembly: &mut Assembly<'_>) -> anyhow::Result<Parts> {
@@ -81,30 +95,19 @@ impl Plugin for Mcp {
 /// Qdrant server; the default one and each of `[vector.stores.NAME]`.
 struct Vector;
 
-impl Vector {
-    fn section(config: &Config) -> anyhow::Result<VectorConfig> {
-        let vector: VectorConfig = config.section(toolmesh_vector::SECTION)?.unwrap_or_default();
-        vector.validate().map_err(|(key, reason)| config.key_error(&key, reason))?;
-        Ok(vector)
-    }
-}
-
 #[async_trait::async_trait]
 impl Plugin for Vector {
     fn name(&self) -> &'static str {
         "vector"
     }
 
-    fn sections(&self) -> &'static [&'static str] {
-        &[toolmesh_vector::SECTION]
-    }
-
-    fn check(&self, config: &Config) -> anyhow::Result<()> {
-        Self::section(config).map(drop)
+    fn sections(&self) -> &'static [SectionDef] {
+        const SECTIONS: [SectionDef; 1] = [SectionDef::of::<VectorConfig>()];
+        &SECTIONS
     }
 
     async fn build(&self, assembly: &mut Assembly<'_>) -> anyhow::Result<Parts> {
-        let vector = Self::section(assembly.config)?;
+        let vector: VectorConfig = assembly.config.get()?;
         let data_dir =
             assembly.config.server.data_dir.clone().context(
                 "no data directory: set --data-dir, server.data_dir, XDG_DATA_HOME or HOME",
@@ -128,13 +131,18 @@ impl Plugin for Search {
         "search"
     }
 
+    fn sections(&self) -> &'static [SectionDef] {
+        const SECTIONS: [SectionDef; 1] = [SectionDef::of::<SearchConfig>()];
+        &SECTIONS
+    }
+
     async fn build(&self, assembly: &mut Assembly<'_>) -> anyhow::Result<Parts> {
         let store = assembly.stores.as_ref().context("search needs the vector stores")?;
         let store = store.default_store().clone();
         let model = assembly.model().await;
+        let section: SearchConfig = assembly.config.get()?;
         let search = Arc::new(
-            SearchProvider::from_config(assembly.registry.clone(), assembly.config, store, model)
-                .await?,
+            SearchProvider::from_config(assembly.registry.clone(), &section, store, model).await?,
         );
         assembly.handles.search = Some(search.handle().clone());
         Ok(Parts::provider(search.clone()).actor("search", search))
@@ -151,13 +159,15 @@ impl Plugin for Knowledge {
         "knowledge"
     }
 
-    fn sections(&self) -> &'static [&'static str] {
-        &[toolmesh_knowledge::SECTION]
+    fn sections(&self) -> &'static [SectionDef] {
+        const SECTIONS: [SectionDef; 1] = [SectionDef::of::<KnowledgeConfig>()];
+        &SECTIONS
     }
 
+    /// A collection's store is one that `[vector]` opens.
     fn check(&self, config: &Config) -> anyhow::Result<()> {
-        let knowledge = KnowledgeProvider::section(config)?;
-        let vector = Vector::section(config)?;
+        let knowledge: KnowledgeConfig = config.get()?;
+        let vector: VectorConfig = config.get()?;
         let stores: Vec<&str> = std::iter::once(toolmesh_core::VectorStores::DEFAULT)
             .chain(vector.stores.keys().map(String::as_str))
             .collect();
@@ -205,13 +215,9 @@ impl Plugin for Remote {
         "remote"
     }
 
-    fn sections(&self) -> &'static [&'static str] {
-        &[toolmesh_remote::SECTION]
-    }
-
-    fn check(&self, config: &Config) -> anyhow::Result<()> {
-        RemoteWorkers::section(config)?;
-        Ok(())
+    fn sections(&self) -> &'static [SectionDef] {
+        const SECTIONS: [SectionDef; 1] = [SectionDef::of::<RemoteConfig>()];
+        &SECTIONS
     }
 
     async fn build(&self, assembly: &mut Assembly<'_>) -> anyhow::Result<Parts> {
@@ -228,5 +234,46 @@ impl Plugin for Remote {
             })
         };
         Ok(Parts::provider(Arc::new(remote)).service(service))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use toolmesh_config::{Section, load_str};
+
+    use super::*;
+
+    /// What `toolmesh config defaults` prints is what a start reads without a file: each
+    /// crate's text agrees with its code.
+    #[test]
+    fn the_printed_defaults_are_what_a_start_reads_without_them() {
+        let text = crate::default_config();
+        for section in crate::sections() {
+            assert!(text.contains(section.defaults.trim()), "[{}] is printed", section.name);
+        }
+        let env = HashMap::from([("HOME".to_owned(), "/home/a".to_owned())]);
+        let printed = load_str(Some(("defaults", &text)), &env).expect("the text loads");
+        crate::check_sections(&printed).expect("and passes the check");
+        let bare = load_str(None, &env).unwrap();
+        fn same<T: Section + PartialEq + std::fmt::Debug>(a: &Config, b: &Config) {
+            assert_eq!(a.get::<T>().unwrap(), b.get::<T>().unwrap(), "[{}]", T::NAME);
+        }
+        same::<WorkersConfig>(&printed, &bare);
+        same::<BuiltinConfig>(&printed, &bare);
+        same::<ToolsConfig>(&printed, &bare);
+        same::<McpConfig>(&printed, &bare);
+        same::<SearchConfig>(&printed, &bare);
+        same::<toolmesh_router::RoutingConfig>(&printed, &bare);
+        // The sections a crate defaults through its type print those values.
+        assert_eq!(bare.get::<VectorConfig>().unwrap(), VectorConfig::default());
+        assert_eq!(bare.get::<KnowledgeConfig>().unwrap(), KnowledgeConfig::default());
+        assert_eq!(bare.get::<RemoteConfig>().unwrap(), RemoteConfig::default());
+        // Those that are off unless written print only comments.
+        for off in ["[auth]", "[policy]", "[tls]"] {
+            assert!(text.contains(&format!("# {off}")), "{off} is commented out");
+        }
+        assert!(!printed.has("auth") && !printed.has("policy") && !printed.has("tls"));
     }
 }

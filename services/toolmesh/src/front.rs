@@ -11,9 +11,9 @@ use std::sync::Arc;
 use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 
-use toolmesh_config::{RoutingConfig, ServerConfig};
+use toolmesh_config::ServerConfig;
 use toolmesh_policy::Policy;
-use toolmesh_router::{Admission, Router};
+use toolmesh_router::{Admission, Router, RoutingConfig};
 use tracing::{Instrument, info};
 
 use crate::server::{self, Front};

@@ -64,7 +64,7 @@ pub mod tls;
 mod transport;
 pub mod worker;
 
-pub use app::{App, AppOptions, check_sections, serve};
+pub use app::{App, AppOptions, check_sections, default_config, sections, serve};
 pub use auth::{AuthLayer, Authenticate, Sessions, authenticator, recheck, refusal};
 pub use builtin::built_in;
 pub use front::{FrontDoor, FrontDoorError, RouterActor, RouterMsg, RouterState};

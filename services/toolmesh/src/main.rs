@@ -242,7 +242,8 @@ struct CallArgs {
 
 #[derive(Subcommand)]
 enum ConfigCommand {
-    /// Prints the compiled-in default configuration, with comments.
+    /// Prints every section of the configuration with its default and comments, as the
+    /// crates that define them give them.
     Defaults,
     /// Checks a config file (and TOOLMESH__* overrides) and exits non-zero on a problem. A
     /// file with a `[worker]` section is checked as `toolmesh worker` reads it.
@@ -327,7 +328,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Config { command: ConfigCommand::Defaults } => {
-            write_out(format_args!("{}", toolmesh_config::DEFAULT_CONFIG));
+            write_out(format_args!("{}", toolmesh::default_config()));
             Ok(ExitCode::SUCCESS)
         }
         Command::Config { command: ConfigCommand::Check { file } } => {
@@ -335,7 +336,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let config = toolmesh_config::load(Some(&file), &env)
                 .map_err(|error| anyhow::anyhow!("{error}"))?;
             // A worker's file is checked as `toolmesh worker` reads it.
-            if toolmesh::worker::is_worker_file(&config)? {
+            if toolmesh::worker::is_worker_file(&config) {
                 toolmesh::worker::check(&config)?;
                 out!("{}: ok (a worker's file)", file.display());
             } else {
@@ -443,6 +444,17 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<ExitCode> {
     );
     let clean = summary.failed.is_empty() && summary.unlisted_failures == 0;
     Ok(if clean { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// Whether the search tokens' key or lifetime differ: they take effect on restart only.
+fn tokens_changed(config: &toolmesh_config::Config, running: &toolmesh_config::Config) -> bool {
+    let tokens = |config: &toolmesh_config::Config| {
+        config
+            .get::<toolmesh_router::RoutingConfig>()
+            .map(|routing| (routing.token_key, routing.token_ttl))
+            .ok()
+    };
+    tokens(config) != tokens(running)
 }
 
 fn load_config(path: Option<&Path>) -> anyhow::Result<toolmesh_config::Config> {
@@ -560,15 +572,11 @@ async fn watch_config(
                     }
                     let pending: Vec<&str> = [
                         ("server", config.server != running.server),
-                        ("workers", config.workers != running.workers),
+                        ("workers", !config.same_section(&running, "workers")),
                         ("telemetry", config.telemetry != running.telemetry),
-                        ("builtin", config.builtin != running.builtin),
-                        ("search", config.search != running.search),
-                        (
-                            "routing.token_key, routing.token_ttl",
-                            config.routing.token_key != running.routing.token_key
-                                || config.routing.token_ttl != running.routing.token_ttl,
-                        ),
+                        ("builtin", !config.same_section(&running, "builtin")),
+                        ("search", !config.same_section(&running, "search")),
+                        ("routing.token_key, routing.token_ttl", tokens_changed(&config, &running)),
                     ]
                     .into_iter()
                     .filter_map(|(section, changed)| changed.then_some(section))

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use futures::FutureExt as _;
 
 use tokio_util::sync::CancellationToken;
-use toolmesh_config::Config;
+use toolmesh_config::{Config, SectionDef};
 use toolmesh_core::{Provider, Supervised, VectorStores};
 use toolmesh_embed::Embedder;
 use toolmesh_knowledge::KnowledgeHandle;
@@ -17,7 +17,7 @@ use toolmesh_mcp::McpManager;
 use toolmesh_registry::RegistryHandle;
 use toolmesh_remote::RemoteWorkers;
 use toolmesh_router::Router;
-use toolmesh_search::SearchHandle;
+use toolmesh_search::{SearchConfig, SearchHandle};
 use toolmesh_tools::LocalTools;
 use toolmesh_workers::WorkerPool;
 
@@ -27,15 +27,18 @@ pub trait Plugin: Send + Sync + 'static {
     /// Its name, as errors and logs give it.
     fn name(&self) -> &'static str;
 
-    /// The sections of the configuration file it defines (`[name]`, parsed with
-    /// `Config::section` into its own type); a section that no plug-in claims is refused
+    /// The sections of the configuration file it defines, each a
+    /// [`Section`](toolmesh_config::Section) of its crate: read with `Config::get`, checked
+    /// before every start and reload and by `toolmesh config check`, and printed with its
+    /// defaults by `toolmesh config defaults`. A section that no plug-in claims is refused
     /// as a misspelt key is.
-    fn sections(&self) -> &'static [&'static str] {
+    fn sections(&self) -> &'static [SectionDef] {
         &[]
     }
 
-    /// Checks its sections as a start reads them, so that `toolmesh config check` and a
-    /// reload refuse what a start would: a bad key or value is one line naming it.
+    /// Checks what spans sections (its own are read before), so that `toolmesh config
+    /// check` and a reload refuse what a start would: a bad key or value is one line naming
+    /// it.
     fn check(&self, config: &Config) -> anyhow::Result<()> {
         let _ = config;
         Ok(())
@@ -115,19 +118,19 @@ impl<'a> Assembly<'a> {
         registry: &'a RegistryHandle,
         router: &'a Router,
         local_tools: LocalTools,
-    ) -> Self {
-        let search = &config.search;
+    ) -> anyhow::Result<Self> {
+        let search: SearchConfig = config.get()?;
         let source = toolmesh_embed::ModelSource {
             enabled: search.embeddings,
-            model_dir: search.model_dir.clone(),
-            cache_dir: search.cache_dir.clone(),
-            model_index: search.model_index.clone(),
+            model_dir: search.model_dir,
+            cache_dir: search.cache_dir,
+            model_index: search.model_index,
             threads: search.embed_threads,
         };
         // Spawned, so that it loads while the plug-ins before search are built.
         let load = tokio::spawn(toolmesh_embed::load_model(source))
             .map(|loaded| loaded.unwrap_or_else(|e| Err(format!("loading the model: {e}"))));
-        Assembly {
+        Ok(Assembly {
             config,
             registry,
             router,
@@ -135,7 +138,7 @@ impl<'a> Assembly<'a> {
             stores: None,
             handles: Handles::default(),
             model: load.boxed().shared(),
-        }
+        })
     }
 
     /// Returns the embedding model `[search]` names, loaded once for every plug-in that

@@ -48,6 +48,18 @@ pub struct TlsConfig {
     pub client_auth: ClientAuth,
 }
 
+impl toolmesh_config::Section for TlsConfig {
+    const NAME: &'static str = SECTION;
+    const DEFAULTS: &'static str = include_str!("tls.toml");
+
+    fn read(
+        value: toml::Value,
+        cx: &toolmesh_config::Reading<'_>,
+    ) -> Result<Self, toolmesh_config::ConfigError> {
+        cx.deserialize(value)
+    }
+}
+
 /// `tls.client_auth`.
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
@@ -126,7 +138,7 @@ fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
 /// Returns `[tls]` of `config`, its files read: `None` without the section. A bad key,
 /// value or file is one line naming `tls.<key>`.
 pub fn load(config: &Config) -> anyhow::Result<Option<Loaded>> {
-    let Some(tls) = config.section::<TlsConfig>(SECTION)? else { return Ok(None) };
+    let Some(tls) = config.find::<TlsConfig>()? else { return Ok(None) };
     let loaded = Loaded::read(tls)
         .map_err(|(key, reason)| config.key_error(&format!("{SECTION}.{key}"), reason))?;
     Ok(Some(loaded))

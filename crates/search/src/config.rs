@@ -2,9 +2,10 @@
 
 use std::{collections::HashMap, num::NonZeroUsize, path::PathBuf};
 
-use crate::ConfigError;
-
 use serde::Deserialize;
+use toolmesh_config::{ConfigError, Reading, Section};
+
+use crate::Fusion;
 
 /// `[search]`.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,41 +28,8 @@ pub struct SearchConfig {
     pub cache_dir: Option<PathBuf>,
 }
 
-/// `search.fusion`: how the lexical and the dense ranking become one. The search index
-/// applies it; this is its one definition.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Fusion {
-    /// Reciprocal-rank fusion: a tool scores `1 / (k + rank)` in each list it is in.
-    Rrf {
-        /// The rank offset (`search.rrf_k`); 60 is the usual choice.
-        k: f64,
-    },
-    /// A convex combination of scores normalised to [0, 1] per list (min-max over the
-    /// candidates; all 1 when they score alike): `dense_weight * dense + (1 - dense_weight)
-    /// * lexical`; a tool missing from a list scores 0 there.
-    Convex {
-        /// The weight of the embedding score (`search.dense_weight`).
-        dense_weight: f64,
-    },
-}
-
-impl Default for Fusion {
-    fn default() -> Self {
-        Fusion::Rrf { k: 60.0 }
-    }
-}
-
-impl std::fmt::Display for Fusion {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Fusion::Rrf { k } => write!(f, "rrf[k={k}]"),
-            Fusion::Convex { dense_weight } => write!(f, "convex[dense={dense_weight}]"),
-        }
-    }
-}
-
 /// `$XDG_CACHE_HOME/toolmesh`, else `$HOME/.cache/toolmesh`, from `env`.
-pub(crate) fn default_cache_dir(env: &HashMap<String, String>) -> Option<PathBuf> {
+fn default_cache_dir(env: &HashMap<String, String>) -> Option<PathBuf> {
     let non_empty = |name: &str| env.get(name).filter(|v| !v.is_empty());
     non_empty("XDG_CACHE_HOME")
         .map(|dir| PathBuf::from(dir).join("toolmesh"))
@@ -70,24 +38,30 @@ pub(crate) fn default_cache_dir(env: &HashMap<String, String>) -> Option<PathBuf
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct RawSearch {
-    pub(crate) embeddings: bool,
-    pub(crate) model_dir: String,
-    pub(crate) model_index: String,
-    pub(crate) cache_dir: String,
-    pub(crate) fusion: String,
-    pub(crate) rrf_k: f64,
-    pub(crate) dense_weight: f64,
-    pub(crate) max_query_bytes: NonZeroUsize,
-    pub(crate) embed_threads: usize,
+struct RawSearch {
+    embeddings: bool,
+    model_dir: String,
+    model_index: String,
+    cache_dir: String,
+    fusion: String,
+    rrf_k: f64,
+    dense_weight: f64,
+    max_query_bytes: NonZeroUsize,
+    embed_threads: usize,
 }
 
 /// Reads `[search]`: the model, the cache, and the fusion of the two rankings.
-pub(crate) fn search(
-    raw: RawSearch,
-    env: &HashMap<String, String>,
-    key_error: &dyn Fn(String, String) -> ConfigError,
-) -> Result<SearchConfig, ConfigError> {
+impl Section for SearchConfig {
+    const NAME: &'static str = "search";
+    const DEFAULTS: &'static str = include_str!("default.toml");
+
+    fn read(value: toml::Value, cx: &Reading<'_>) -> Result<Self, ConfigError> {
+        search(cx.deserialize(value)?, cx)
+    }
+}
+
+fn search(raw: RawSearch, cx: &Reading<'_>) -> Result<SearchConfig, ConfigError> {
+    let key_error = |key: String, reason: String| cx.key_error(key, reason);
     let fusion = match raw.fusion.as_str() {
         "rrf" if raw.rrf_k > 0.0 => Fusion::Rrf { k: raw.rrf_k },
         "rrf" => return Err(key_error("search.rrf_k".into(), "must be greater than 0".into())),
@@ -114,7 +88,49 @@ pub(crate) fn search(
         embed_threads: raw.embed_threads,
         cache_dir: Some(PathBuf::from(raw.cache_dir))
             .filter(|p| !p.as_os_str().is_empty())
-            .or_else(|| default_cache_dir(env)),
+            .or_else(|| default_cache_dir(cx.env())),
     };
     Ok(search)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use toolmesh_config::load_str;
+
+    use super::*;
+
+    fn search(text: &str, env: &[(&str, &str)]) -> Result<SearchConfig, ConfigError> {
+        let env: HashMap<String, String> =
+            env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        load_str(Some(("f.toml", text)), &env)?.get()
+    }
+
+    #[test]
+    fn the_defaults_fuse_convexly_and_keep_the_cache_under_home() {
+        let search = search("", &[("HOME", "/home/a")]).unwrap();
+        assert_eq!(search.fusion, Fusion::Convex { dense_weight: 0.5 });
+        assert!(search.embeddings);
+        assert_eq!(search.cache_dir, Some(PathBuf::from("/home/a/.cache/toolmesh")));
+        let search = search_with_xdg();
+        assert_eq!(search.cache_dir, Some(PathBuf::from("/x/toolmesh")));
+    }
+
+    fn search_with_xdg() -> SearchConfig {
+        search("", &[("HOME", "/home/a"), ("XDG_CACHE_HOME", "/x")]).unwrap()
+    }
+
+    #[test]
+    fn a_fusion_is_checked_naming_its_key() {
+        let rrf = search("[search]\nfusion = \"rrf\"\nrrf_k = 10.0\n", &[]).unwrap();
+        assert_eq!(rrf.fusion, Fusion::Rrf { k: 10.0 });
+        let error = |text: &str| search(text, &[]).unwrap_err().to_string();
+        assert!(error("[search]\nfusion = \"rrf\"\nrrf_k = 0.0\n").contains("search.rrf_k"));
+        assert!(error("[search]\ndense_weight = 2.0\n").contains("search.dense_weight"));
+        let other = error("[search]\nfusion = \"max\"\n");
+        assert!(other.contains("search.fusion") && other.contains("max"), "{other}");
+        let typo = error("[search]\nembedings = false\n");
+        assert!(typo.contains("f.toml") && typo.contains("search.embedings"), "{typo}");
+    }
 }

@@ -1,5 +1,5 @@
 //! `[builtin]`, `[[tools.http]]` and `[[tools.command]]`: the local tools of the
-//! configuration, and `[workers]`, the pool they run on.
+//! configuration.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -8,9 +8,8 @@ use std::{
     time::Duration,
 };
 
-use crate::{
-    ConfigError,
-    credentials::{CredentialConfig, UpstreamCredentials, upstream},
+use toolmesh_config::{
+    ConfigError, Reading, Section, UpstreamCredentials,
     values::{positive_ms, resolve_env_refs, to_json},
 };
 
@@ -18,17 +17,6 @@ use serde::Deserialize;
 use serde_json::Value as Json;
 use toml::Table;
 use toolmesh_core::ToolAnnotations;
-
-/// `[workers]`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct WorkersConfig {
-    /// Number of supervised workers.
-    pub size: NonZeroUsize,
-    /// Calls that may wait for a worker.
-    pub queue: usize,
-    /// The largest share of the workers and of the queue one tool may hold, in (0, 1].
-    pub tool_share: f64,
-}
 
 /// `[builtin]`.
 #[derive(Debug, Clone, PartialEq)]
@@ -71,11 +59,11 @@ pub struct ToolCommon {
 /// `annotations` of a configured tool.
 #[derive(Debug, Clone, Copy, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct RawAnnotations {
-    pub(crate) read_only: Option<bool>,
-    pub(crate) destructive: Option<bool>,
-    pub(crate) idempotent: Option<bool>,
-    pub(crate) open_world: Option<bool>,
+struct RawAnnotations {
+    read_only: Option<bool>,
+    destructive: Option<bool>,
+    idempotent: Option<bool>,
+    open_world: Option<bool>,
 }
 
 impl From<RawAnnotations> for ToolAnnotations {
@@ -154,37 +142,29 @@ pub struct CommandToolConfig {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct RawWorkers {
-    pub(crate) size: NonZeroUsize,
-    pub(crate) queue: usize,
-    pub(crate) tool_share: f64,
+struct RawBuiltin {
+    reasoning: bool,
+    echo: bool,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct RawBuiltin {
-    pub(crate) reasoning: bool,
-    pub(crate) echo: bool,
+struct RawTools {
+    #[serde(default)]
+    http: Vec<RawHttpTool>,
+    #[serde(default)]
+    command: Vec<RawCommandTool>,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RawTools {
-    #[serde(default)]
-    pub(crate) http: Vec<RawHttpTool>,
-    #[serde(default)]
-    pub(crate) command: Vec<RawCommandTool>,
-}
-
-pub(crate) fn default_timeout_ms() -> u64 {
+fn default_timeout_ms() -> u64 {
     30_000
 }
 
-pub(crate) fn default_max_bytes() -> usize {
+fn default_max_bytes() -> usize {
     1024 * 1024
 }
 
-pub(crate) fn empty_object_schema() -> toml::Value {
+fn empty_object_schema() -> toml::Value {
     let mut schema = Table::new();
     schema.insert("type".into(), "object".into());
     toml::Value::Table(schema)
@@ -192,70 +172,70 @@ pub(crate) fn empty_object_schema() -> toml::Value {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct RawHttpTool {
-    pub(crate) name: String,
-    pub(crate) description: String,
+struct RawHttpTool {
+    name: String,
+    description: String,
     #[serde(default = "empty_object_schema")]
-    pub(crate) parameters: toml::Value,
+    parameters: toml::Value,
     #[serde(default)]
-    pub(crate) tags: Vec<String>,
+    tags: Vec<String>,
     #[serde(default = "default_timeout_ms")]
-    pub(crate) timeout_ms: u64,
-    pub(crate) max_concurrency: Option<NonZeroUsize>,
+    timeout_ms: u64,
+    max_concurrency: Option<NonZeroUsize>,
     #[serde(default)]
-    pub(crate) annotations: RawAnnotations,
+    annotations: RawAnnotations,
     #[serde(default = "default_method")]
-    pub(crate) method: HttpMethod,
-    pub(crate) url: String,
+    method: HttpMethod,
+    url: String,
     #[serde(default)]
-    pub(crate) headers: BTreeMap<String, String>,
-    pub(crate) body: Option<toml::Value>,
-    pub(crate) extract: Option<String>,
+    headers: BTreeMap<String, String>,
+    body: Option<toml::Value>,
+    extract: Option<String>,
     #[serde(default = "default_max_bytes")]
-    pub(crate) max_response_bytes: usize,
+    max_response_bytes: usize,
     #[serde(default)]
-    pub(crate) allow_private_network: bool,
-    pub(crate) proxy: Option<String>,
+    allow_private_network: bool,
+    proxy: Option<String>,
     #[serde(default)]
-    pub(crate) credentials: Vec<String>,
+    credentials: Vec<String>,
 }
 
-pub(crate) fn default_method() -> HttpMethod {
+fn default_method() -> HttpMethod {
     HttpMethod::Get
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct RawCommandTool {
-    pub(crate) name: String,
-    pub(crate) description: String,
+struct RawCommandTool {
+    name: String,
+    description: String,
     #[serde(default = "empty_object_schema")]
-    pub(crate) parameters: toml::Value,
+    parameters: toml::Value,
     #[serde(default)]
-    pub(crate) tags: Vec<String>,
+    tags: Vec<String>,
     #[serde(default = "default_timeout_ms")]
-    pub(crate) timeout_ms: u64,
-    pub(crate) max_concurrency: Option<NonZeroUsize>,
+    timeout_ms: u64,
+    max_concurrency: Option<NonZeroUsize>,
     #[serde(default)]
-    pub(crate) annotations: RawAnnotations,
-    pub(crate) command: PathBuf,
+    annotations: RawAnnotations,
+    command: PathBuf,
     #[serde(default)]
-    pub(crate) args: Vec<String>,
+    args: Vec<String>,
     #[serde(default)]
-    pub(crate) env: BTreeMap<String, String>,
-    pub(crate) cwd: Option<PathBuf>,
+    env: BTreeMap<String, String>,
+    cwd: Option<PathBuf>,
     #[serde(default = "default_max_bytes")]
-    pub(crate) max_output_bytes: usize,
+    max_output_bytes: usize,
     #[serde(default = "default_output_grace_ms")]
-    pub(crate) output_grace_ms: u64,
+    output_grace_ms: u64,
 }
 
-pub(crate) fn default_output_grace_ms() -> u64 {
+fn default_output_grace_ms() -> u64 {
     250
 }
 
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn common(
+fn common(
     key: &str,
     name: String,
     description: String,
@@ -288,7 +268,7 @@ pub(crate) fn common(
 
 /// Refuses a `{{name}}` placeholder in `text` that names no parameter of `parameters`:
 /// it would be filled with nothing at every call.
-pub(crate) fn unknown_placeholder(text: &str, parameters: &Json) -> Result<(), String> {
+fn unknown_placeholder(text: &str, parameters: &Json) -> Result<(), String> {
     let Some(properties) = parameters.get("properties").and_then(Json::as_object) else {
         return Ok(());
     };
@@ -308,7 +288,7 @@ pub(crate) fn unknown_placeholder(text: &str, parameters: &Json) -> Result<(), S
 }
 
 /// Every string in `value`, keys excluded.
-pub(crate) fn json_strings<'a>(value: Option<&'a Json>, out: &mut Vec<&'a str>) {
+fn json_strings<'a>(value: Option<&'a Json>, out: &mut Vec<&'a str>) {
     match value {
         Some(Json::String(s)) => out.push(s),
         Some(Json::Array(items)) => items.iter().for_each(|item| json_strings(Some(item), out)),
@@ -320,11 +300,11 @@ pub(crate) fn json_strings<'a>(value: Option<&'a Json>, out: &mut Vec<&'a str>) 
 /// The tool names of the configuration so far, by the key that defined each: a name is
 /// one tool's.
 #[derive(Default)]
-pub(crate) struct ToolNames(HashMap<String, String>);
+struct ToolNames(HashMap<String, String>);
 
 impl ToolNames {
     /// Notes that the tool at `key` is called `name`; refused when another took it.
-    pub(crate) fn check(
+    fn check(
         &mut self,
         name: &str,
         key: &str,
@@ -341,14 +321,14 @@ impl ToolNames {
 }
 
 /// Reads `[[tools.http]]`: each tool's name, parameters, URL and body templates, headers
-/// (`${VAR}` resolved from `env`) and upstream credentials.
-pub(crate) fn http_tools(
+/// (`${VAR}` resolved from the environment) and upstream credentials.
+fn http_tools(
     raw: Vec<RawHttpTool>,
     names: &mut ToolNames,
-    credentials: &BTreeMap<String, CredentialConfig>,
-    env: &HashMap<String, String>,
-    key_error: &dyn Fn(String, String) -> ConfigError,
+    cx: &Reading<'_>,
 ) -> Result<Vec<HttpToolConfig>, ConfigError> {
+    let key_error = &|key: String, reason: String| cx.key_error(key, reason);
+    let env = cx.env();
     let mut http = Vec::new();
     for (index, raw) in raw.into_iter().enumerate() {
         let key = format!("tools.http[{index}]");
@@ -376,7 +356,7 @@ pub(crate) fn http_tools(
                 .map_err(|reason| key_error(format!("{key}.headers.{name}"), reason))?;
             headers.insert(name, resolved);
         }
-        let tool_credentials = upstream(credentials, raw.credentials, &key, key_error)?;
+        let tool_credentials = cx.upstream(raw.credentials, &key)?;
         let body = raw
             .body
             .map(to_json)
@@ -416,7 +396,7 @@ pub(crate) fn http_tools(
 }
 
 /// Reads `[[tools.command]]`.
-pub(crate) fn command_tools(
+fn command_tools(
     raw: Vec<RawCommandTool>,
     names: &mut ToolNames,
     key_error: &dyn Fn(String, String) -> ConfigError,
@@ -452,16 +432,29 @@ pub(crate) fn command_tools(
     Ok(command)
 }
 
-/// Reads `[workers]`.
-pub(crate) fn workers(
-    raw: RawWorkers,
-    key_error: &dyn Fn(String, String) -> ConfigError,
-) -> Result<WorkersConfig, ConfigError> {
-    if !(raw.tool_share > 0.0 && raw.tool_share <= 1.0) {
-        return Err(key_error(
-            "workers.tool_share".into(),
-            "must be greater than 0 and at most 1".into(),
-        ));
+impl Section for BuiltinConfig {
+    const NAME: &'static str = "builtin";
+    const DEFAULTS: &'static str = include_str!("config/builtin.toml");
+
+    fn read(value: toml::Value, cx: &Reading<'_>) -> Result<Self, ConfigError> {
+        let raw: RawBuiltin = cx.deserialize(value)?;
+        Ok(BuiltinConfig { reasoning: raw.reasoning, echo: raw.echo })
     }
-    Ok(WorkersConfig { size: raw.size, queue: raw.queue, tool_share: raw.tool_share })
 }
+
+impl Section for ToolsConfig {
+    const NAME: &'static str = "tools";
+    const DEFAULTS: &'static str = include_str!("config/tools.toml");
+
+    fn read(value: toml::Value, cx: &Reading<'_>) -> Result<Self, ConfigError> {
+        let raw: RawTools = cx.deserialize(value)?;
+        let key_error = &|key: String, reason: String| cx.key_error(key, reason);
+        let mut names = ToolNames::default();
+        let http = http_tools(raw.http, &mut names, cx)?;
+        let command = command_tools(raw.command, &mut names, key_error)?;
+        Ok(ToolsConfig { http, command })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -7,13 +7,11 @@ use std::{
     time::Duration,
 };
 
-use crate::{
-    ConfigError,
-    credentials::{CredentialConfig, UpstreamCredentials, upstream},
+use serde::Deserialize;
+use toolmesh_config::{
+    ConfigError, Reading, Section, UpstreamCredentials,
     values::{positive_ms, resolve_env_refs},
 };
-
-use serde::Deserialize;
 
 /// `[mcp]`.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -114,96 +112,103 @@ pub struct McpServerConfig {
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct RawMcp {
+struct RawMcp {
     #[serde(default)]
-    pub(crate) servers: Vec<RawMcpServer>,
+    servers: Vec<RawMcpServer>,
 }
 
 #[derive(Deserialize, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
-pub(crate) enum RawMcpTransport {
+enum RawMcpTransport {
     Stdio,
     Http,
     StreamableHttp,
     Sse,
 }
 
-pub(crate) fn default_mcp_timeout_ms() -> u64 {
+fn default_mcp_timeout_ms() -> u64 {
     60_000
 }
 
-pub(crate) fn default_prefix() -> PrefixMode {
+fn default_prefix() -> PrefixMode {
     PrefixMode::Always
 }
 
-pub(crate) fn default_connect() -> ConnectMode {
+fn default_connect() -> ConnectMode {
     ConnectMode::Eager
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct RawMcpServer {
-    pub(crate) name: String,
-    pub(crate) transport: RawMcpTransport,
-    pub(crate) command: Option<PathBuf>,
+struct RawMcpServer {
+    name: String,
+    transport: RawMcpTransport,
+    command: Option<PathBuf>,
     #[serde(default)]
-    pub(crate) args: Vec<String>,
+    args: Vec<String>,
     #[serde(default)]
-    pub(crate) env: BTreeMap<String, String>,
-    pub(crate) cwd: Option<PathBuf>,
-    pub(crate) url: Option<String>,
+    env: BTreeMap<String, String>,
+    cwd: Option<PathBuf>,
+    url: Option<String>,
     #[serde(default)]
-    pub(crate) headers: BTreeMap<String, String>,
+    headers: BTreeMap<String, String>,
     #[serde(default = "default_mcp_timeout_ms")]
-    pub(crate) timeout_ms: u64,
+    timeout_ms: u64,
     #[serde(default = "default_prefix")]
-    pub(crate) prefix: PrefixMode,
+    prefix: PrefixMode,
     #[serde(default = "default_connect")]
-    pub(crate) connect: ConnectMode,
+    connect: ConnectMode,
     #[serde(default = "default_ping_interval_ms")]
-    pub(crate) ping_interval_ms: u64,
+    ping_interval_ms: u64,
     #[serde(default = "default_reconnect_wait_ms")]
-    pub(crate) reconnect_wait_ms: u64,
+    reconnect_wait_ms: u64,
     #[serde(default = "default_idle_timeout_ms")]
-    pub(crate) idle_timeout_ms: u64,
+    idle_timeout_ms: u64,
     #[serde(default = "default_mcp_max_concurrency")]
-    pub(crate) max_concurrency: NonZeroUsize,
+    max_concurrency: NonZeroUsize,
     #[serde(default = "default_remember_tools")]
-    pub(crate) remember_tools: bool,
+    remember_tools: bool,
     #[serde(default)]
-    pub(crate) credentials: Vec<String>,
+    credentials: Vec<String>,
 }
 
-pub(crate) fn default_remember_tools() -> bool {
+fn default_remember_tools() -> bool {
     true
 }
 
 /// Calls one MCP server runs at once unless configured: enough for an agent fleet's
 /// parallel tool calls, few enough that one client cannot flood a server.
-pub(crate) fn default_mcp_max_concurrency() -> NonZeroUsize {
+fn default_mcp_max_concurrency() -> NonZeroUsize {
     NonZeroUsize::new(64).expect("64 is not zero")
 }
 
-pub(crate) fn default_idle_timeout_ms() -> u64 {
+fn default_idle_timeout_ms() -> u64 {
     300_000
 }
 
-pub(crate) fn default_ping_interval_ms() -> u64 {
+fn default_ping_interval_ms() -> u64 {
     5_000
 }
 
-pub(crate) fn default_reconnect_wait_ms() -> u64 {
+fn default_reconnect_wait_ms() -> u64 {
     5_000
 }
 
 /// Reads `[[mcp.servers]]`: unique names, a transport with what it needs (`${VAR}` in
-/// headers and environment resolved from `env`), timeouts and upstream credentials.
-pub(crate) fn mcp(
-    raw: RawMcp,
-    credentials: &BTreeMap<String, CredentialConfig>,
-    env: &HashMap<String, String>,
-    key_error: &dyn Fn(String, String) -> ConfigError,
-) -> Result<McpConfig, ConfigError> {
+/// headers and environment resolved from the environment), timeouts and upstream
+/// credentials.
+impl Section for McpConfig {
+    const NAME: &'static str = "mcp";
+    const DEFAULTS: &'static str = include_str!("default.toml");
+
+    fn read(value: toml::Value, cx: &Reading<'_>) -> Result<Self, ConfigError> {
+        mcp(cx.deserialize(value)?, cx)
+    }
+}
+
+fn mcp(raw: RawMcp, cx: &Reading<'_>) -> Result<McpConfig, ConfigError> {
+    let key_error = &|key: String, reason: String| cx.key_error(key, reason);
+    let env = cx.env();
     let mut mcp = McpConfig::default();
     let mut server_names = HashMap::new();
     for (index, raw) in raw.servers.into_iter().enumerate() {
@@ -243,7 +248,7 @@ pub(crate) fn mcp(
             }
             Ok(url)
         };
-        let server_credentials = upstream(credentials, raw.credentials, &key, key_error)?;
+        let server_credentials = cx.upstream(raw.credentials, &key)?;
         if !server_credentials.is_empty()
             && !matches!(raw.transport, RawMcpTransport::Http | RawMcpTransport::StreamableHttp)
         {
@@ -299,3 +304,6 @@ pub(crate) fn mcp(
     }
     Ok(mcp)
 }
+
+#[cfg(test)]
+mod tests;
