@@ -693,3 +693,33 @@ fn caller(caller: Option<&v1::Caller>) -> Arc<toolmesh_core::Principal> {
         credential: None,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn config(text: &str) -> Config {
+        toolmesh_config::load_str(Some(("worker.toml", text)), &HashMap::new()).unwrap()
+    }
+
+    #[test]
+    fn a_workers_file_holds_what_a_worker_reads_and_nothing_else() {
+        let file = "[worker]\npool = \"reports\"\n[workers]\nsize = 2\n[builtin]\necho = true\n\
+                    [[tools.command]]\nname = \"t\"\ndescription = \"d\"\ncommand = \"/bin/true\"\n";
+        let worker = config(file);
+        assert!(is_worker_file(&worker));
+        check(&worker).unwrap();
+        assert_eq!(worker.get::<WorkerConfig>().unwrap().pool, "reports");
+        assert!(!is_worker_file(&config("[workers]\nsize = 2\n")));
+
+        let error = |text: &str| format!("{:#}", check(&config(text)).unwrap_err());
+        let router_only = error("[worker]\n[search]\nembeddings = false\n");
+        assert!(router_only.contains("search") && router_only.contains("unknown section"));
+        let typo = error("[worker]\npol = \"x\"\n");
+        assert!(typo.contains("worker.toml") && typo.contains("worker.pol"), "{typo}");
+        let tool = error("[worker]\n[[tools.command]]\nname = \"t\"\ndescription = \"d\"\n");
+        assert!(tool.contains("tools.command[0]"), "{tool}");
+    }
+}
