@@ -109,16 +109,12 @@ mod tests {
 
     #[test]
     fn the_defaults_fuse_convexly_and_keep_the_cache_under_home() {
-        let search = search("", &[("HOME", "/home/a")]).unwrap();
-        assert_eq!(search.fusion, Fusion::Convex { dense_weight: 0.5 });
-        assert!(search.embeddings);
-        assert_eq!(search.cache_dir, Some(PathBuf::from("/home/a/.cache/toolmesh")));
-        let search = search_with_xdg();
-        assert_eq!(search.cache_dir, Some(PathBuf::from("/x/toolmesh")));
-    }
-
-    fn search_with_xdg() -> SearchConfig {
-        search("", &[("HOME", "/home/a"), ("XDG_CACHE_HOME", "/x")]).unwrap()
+        let defaults = search("", &[("HOME", "/home/a")]).unwrap();
+        assert_eq!(defaults.fusion, Fusion::Convex { dense_weight: 0.5 });
+        assert!(defaults.embeddings);
+        assert_eq!(defaults.cache_dir, Some(PathBuf::from("/home/a/.cache/toolmesh")));
+        let xdg = search("", &[("HOME", "/home/a"), ("XDG_CACHE_HOME", "/x")]).unwrap();
+        assert_eq!(xdg.cache_dir, Some(PathBuf::from("/x/toolmesh")));
     }
 
     #[test]
