@@ -683,6 +683,41 @@ async fn tools_listed_in_pages_are_all_published() {
     server.stop().await.unwrap();
 }
 
+/// A server that answers `server/discover` with an empty result (it answers every request,
+/// known or not) does not speak 2026-07-28: it is spoken to with `initialize` at once,
+/// instead of failing its handshake and being retried with the same question forever.
+#[tokio::test]
+async fn a_server_that_answers_discover_with_an_empty_result_is_spoken_to_with_initialize() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/mini_server.py");
+    let config = format!(
+        "[[mcp.servers]]\nname = \"mini\"\ntransport = \"stdio\"\ncommand = \"{}\"\nargs = [\"{}\"]\nenv = {{ MINI_EMPTY_DISCOVER = \"1\" }}\n",
+        python(),
+        script.display()
+    );
+    let started = std::time::Instant::now();
+    let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
+    wait_for_tool(&server, "mini_echo").await;
+    let answer = server.call("mini_echo", json!({"text": "old school"})).await.unwrap();
+    assert_eq!(text(&answer), "old school");
+    assert_eq!(server.app.mcp().protocol("mini").as_deref(), Some("2025-06-18"));
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "connected without waiting out reconnect backoff: {:?}",
+        started.elapsed()
+    );
+
+    // A new connection (the server's actor crashed) speaks the same way.
+    let actor = server.app.mcp().actor("mini").unwrap();
+    actor.kill();
+    let answer = eventually(Duration::from_secs(10), || async {
+        server.call("mini_echo", json!({"text": "again"})).await.ok()
+    })
+    .await
+    .expect("the restarted connection answers");
+    assert_eq!(text(&answer), "again");
+    server.stop().await.unwrap();
+}
+
 /// A stdio server does not inherit toolmesh's environment (which holds its secrets): it gets
 /// the few variables the MCP SDKs pass on, and what its configuration names.
 #[tokio::test]

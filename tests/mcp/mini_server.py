@@ -11,7 +11,9 @@ At start it also launches `sleep 600` as its own child, so that tests can check 
 server's whole process group goes away with it. With $MINI_START_DELAY (seconds) it waits
 that long before it reads its first message, as a slow server starts; with $MINI_FAIL set
 it exits at once, as a server that cannot start. With $MINI_ENV_TOOL set it also offers
-`environment`, which answers the names of the variables of its environment.
+`environment`, which answers the names of the variables of its environment. With
+$MINI_EMPTY_DISCOVER set it answers `server/discover` with an empty result, as a server
+that does not know the method but answers every request would.
 """
 
 import json
@@ -78,6 +80,8 @@ for line in sys.stdin:
         text = (message["params"].get("arguments") or {}).get("text", "")
         result = {"content": [{"type": "text", "text": text}]}
     elif method == "ping":
+        result = {}
+    elif method == "server/discover" and os.environ.get("MINI_EMPTY_DISCOVER"):
         result = {}
     else:
         send({"jsonrpc": "2.0", "id": request_id, "error": {"code": -32601, "message": f"no method {method}"}})

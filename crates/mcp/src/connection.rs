@@ -1,7 +1,11 @@
 //! One connection to an MCP server: made over stdio, streamable HTTP or SSE, watched
 //! for idleness and liveness, and retried with capped exponential backoff.
 
-use std::{process::Stdio, sync::Arc, time::Duration};
+use std::{
+    process::Stdio,
+    sync::{Arc, atomic::Ordering},
+    time::Duration,
+};
 
 use crate::McpTransport;
 use ractor::ActorRef;
@@ -10,7 +14,7 @@ use rmcp::{
     model::{
         ClientRequest, DiscoverRequest, DiscoverRequestParams, PingRequest, ProtocolVersion, Tool,
     },
-    service::{ClientLifecycleMode, QuitReason, ServiceError},
+    service::{ClientInitializeError, ClientLifecycleMode, QuitReason, ServiceError},
     transport::{
         StreamableHttpClientTransport, TokioChildProcess,
         streamable_http_client::StreamableHttpClientTransportConfig,
@@ -19,7 +23,7 @@ use rmcp::{
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio_util::sync::CancellationToken;
 use toolmesh_process::ProcessTag;
-use tracing::{Instrument, debug, info_span};
+use tracing::{Instrument, debug, info_span, warn};
 
 use crate::{
     group::ProcessGroupGuard,
@@ -41,12 +45,38 @@ pub(crate) const BACKOFF_CAP: Duration = Duration::from_secs(30);
 pub(crate) const PROBE_MISSES: u32 = 3;
 
 /// Speaks 2026-07-28 (`server/discover`) with servers that offer it and falls back to the
-/// `initialize` handshake (2025-11-25, 2025-06-18, ...) with the others.
-pub(crate) fn lifecycle() -> ClientLifecycleMode {
+/// `initialize` handshake (2025-11-25, 2025-06-18, ...) with the others: those that refuse
+/// `server/discover` with an error, and those that answered it with something that is no
+/// discover result.
+pub(crate) fn lifecycle(shared: &ServerShared) -> ClientLifecycleMode {
+    if shared.initialize_only.load(Ordering::Relaxed) {
+        return ClientLifecycleMode::Initialize;
+    }
     ClientLifecycleMode::Auto {
         preferred_versions: vec![ProtocolVersion::V_2026_07_28],
         legacy_version: None,
     }
+}
+
+/// Returns why the handshake failed. A server that answered `server/discover` with a
+/// result that is not a discover result (`{}`, say) does not speak 2026-07-28, whatever it
+/// answered: it is noted to be spoken to with `initialize`.
+fn handshake_failed(shared: &ServerShared, error: &ClientInitializeError) -> String {
+    if misanswered_discover(shared, error) {
+        shared.initialize_only.store(true, Ordering::Relaxed);
+        return format!("server/discover answered with no discover result ({error})");
+    }
+    format!("initialize failed: {error}")
+}
+
+/// Whether `error` is a discovery answered with what is no discover result.
+fn misanswered_discover(shared: &ServerShared, error: &ClientInitializeError) -> bool {
+    !shared.initialize_only.load(Ordering::Relaxed)
+        && matches!(
+            error,
+            ClientInitializeError::ExpectedInitResult(_)
+                | ClientInitializeError::ExpectedInitResponse(_)
+        )
 }
 
 /// Connects over the legacy HTTP+SSE transport; such servers predate `server/discover`, so
@@ -69,8 +99,24 @@ pub(crate) async fn connect_sse(
 /// gets is `env` of its configuration.
 pub(crate) const INHERITED: [&str; 6] = ["HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER"];
 
-/// Opens the connection: transport, `initialize`, then every page of `tools/list`.
+/// Opens the connection: transport, `server/discover` or `initialize`, then every page of
+/// `tools/list`. A server whose answer to `server/discover` is no discover result is tried
+/// again at once with `initialize`.
 pub(crate) async fn connect(
+    shared: Arc<ServerShared>,
+    actor: ActorRef<McpMsg>,
+) -> Result<(Connection, Option<ProcessGroupGuard>, Vec<Tool>), String> {
+    let discovering = !shared.initialize_only.load(Ordering::Relaxed);
+    match open(shared.clone(), actor.clone()).await {
+        Err(error) if discovering && shared.initialize_only.load(Ordering::Relaxed) => {
+            warn!(server = %shared.config.name, %error, "speaking initialize to the server instead");
+            open(shared, actor).await
+        }
+        opened => opened,
+    }
+}
+
+async fn open(
     shared: Arc<ServerShared>,
     actor: ActorRef<McpMsg>,
 ) -> Result<(Connection, Option<ProcessGroupGuard>, Vec<Tool>), String> {
@@ -121,9 +167,9 @@ pub(crate) async fn connect(
                 );
             }
             handler
-                .serve_with_lifecycle(transport, lifecycle())
+                .serve_with_lifecycle(transport, lifecycle(&shared))
                 .await
-                .map_err(|e| format!("initialize failed: {e}"))?
+                .map_err(|e| handshake_failed(&shared, &e))?
         }
         McpTransport::StreamableHttp { url, headers, sse_fallback } => {
             let mut http = StreamableHttpClientTransportConfig::with_uri(url.clone());
@@ -135,8 +181,11 @@ pub(crate) async fn connect(
             http.max_concurrent_requests = 256;
             let client = TracingHttpClient::new(shared.http_client(), shared.call_headers.clone());
             let transport = StreamableHttpClientTransport::with_client(client, http);
-            match handler.serve_with_lifecycle(transport, lifecycle()).await {
+            match handler.serve_with_lifecycle(transport, lifecycle(&shared)).await {
                 Ok(connection) => connection,
+                Err(error) if misanswered_discover(&shared, &error) => {
+                    return Err(handshake_failed(&shared, &error));
+                }
                 Err(error) if *sse_fallback => {
                     debug!(server = %config.name, %error, "streamable HTTP failed; trying legacy SSE");
                     let handler =
@@ -145,7 +194,7 @@ pub(crate) async fn connect(
                         format!("streamable HTTP failed ({error}); legacy SSE failed too ({sse})")
                     })?
                 }
-                Err(error) => return Err(format!("initialize failed: {error}")),
+                Err(error) => return Err(handshake_failed(&shared, &error)),
             }
         }
         McpTransport::Sse { url, headers } => connect_sse(handler, url, headers).await?,

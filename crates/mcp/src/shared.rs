@@ -9,7 +9,7 @@ use rmcp::{
     model::{ProgressToken, RequestId},
     service::Peer,
 };
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::McpServerConfig;
 use tokio::{
@@ -119,6 +119,9 @@ pub(crate) struct ServerShared {
     /// The HTTP client of the server's connections, made at the first and kept across
     /// reconnections.
     http: OnceLock<reqwest::Client>,
+    /// The server answered `server/discover` with something that is no discover result:
+    /// it is spoken to with `initialize` from then on.
+    pub(crate) initialize_only: AtomicBool,
 }
 
 impl ServerShared {
@@ -136,6 +139,7 @@ impl ServerShared {
             remembered,
             call_headers: Default::default(),
             http: OnceLock::new(),
+            initialize_only: AtomicBool::new(false),
             peer: ArcSwapOption::empty(),
             lost: ArcSwap::from_pointee(CancellationToken::new()),
             health: ArcSwap::from_pointee(ServerHealth::Connecting),
