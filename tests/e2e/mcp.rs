@@ -718,6 +718,32 @@ async fn a_server_that_answers_discover_with_an_empty_result_is_spoken_to_with_i
     server.stop().await.unwrap();
 }
 
+/// SEP-1034: a caller that accepts a form and leaves out a field with a default (as a gRPC
+/// caller may) is completed with the default before the answer reaches the server.
+#[tokio::test]
+async fn an_accepted_form_reaches_the_server_with_its_defaults() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/mini_server.py");
+    let config = format!(
+        "[[mcp.servers]]\nname = \"mini\"\ntransport = \"stdio\"\ncommand = \"{}\"\nargs = [\"{}\"]\nenv = {{ MINI_FORM_TOOL = \"1\" }}\n",
+        python(),
+        script.display()
+    );
+    let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
+    wait_for_tool(&server, "mini_form").await;
+    let got =
+        answer_elicitation(&server, "mini_form", ElicitationAction::Accept, json!({"name": "Ada"}))
+            .await;
+    let got: Value = serde_json::from_str(&got).unwrap();
+    assert_eq!(got, json!({"name": "Ada", "greeting": "hello"}));
+    let given = json!({"name": "Ada", "greeting": "hi"});
+    let got = answer_elicitation(&server, "mini_form", ElicitationAction::Accept, given).await;
+    assert_eq!(
+        serde_json::from_str::<Value>(&got).unwrap(),
+        json!({"name": "Ada", "greeting": "hi"})
+    );
+    server.stop().await.unwrap();
+}
+
 /// A stdio server does not inherit toolmesh's environment (which holds its secrets): it gets
 /// the few variables the MCP SDKs pass on, and what its configuration names.
 #[tokio::test]

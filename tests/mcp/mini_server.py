@@ -13,7 +13,9 @@ that long before it reads its first message, as a slow server starts; with $MINI
 it exits at once, as a server that cannot start. With $MINI_ENV_TOOL set it also offers
 `environment`, which answers the names of the variables of its environment. With
 $MINI_EMPTY_DISCOVER set it answers `server/discover` with an empty result, as a server
-that does not know the method but answers every request would.
+that does not know the method but answers every request would. With $MINI_FORM_TOOL set it
+also offers `form`, which asks the caller (elicitation/create) for a `name` and a
+`greeting` whose default is "hello", and answers the content it got back, as JSON.
 """
 
 import json
@@ -46,6 +48,12 @@ if os.environ.get("MINI_ENV_TOOL"):
         "description": "Names the variables of the server's environment.",
         "inputSchema": {"type": "object"},
     })
+if os.environ.get("MINI_FORM_TOOL"):
+    TOOLS.append({
+        "name": "form",
+        "description": "Asks for a name and a greeting; answers what it got.",
+        "inputSchema": {"type": "object"},
+    })
 PAGE_SIZE = int(os.environ.get("MINI_PAGE_SIZE", "0")) or len(TOOLS)
 
 
@@ -58,6 +66,22 @@ def tools_page(params):
     elif cursor and os.environ.get("MINI_STUCK_CURSOR"):
         page["nextCursor"] = cursor
     return page
+
+
+def ask_form():
+    """Sends elicitation/create and returns the content of the answer, reading the
+    client's messages until it comes."""
+    send({"jsonrpc": "2.0", "id": "form-1", "method": "elicitation/create", "params": {
+        "message": "Who is there?",
+        "requestedSchema": {"type": "object", "properties": {
+            "name": {"type": "string"},
+            "greeting": {"type": "string", "default": "hello"},
+        }, "required": ["name"]},
+    }})
+    for answer in sys.stdin:
+        answer = json.loads(answer)
+        if answer.get("id") == "form-1" and "method" not in answer:
+            return (answer.get("result") or {}).get("content")
 
 
 for line in sys.stdin:
@@ -74,6 +98,8 @@ for line in sys.stdin:
         }
     elif method == "tools/list":
         result = tools_page(message.get("params"))
+    elif method == "tools/call" and message["params"].get("name") == "form":
+        result = {"content": [{"type": "text", "text": json.dumps(ask_form(), sort_keys=True)}]}
     elif method == "tools/call" and message["params"].get("name") == "environment":
         result = {"content": [{"type": "text", "text": json.dumps(sorted(os.environ))}]}
     elif method == "tools/call":

@@ -299,11 +299,14 @@ impl McpBackend {
     ) -> Result<Value, BackendError> {
         match request {
             InputRequest::Elicitation(request) => {
-                let answer = match convert::elicitation(request.params) {
-                    Some(question) => ctx.events.elicit(question, self.shared.config.timeout).await,
-                    None => toolmesh_core::ElicitationAnswer::Cancel,
+                let (answer, schema) = match convert::elicitation(request.params) {
+                    Some(question) => {
+                        let schema = question.requested_schema.clone();
+                        (ctx.events.elicit(question, self.shared.config.timeout).await, schema)
+                    }
+                    None => (toolmesh_core::ElicitationAnswer::Cancel, Value::Null),
                 };
-                serde_json::to_value(convert::elicit_result(answer))
+                serde_json::to_value(convert::elicit_result(answer, &schema))
                     .map_err(|e| BackendError::Internal(e.to_string()))
             }
             InputRequest::ListRoots(_) => Ok(serde_json::json!({ "roots": [] })),

@@ -113,13 +113,72 @@ pub(crate) fn elicitation(params: ElicitRequestParams) -> Option<Elicitation> {
     }
 }
 
-/// Returns the MCP form of a caller's answer.
-pub(crate) fn elicit_result(answer: ElicitationAnswer) -> ElicitResult {
+/// Returns the MCP form of a caller's answer to a question with `requested_schema`. An
+/// accepted form is completed with the schema's defaults for the fields the caller left
+/// out (SEP-1034), as an MCP client completes it, so that the server gets what it asked for
+/// whichever client answered.
+pub(crate) fn elicit_result(answer: ElicitationAnswer, requested_schema: &Value) -> ElicitResult {
     match answer {
-        ElicitationAnswer::Accept(content) => {
+        ElicitationAnswer::Accept(mut content) => {
+            with_defaults(&mut content, requested_schema);
             ElicitResult::new(ElicitationAction::Accept).with_content(content)
         }
         ElicitationAnswer::Decline => ElicitResult::new(ElicitationAction::Decline),
         ElicitationAnswer::Cancel => ElicitResult::new(ElicitationAction::Cancel),
+    }
+}
+
+/// Adds to the form `content` the default of every property of `schema` it lacks; an
+/// answer without content gets the defaults alone. A value the caller gave is kept.
+fn with_defaults(content: &mut Value, schema: &Value) {
+    let Some(properties) = schema.get("properties").and_then(Value::as_object) else { return };
+    let defaults = properties.iter().filter_map(|(name, p)| Some((name, p.get("default")?)));
+    for (name, default) in defaults {
+        if content.is_null() {
+            *content = Value::Object(serde_json::Map::new());
+        }
+        let Some(form) = content.as_object_mut() else { return };
+        form.entry(name.clone()).or_insert_with(|| default.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn accepted(content: Value, schema: &Value) -> Option<Value> {
+        elicit_result(ElicitationAnswer::Accept(content), schema).content
+    }
+
+    /// SEP-1034: the fields an accepted form leaves out take their schema's defaults; what
+    /// the caller gave is kept, and a field without a default stays out.
+    #[test]
+    fn an_accepted_form_is_completed_with_the_schemas_defaults() {
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "greeting": {"type": "string", "default": "hello"},
+                "count": {"type": "integer", "default": 3},
+                "notify": {"type": "boolean", "default": false},
+                "colour": {"type": "string", "enum": ["red", "blue"], "default": "red"}
+            }
+        });
+        assert_eq!(
+            accepted(json!({"name": "Ada", "count": 5}), &schema),
+            Some(
+                json!({"name": "Ada", "greeting": "hello", "count": 5, "notify": false, "colour": "red"})
+            )
+        );
+        assert_eq!(
+            accepted(Value::Null, &schema),
+            Some(json!({"greeting": "hello", "count": 3, "notify": false, "colour": "red"}))
+        );
+        let plain = json!({"type": "object", "properties": {"name": {"type": "string"}}});
+        assert_eq!(accepted(json!({"name": "Ada"}), &plain), Some(json!({"name": "Ada"})));
+        let declined = elicit_result(ElicitationAnswer::Decline, &schema);
+        assert_eq!((declined.action, declined.content), (ElicitationAction::Decline, None));
     }
 }

@@ -98,9 +98,9 @@ impl ClientHandler for McpClientHandler {
             debug!(server = self.shared.name(), "unknown elicitation mode: cancel");
             return Ok(ElicitResult::new(ElicitationAction::Cancel));
         };
-        Ok(crate::convert::elicit_result(
-            sink.elicit(elicitation, self.shared.config.timeout).await,
-        ))
+        let schema = elicitation.requested_schema.clone();
+        let answer = sink.elicit(elicitation, self.shared.config.timeout).await;
+        Ok(crate::convert::elicit_result(answer, &schema))
     }
 
     // Sampling is deprecated in the protocol (SEP-2577) and toolmesh has no model to
