@@ -156,3 +156,106 @@ async fn bench_embed_measures_the_model_alone() {
     assert!(!output.status.success());
     assert!(stderr(&output).contains("no queries in"), "{}", stderr(&output));
 }
+
+/// One request of a plain HTTP/1.1 client on `stream`, written at once; returns the status,
+/// the `mcp-session-id` header if any, and the body (chunked or not).
+fn post(
+    stream: &mut std::net::TcpStream,
+    session: Option<&str>,
+    body: &serde_json::Value,
+) -> (u16, Option<String>, String) {
+    use std::io::{BufRead as _, Read as _, Write as _};
+    let body = body.to_string();
+    let session = session.map(|id| format!("mcp-session-id: {id}\r\n")).unwrap_or_default();
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n\
+         accept: application/json, text/event-stream\r\nmcp-protocol-version: 2025-06-18\r\n\
+         {session}content-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut reader = std::io::BufReader::new(stream);
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    let status = line.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let (mut length, mut chunked, mut id) = (0, false, None);
+    loop {
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+        let header = line.trim_end();
+        if header.is_empty() {
+            break;
+        }
+        let (name, value) = header.split_once(':').unwrap();
+        match name.to_ascii_lowercase().as_str() {
+            "content-length" => length = value.trim().parse().unwrap(),
+            "transfer-encoding" => chunked = value.contains("chunked"),
+            "mcp-session-id" => id = Some(value.trim().to_owned()),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    if chunked {
+        loop {
+            line.clear();
+            reader.read_line(&mut line).unwrap();
+            let size = usize::from_str_radix(line.trim(), 16).unwrap();
+            let mut chunk = vec![0; size + 2];
+            reader.read_exact(&mut chunk).unwrap();
+            if size == 0 {
+                break;
+            }
+            out.extend_from_slice(&chunk[..size]);
+        }
+    } else {
+        out.resize(length, 0);
+        reader.read_exact(&mut out).unwrap();
+    }
+    (status, id, String::from_utf8(out).unwrap())
+}
+
+/// The MCP echo server the benchmarks put behind toolmesh answers a plain HTTP client
+/// without Nagle's stall: with it, every answer's last small write waited for the client's
+/// delayed ACK, about 40 ms a call.
+#[tokio::test]
+async fn the_mcp_echo_server_answers_a_plain_http_client_without_delay() {
+    let mut child = toolmesh_e2e::spawn(
+        tokio::process::Command::new(toolmesh_e2e::toolmesh_bench_bin())
+            .arg("--mcp-echo-server")
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true),
+    )
+    .unwrap();
+    let mut lines =
+        tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(child.stdout.take().unwrap()));
+    let line = lines.next_line().await.unwrap().unwrap();
+    let addr = line.rsplit(' ').next().unwrap().to_owned();
+    let timings = tokio::task::spawn_blocking(move || {
+        let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+        let initialize = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "plain", "version": "1"}}});
+        let (status, session, body) = post(&mut stream, None, &initialize);
+        assert_eq!(status, 200, "{body}");
+        let session = session.expect("a session id");
+        let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        assert_eq!(post(&mut stream, Some(&session), &initialized).0, 202);
+        (1..=20)
+            .map(|id| {
+                let call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                    "params": {"name": "echo", "arguments": {"message": "hi"}}});
+                let started = std::time::Instant::now();
+                let (status, _, body) = post(&mut stream, Some(&session), &call);
+                assert!(status == 200 && body.contains("hi"), "{status} {body}");
+                started.elapsed()
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    let mut sorted = timings.clone();
+    sorted.sort();
+    let median = sorted[sorted.len() / 2];
+    assert!(median < std::time::Duration::from_millis(20), "calls took {timings:?}");
+    child.kill().await.unwrap();
+}

@@ -181,7 +181,19 @@ impl ServerHandler for EchoServer {
 /// Serves `server` over streamable HTTP at `/mcp` on `listener`.
 pub(crate) async fn serve_echo(listener: TcpListener, server: EchoServer) -> std::io::Result<()> {
     let router = axum::Router::new().nest_service("/mcp", service(server));
-    axum::serve(listener, router).await
+    axum::serve(no_delay(listener), router).await
+}
+
+/// Sends small writes at once: `axum::serve` leaves Nagle's algorithm on, and a client
+/// that does not answer with an ACK straight away (one that sent its whole request) then
+/// waits up to 40 ms for the last write of an SSE answer.
+fn no_delay(listener: TcpListener) -> impl axum::serve::Listener<Addr = std::net::SocketAddr> {
+    use axum::serve::ListenerExt as _;
+    listener.tap_io(|stream| {
+        if let Err(error) = stream.set_nodelay(true) {
+            eprintln!("toolmesh-bench: cannot set TCP_NODELAY: {error}");
+        }
+    })
 }
 
 /// Serves each of `servers` over streamable HTTP at `/mcp/<its index>` on `listener`.
@@ -193,7 +205,7 @@ pub(crate) async fn serve_echoes(
         servers.into_iter().enumerate().fold(axum::Router::new(), |router, (i, server)| {
             router.nest_service(&format!("/mcp/{i}"), service(server))
         });
-    axum::serve(listener, router).await
+    axum::serve(no_delay(listener), router).await
 }
 
 fn service(server: EchoServer) -> StreamableHttpService<EchoServer, LocalSessionManager> {
