@@ -506,6 +506,19 @@ pub(crate) struct McpReport {
     pub(crate) toolmesh: Sample,
     /// Cores of this machine.
     pub(crate) cores: usize,
+    /// CPU time per call, where Linux's `/proc` tells.
+    pub(crate) cpu: Option<McpCpu>,
+}
+
+/// CPU time per call of `toolmesh-bench --mcp`, user and system, over every round, in ms.
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct McpCpu {
+    /// toolmesh's own, per call it proxied: the cost of the hop.
+    pub(crate) toolmesh_ms: f64,
+    /// The echo server's, per call from the direct client.
+    pub(crate) server_direct_ms: f64,
+    /// The echo server's, per call proxied by toolmesh.
+    pub(crate) server_via_ms: f64,
 }
 
 /// Measures `CallTool` through toolmesh to a streamable-HTTP MCP echo server against an
@@ -565,19 +578,61 @@ pub(crate) async fn run_mcp(
     let rounds = options.rounds.max(1);
     let slice = options.duration / rounds as u32;
     let (mut direct, mut through) = (Vec::new(), Vec::new());
+    // CPU used and calls made: the server's while called directly; toolmesh's and the
+    // server's while called through toolmesh.
+    let mut cpu = Some(CpuCount::default());
     for _ in 0..rounds {
+        let server_before = echo.cpu_time();
         let load = crate::mcp_echo::direct_load(&url, options.concurrency, slice)
             .await
             .map_err(anyhow::Error::msg)?;
+        let server_direct = used(server_before, echo.cpu_time());
+        let calls = load.latencies_ns.len() as f64;
         let mut histogram = new_histogram();
         for nanos in &load.latencies_ns {
             histogram.saturating_record(*nanos);
         }
         direct.push(Sample::from(&histogram, load.errors, load.first_error, load.elapsed));
-        through.push(closed_loop(&target.clients, options.concurrency, slice, &request).await);
+
+        let (toolmesh_before, server_before) = (toolmesh.cpu_time(), echo.cpu_time());
+        let sample = closed_loop(&target.clients, options.concurrency, slice, &request).await;
+        let (toolmesh_via, server_via) =
+            (used(toolmesh_before, toolmesh.cpu_time()), used(server_before, echo.cpu_time()));
+        let proxied = sample.throughput * slice.as_secs_f64();
+        through.push(sample);
+        match (cpu.as_mut(), server_direct, toolmesh_via, server_via) {
+            (Some(count), Some(server_direct), Some(toolmesh_via), Some(server_via)) => {
+                count.direct_calls += calls;
+                count.proxied_calls += proxied;
+                count.server_direct += server_direct;
+                count.toolmesh += toolmesh_via;
+                count.server_via += server_via;
+            }
+            _ => cpu = None,
+        }
     }
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    Ok(McpReport { direct: median(direct), toolmesh: median(through), cores })
+    let cpu = cpu.filter(|c| c.direct_calls > 0.0 && c.proxied_calls > 0.0).map(|c| McpCpu {
+        toolmesh_ms: c.toolmesh.as_secs_f64() * 1e3 / c.proxied_calls,
+        server_direct_ms: c.server_direct.as_secs_f64() * 1e3 / c.direct_calls,
+        server_via_ms: c.server_via.as_secs_f64() * 1e3 / c.proxied_calls,
+    });
+    Ok(McpReport { direct: median(direct), toolmesh: median(through), cores, cpu })
+}
+
+/// CPU time and calls summed over the rounds of `toolmesh-bench --mcp`.
+#[derive(Default)]
+struct CpuCount {
+    direct_calls: f64,
+    proxied_calls: f64,
+    server_direct: Duration,
+    toolmesh: Duration,
+    server_via: Duration,
+}
+
+/// The CPU time used between two readings of [`ChildServer::cpu_time`].
+fn used(before: Option<Duration>, after: Option<Duration>) -> Option<Duration> {
+    before.zip(after).map(|(before, after)| after.saturating_sub(before))
 }
 
 /// Figures of `toolmesh-bench --search`.
@@ -1038,6 +1093,12 @@ pub(crate) fn render_mcp(options: &BenchOptions, report: &McpReport) -> String {
         report.toolmesh.throughput / report.cores as f64,
         report.cores
     ));
+    if let Some(cpu) = &report.cpu {
+        out.push_str(&format!(
+            "CPU per call          toolmesh {:.3} ms · server {:.3} ms direct, {:.3} ms via toolmesh\n",
+            cpu.toolmesh_ms, cpu.server_direct_ms, cpu.server_via_ms
+        ));
+    }
     for (name, sample) in [("direct", &report.direct), ("toolmesh", &report.toolmesh)] {
         if let Some(error) = &sample.first_error {
             out.push_str(&format!("first error, {name}: {error}\n"));
