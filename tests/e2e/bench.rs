@@ -83,7 +83,7 @@ async fn bench_mcp_compares_toolmesh_with_a_direct_mcp_client() {
     .await;
     assert!(output.status.success(), "{}", stderr(&output));
     let report = stdout(&output);
-    for row in ["direct MCP client", "through toolmesh"] {
+    for row in ["direct MCP client", "plain HTTP clients", "through toolmesh"] {
         let line = report
             .lines()
             .find(|l| l.starts_with(row))
@@ -93,10 +93,11 @@ async fn bench_mcp_compares_toolmesh_with_a_direct_mcp_client() {
         assert!(columns[columns.len() - 5].parse::<f64>().unwrap() > 0.0, "{line}");
     }
     assert!(report.contains("p50 added") && report.contains("proxied calls/s/core"), "{report}");
+    assert!(report.contains("through / plain HTTP"), "{report}");
     // Each process's CPU per call, read from /proc.
     let cpu = report.lines().find(|l| l.starts_with("CPU per call")).expect(&report);
     let figures: Vec<f64> = cpu.split_whitespace().filter_map(|word| word.parse().ok()).collect();
-    assert_eq!(figures.len(), 3, "{cpu}");
+    assert_eq!(figures.len(), 4, "{cpu}");
     assert!(figures.iter().all(|ms| *ms > 0.0 && *ms < 50.0), "{cpu}");
 }
 

@@ -502,6 +502,9 @@ pub(crate) async fn run(
 pub(crate) struct McpReport {
     /// A plain MCP client calling the echo server directly.
     pub(crate) direct: Sample,
+    /// Plain HTTP/1.1 clients (no MCP library) sending the same request to the server, one
+    /// connection each: the server's raw capacity.
+    pub(crate) raw: Sample,
     /// `CallTool` through toolmesh to the same server.
     pub(crate) toolmesh: Sample,
     /// Cores of this machine.
@@ -517,6 +520,8 @@ pub(crate) struct McpCpu {
     pub(crate) toolmesh_ms: f64,
     /// The echo server's, per call from the direct client.
     pub(crate) server_direct_ms: f64,
+    /// The echo server's, per call from the plain HTTP clients.
+    pub(crate) server_raw_ms: f64,
     /// The echo server's, per call proxied by toolmesh.
     pub(crate) server_via_ms: f64,
 }
@@ -577,7 +582,7 @@ pub(crate) async fn run_mcp(
 
     let rounds = options.rounds.max(1);
     let slice = options.duration / rounds as u32;
-    let (mut direct, mut through) = (Vec::new(), Vec::new());
+    let (mut direct, mut raw, mut through) = (Vec::new(), Vec::new(), Vec::new());
     // CPU used and calls made: the server's while called directly; toolmesh's and the
     // server's while called through toolmesh.
     let mut cpu = Some(CpuCount::default());
@@ -594,15 +599,35 @@ pub(crate) async fn run_mcp(
         }
         direct.push(Sample::from(&histogram, load.errors, load.first_error, load.elapsed));
 
+        let server_before = echo.cpu_time();
+        let load = crate::mcp_echo::raw_load(echo.addr, options.concurrency, slice)
+            .await
+            .map_err(anyhow::Error::msg)?;
+        let server_raw = used(server_before, echo.cpu_time());
+        let raw_calls = load.latencies_ns.len() as f64;
+        let mut histogram = new_histogram();
+        for nanos in &load.latencies_ns {
+            histogram.saturating_record(*nanos);
+        }
+        raw.push(Sample::from(&histogram, load.errors, load.first_error, load.elapsed));
+
         let (toolmesh_before, server_before) = (toolmesh.cpu_time(), echo.cpu_time());
         let sample = closed_loop(&target.clients, options.concurrency, slice, &request).await;
         let (toolmesh_via, server_via) =
             (used(toolmesh_before, toolmesh.cpu_time()), used(server_before, echo.cpu_time()));
         let proxied = sample.throughput * slice.as_secs_f64();
         through.push(sample);
-        match (cpu.as_mut(), server_direct, toolmesh_via, server_via) {
-            (Some(count), Some(server_direct), Some(toolmesh_via), Some(server_via)) => {
+        match (cpu.as_mut(), server_direct, server_raw, toolmesh_via, server_via) {
+            (
+                Some(count),
+                Some(server_direct),
+                Some(server_raw),
+                Some(toolmesh_via),
+                Some(server_via),
+            ) => {
                 count.direct_calls += calls;
+                count.raw_calls += raw_calls;
+                count.server_raw += server_raw;
                 count.proxied_calls += proxied;
                 count.server_direct += server_direct;
                 count.toolmesh += toolmesh_via;
@@ -612,20 +637,30 @@ pub(crate) async fn run_mcp(
         }
     }
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    let cpu = cpu.filter(|c| c.direct_calls > 0.0 && c.proxied_calls > 0.0).map(|c| McpCpu {
+    let counted = |c: &CpuCount| c.direct_calls > 0.0 && c.raw_calls > 0.0 && c.proxied_calls > 0.0;
+    let cpu = cpu.filter(counted).map(|c| McpCpu {
         toolmesh_ms: c.toolmesh.as_secs_f64() * 1e3 / c.proxied_calls,
         server_direct_ms: c.server_direct.as_secs_f64() * 1e3 / c.direct_calls,
+        server_raw_ms: c.server_raw.as_secs_f64() * 1e3 / c.raw_calls,
         server_via_ms: c.server_via.as_secs_f64() * 1e3 / c.proxied_calls,
     });
-    Ok(McpReport { direct: median(direct), toolmesh: median(through), cores, cpu })
+    Ok(McpReport {
+        direct: median(direct),
+        raw: median(raw),
+        toolmesh: median(through),
+        cores,
+        cpu,
+    })
 }
 
 /// CPU time and calls summed over the rounds of `toolmesh-bench --mcp`.
 #[derive(Default)]
 struct CpuCount {
     direct_calls: f64,
+    raw_calls: f64,
     proxied_calls: f64,
     server_direct: Duration,
+    server_raw: Duration,
     toolmesh: Duration,
     server_via: Duration,
 }
@@ -1077,8 +1112,12 @@ pub(crate) fn render_mcp(options: &BenchOptions, report: &McpReport) -> String {
         options.concurrency, options.duration, options.rounds
     );
     out.push_str("                        calls/s    p50 ms   p90 ms   p99 ms   errors\n");
-    for (name, s) in [("direct MCP client", &report.direct), ("through toolmesh", &report.toolmesh)]
-    {
+    let rows = [
+        ("direct MCP client", &report.direct),
+        ("plain HTTP clients", &report.raw),
+        ("through toolmesh", &report.toolmesh),
+    ];
+    for (name, s) in rows {
         out.push_str(&format!(
             "{name:<22}{:>9.0}{:>10.3}{:>9.3}{:>9.3}{:>9}\n",
             s.throughput, s.p50_ms, s.p90_ms, s.p99_ms, s.errors
@@ -1093,13 +1132,20 @@ pub(crate) fn render_mcp(options: &BenchOptions, report: &McpReport) -> String {
         report.toolmesh.throughput / report.cores as f64,
         report.cores
     ));
+    out.push_str(&format!(
+        "through / plain HTTP  {:>9.2}×\n",
+        report.toolmesh.throughput / report.raw.throughput
+    ));
     if let Some(cpu) = &report.cpu {
         out.push_str(&format!(
-            "CPU per call          toolmesh {:.3} ms · server {:.3} ms direct, {:.3} ms via toolmesh\n",
-            cpu.toolmesh_ms, cpu.server_direct_ms, cpu.server_via_ms
+            "CPU per call          toolmesh {:.3} ms · server {:.3} ms direct, {:.3} ms plain, \
+             {:.3} ms via toolmesh\n",
+            cpu.toolmesh_ms, cpu.server_direct_ms, cpu.server_raw_ms, cpu.server_via_ms
         ));
     }
-    for (name, sample) in [("direct", &report.direct), ("toolmesh", &report.toolmesh)] {
+    for (name, sample) in
+        [("direct", &report.direct), ("plain HTTP", &report.raw), ("toolmesh", &report.toolmesh)]
+    {
         if let Some(error) = &sample.first_error {
             out.push_str(&format!("first error, {name}: {error}\n"));
         }

@@ -276,3 +276,134 @@ pub(crate) async fn direct_load(
     let _ = client.cancel().await;
     Ok(total)
 }
+
+/// Drives `echo` on the MCP server at `addr` (path `/mcp`) with `concurrency` plain HTTP/1.1
+/// clients for `duration`, each on its own connection, sending the same `tools/call`
+/// request (with a request id of its own) over and over in one session: what the server
+/// costs without any MCP client library, the baseline a proxy's hop is measured against.
+pub(crate) async fn raw_load(
+    addr: std::net::SocketAddr,
+    concurrency: usize,
+    duration: Duration,
+) -> Result<DirectLoad, String> {
+    let mut setup = RawClient::connect(addr).await?;
+    let initialize = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": RAW_PROTOCOL, "capabilities": {},
+        "clientInfo": {"name": "toolmesh-bench-raw", "version": "1"}}});
+    let (_, session) = setup.post(None, initialize.to_string().into()).await?;
+    let session = session.ok_or("the server gave no mcp-session-id")?;
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    setup.post(Some(&session), initialized.to_string().into()).await?;
+    // Request ids are unique within the session, or the server could not tell the answers
+    // apart.
+    let ids = Arc::new(std::sync::atomic::AtomicU64::new(1));
+    let start = Instant::now();
+    let end = start + duration;
+    let mut tasks = Vec::with_capacity(concurrency);
+    for _ in 0..concurrency {
+        let (ids, session) = (ids.clone(), session.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut load = DirectLoad::default();
+            let mut client = match RawClient::connect(addr).await {
+                Ok(client) => client,
+                Err(error) => {
+                    load.errors += 1;
+                    load.first_error = Some(error);
+                    return load;
+                }
+            };
+            while Instant::now() < end {
+                let id = ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let call = format!(
+                    r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo","arguments":{{"message":"hello"}}}}}}"#
+                );
+                let sent = Instant::now();
+                let answer =
+                    tokio::time::timeout(RAW_TIMEOUT, client.post(Some(&session), call.into()));
+                let answer = answer.await.unwrap_or_else(|_| Err("no answer within 10 s".into()));
+                match answer {
+                    Ok((body, _)) if body.windows(8).any(|w| w == b"\"result\"") => {
+                        load.latencies_ns.push(sent.elapsed().as_nanos() as u64);
+                    }
+                    Ok((body, _)) => {
+                        load.errors += 1;
+                        load.first_error.get_or_insert_with(|| {
+                            format!("no result: {}", String::from_utf8_lossy(&body))
+                        });
+                    }
+                    Err(error) => {
+                        load.errors += 1;
+                        load.first_error.get_or_insert(error);
+                        break;
+                    }
+                }
+            }
+            load
+        }));
+    }
+    let mut total = DirectLoad::default();
+    for task in tasks {
+        let load = task.await.map_err(|e| e.to_string())?;
+        total.latencies_ns.extend(load.latencies_ns);
+        total.errors += load.errors;
+        total.first_error = total.first_error.or(load.first_error);
+    }
+    total.elapsed = start.elapsed();
+    Ok(total)
+}
+
+/// How long a plain client waits for one answer.
+const RAW_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The protocol revision the plain client names.
+const RAW_PROTOCOL: &str = "2025-06-18";
+
+/// One HTTP/1.1 connection (hyper's client, no MCP library) to an MCP server's `/mcp`.
+struct RawClient {
+    sender: hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>,
+}
+
+impl RawClient {
+    async fn connect(addr: std::net::SocketAddr) -> Result<Self, String> {
+        let stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+        stream.set_nodelay(true).map_err(|e| e.to_string())?;
+        let (sender, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .map_err(|e| e.to_string())?;
+        tokio::spawn(connection);
+        Ok(RawClient { sender })
+    }
+
+    /// Posts `body` in `session`; returns the whole answer body and the session id the
+    /// server gave, if any.
+    async fn post(
+        &mut self,
+        session: Option<&str>,
+        body: bytes::Bytes,
+    ) -> Result<(bytes::Bytes, Option<String>), String> {
+        use http_body_util::BodyExt as _;
+        let mut request = hyper::Request::post("/mcp")
+            .header("host", "127.0.0.1")
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", RAW_PROTOCOL);
+        if let Some(session) = session {
+            request = request.header("mcp-session-id", session);
+        }
+        let request = request.body(http_body_util::Full::new(body)).map_err(|e| e.to_string())?;
+        self.sender.ready().await.map_err(|e| e.to_string())?;
+        let response = self.sender.send_request(request).await.map_err(|e| e.to_string())?;
+        let status = response.status();
+        let session = response
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let body = response.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+        if !status.is_success() {
+            return Err(format!("{status}: {}", String::from_utf8_lossy(&body)));
+        }
+        Ok((body, session))
+    }
+}
