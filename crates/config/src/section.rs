@@ -60,6 +60,18 @@ impl Reading<'_> {
         })
     }
 
+    /// Deserializes the section as [`Reading::deserialize`] does, then checks it with
+    /// `check`, whose error is the key and what is wrong with it.
+    pub fn deserialize_checked<T: DeserializeOwned>(
+        &self,
+        value: toml::Value,
+        check: impl FnOnce(&T) -> Result<(), (String, String)>,
+    ) -> Result<T, ConfigError> {
+        let section = self.deserialize(value)?;
+        check(&section).map_err(|(key, reason)| self.key_error(key, reason))?;
+        Ok(section)
+    }
+
     /// The credentials `names` that the tool or server at `key` sends, each defined under
     /// `[credentials]`.
     pub fn upstream(

@@ -124,9 +124,7 @@ impl toolmesh_config::Section for KnowledgeConfig {
         value: toml::Value,
         cx: &toolmesh_config::Reading<'_>,
     ) -> Result<Self, toolmesh_config::ConfigError> {
-        let knowledge: KnowledgeConfig = cx.deserialize(value)?;
-        knowledge.validate().map_err(|(key, reason)| cx.key_error(key, reason))?;
-        Ok(knowledge)
+        cx.deserialize_checked(value, KnowledgeConfig::validate)
     }
 }
 

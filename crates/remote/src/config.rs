@@ -70,9 +70,7 @@ impl toolmesh_config::Section for RemoteConfig {
         value: toml::Value,
         cx: &toolmesh_config::Reading<'_>,
     ) -> Result<Self, toolmesh_config::ConfigError> {
-        let remote: RemoteConfig = cx.deserialize(value)?;
-        remote.check().map_err(|(key, reason)| cx.key_error(key, reason))?;
-        Ok(remote)
+        cx.deserialize_checked(value, RemoteConfig::check)
     }
 }
 

@@ -77,9 +77,7 @@ impl toolmesh_config::Section for VectorConfig {
         value: toml::Value,
         cx: &toolmesh_config::Reading<'_>,
     ) -> Result<Self, toolmesh_config::ConfigError> {
-        let vector: VectorConfig = cx.deserialize(value)?;
-        vector.validate().map_err(|(key, reason)| cx.key_error(key, reason))?;
-        Ok(vector)
+        cx.deserialize_checked(value, VectorConfig::validate)
     }
 }
 

@@ -83,6 +83,15 @@ pub(crate) struct Sample {
 }
 
 impl Sample {
+    /// The figures of an MCP client load.
+    fn of_load(load: crate::mcp_echo::DirectLoad) -> Self {
+        let mut histogram = new_histogram();
+        for nanos in &load.latencies_ns {
+            histogram.saturating_record(*nanos);
+        }
+        Sample::from(&histogram, load.errors, load.first_error, load.elapsed)
+    }
+
     fn from(
         histogram: &Histogram<u64>,
         errors: u64,
@@ -593,11 +602,7 @@ pub(crate) async fn run_mcp(
             .map_err(anyhow::Error::msg)?;
         let server_direct = used(server_before, echo.cpu_time());
         let calls = load.latencies_ns.len() as f64;
-        let mut histogram = new_histogram();
-        for nanos in &load.latencies_ns {
-            histogram.saturating_record(*nanos);
-        }
-        direct.push(Sample::from(&histogram, load.errors, load.first_error, load.elapsed));
+        direct.push(Sample::of_load(load));
 
         let server_before = echo.cpu_time();
         let load = crate::mcp_echo::raw_load(echo.addr, options.concurrency, slice)
@@ -605,11 +610,7 @@ pub(crate) async fn run_mcp(
             .map_err(anyhow::Error::msg)?;
         let server_raw = used(server_before, echo.cpu_time());
         let raw_calls = load.latencies_ns.len() as f64;
-        let mut histogram = new_histogram();
-        for nanos in &load.latencies_ns {
-            histogram.saturating_record(*nanos);
-        }
-        raw.push(Sample::from(&histogram, load.errors, load.first_error, load.elapsed));
+        raw.push(Sample::of_load(load));
 
         let (toolmesh_before, server_before) = (toolmesh.cpu_time(), echo.cpu_time());
         let sample = closed_loop(&target.clients, options.concurrency, slice, &request).await;

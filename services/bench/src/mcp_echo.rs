@@ -229,6 +229,24 @@ pub(crate) struct DirectLoad {
     pub(crate) elapsed: Duration,
 }
 
+impl DirectLoad {
+    /// The callers' loads `tasks` as one, timed from `start`.
+    async fn join(
+        tasks: Vec<tokio::task::JoinHandle<DirectLoad>>,
+        start: Instant,
+    ) -> Result<DirectLoad, String> {
+        let mut total = DirectLoad::default();
+        for task in tasks {
+            let load = task.await.map_err(|e| e.to_string())?;
+            total.latencies_ns.extend(load.latencies_ns);
+            total.errors += load.errors;
+            total.first_error = total.first_error.or(load.first_error);
+        }
+        total.elapsed = start.elapsed();
+        Ok(total)
+    }
+}
+
 /// Drives `echo` at `url` from one MCP client connection (as toolmesh holds one per server)
 /// with `concurrency` callers for `duration`.
 pub(crate) async fn direct_load(
@@ -265,14 +283,7 @@ pub(crate) async fn direct_load(
             load
         }));
     }
-    let mut total = DirectLoad::default();
-    for task in tasks {
-        let load = task.await.map_err(|e| e.to_string())?;
-        total.latencies_ns.extend(load.latencies_ns);
-        total.errors += load.errors;
-        total.first_error = total.first_error.or(load.first_error);
-    }
-    total.elapsed = start.elapsed();
+    let total = DirectLoad::join(tasks, start).await?;
     let _ = client.cancel().await;
     Ok(total)
 }
@@ -341,15 +352,7 @@ pub(crate) async fn raw_load(
             load
         }));
     }
-    let mut total = DirectLoad::default();
-    for task in tasks {
-        let load = task.await.map_err(|e| e.to_string())?;
-        total.latencies_ns.extend(load.latencies_ns);
-        total.errors += load.errors;
-        total.first_error = total.first_error.or(load.first_error);
-    }
-    total.elapsed = start.elapsed();
-    Ok(total)
+    DirectLoad::join(tasks, start).await
 }
 
 /// How long a plain client waits for one answer.
