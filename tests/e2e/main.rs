@@ -13,6 +13,7 @@ mod deploy;
 mod durability;
 mod knowledge;
 mod mcp;
+mod mcp_endpoint;
 mod plugins;
 mod policy;
 mod remote;

@@ -244,6 +244,11 @@ impl Authenticator {
         self.certificates.is_some()
     }
 
+    /// Returns the issuers (`iss`) whose tokens are accepted, in configuration order.
+    pub fn issuers(&self) -> impl Iterator<Item = &str> {
+        self.issuers.iter().map(Issuer::issuer)
+    }
+
     /// Returns whether requests are authenticated at all (`[auth]` is configured).
     pub fn enforced(&self) -> bool {
         self.enforced

@@ -19,12 +19,15 @@
 //! fail at once with UNAVAILABLE naming the server.
 //!
 //! [`McpManager`] is the handle the binary uses.
+//!
+//! toolmesh is an MCP server as well: [`Endpoint`] serves the mesh's tools to MCP clients.
 
 mod actor;
 mod backend;
 mod config;
 mod connection;
 mod convert;
+mod front;
 mod group;
 mod handler;
 mod http_client;
@@ -43,6 +46,7 @@ mod state;
 
 pub use actor::McpClientActor;
 pub use config::{ConnectMode, McpConfig, McpServerConfig, McpTransport, PrefixMode};
+pub use front::{Caller, Endpoint, EndpointBody, McpEndpointConfig, Mesh, Page};
 pub use group::ProcessGroupGuard;
 pub use handler::McpClientHandler;
 pub use http_client::TracingHttpClient;

@@ -76,6 +76,12 @@ impl MetaTools {
         }
     }
 
+    /// Returns a key for `purpose` (for example the MCP endpoint's sessions), derived from
+    /// the key of search tokens: replicas that share `routing.token_key` derive the same.
+    pub fn derived_key(&self, purpose: &str) -> [u8; 32] {
+        self.inner.signer.derive(purpose)
+    }
+
     /// Returns `searchTools`'s description for `profile` over `catalog`, as `scope`'s
     /// principal may see it: how many tools are behind it, from which sources and
     /// toolkits, and a few examples.

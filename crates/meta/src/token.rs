@@ -117,6 +117,14 @@ impl TokenSigner {
         URL_SAFE_NO_PAD.encode(bytes)
     }
 
+    /// Returns a key for `purpose` derived from this signer's: HMAC-SHA256 of the purpose.
+    pub(crate) fn derive(&self, purpose: &str) -> [u8; 32] {
+        let mut mac = self.key.clone();
+        mac.update(b"toolmesh key for ");
+        mac.update(purpose.as_bytes());
+        mac.finalize().into_bytes().into()
+    }
+
     /// Checks `token`'s signature and age, and returns its grant.
     pub(crate) fn verify(&self, token: &str) -> Result<SearchGrant, TokenError> {
         let bytes = URL_SAFE_NO_PAD.decode(token.trim()).map_err(|_| TokenError::Invalid)?;

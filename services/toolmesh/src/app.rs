@@ -99,8 +99,9 @@ impl std::fmt::Debug for App {
 
 /// The configuration sections of the front door: the routing profiles, who may call,
 /// what they may do, and the listener's TLS.
-const FRONT_SECTIONS: [SectionDef; 4] = [
+const FRONT_SECTIONS: [SectionDef; 5] = [
     SectionDef::of::<RoutingConfig>(),
+    SectionDef::of::<toolmesh_mcp::McpEndpointConfig>(),
     SectionDef::of::<toolmesh_identity::AuthConfig>(),
     SectionDef::of::<PolicyConfig>(),
     SectionDef::of::<crate::tls::TlsConfig>(),
@@ -223,8 +224,9 @@ impl App {
         }
         let built_in = BuiltIn::from(assembly.handles)?;
         let meta = MetaTools::new(router.clone(), built_in.search.clone(), &routing);
+        let mcp = Some(config.get::<toolmesh_mcp::McpEndpointConfig>()?).filter(|c| c.enabled);
         let api =
-            Api { router, meta, health: HealthBoard::default(), services: Arc::new(services) };
+            Api { router, meta, health: HealthBoard::default(), services: Arc::new(services), mcp };
         let served = Front { api, identity, sessions: crate::auth::Sessions::default(), tls };
         let front =
             FrontDoor::start(served.clone(), routing).await.context("starting the front door")?;

@@ -3,6 +3,11 @@
 //! answered `UNAUTHENTICATED` before any service sees it. The principal travels in the
 //! request's extensions as an `Arc<Principal>`.
 //!
+//! The MCP endpoint is authenticated the same way, as HTTP: a request without an accepted
+//! credential gets `401 Unauthorized` with a `WWW-Authenticate` challenge that names the
+//! endpoint's OAuth protected-resource metadata (RFC 9728), which [`resource_metadata`]
+//! serves and which names the configured token issuers as authorization servers.
+//!
 //! A request that authenticated with a bearer credential (an API key or a token) is a
 //! [`Session`] while its response streams: a reload that no longer accepts the credential
 //! ([`Sessions::revoke`]) ends it, whatever the RPC (a streamed call, a unary call in
@@ -177,18 +182,87 @@ impl http_body::Body for Revocable {
     }
 }
 
+/// Where the MCP endpoint is served, for its challenges and its resource metadata.
+#[derive(Debug, Clone)]
+pub struct McpResource {
+    /// The endpoint's path, `/mcp`.
+    pub path: &'static str,
+    /// The endpoint's public base URL (`mcp_endpoint.public_url` without the path); `None`:
+    /// the scheme and `Host` of each request.
+    pub public_url: Option<String>,
+    /// Whether the listener serves TLS (the scheme of a URL made from `Host`).
+    pub https: bool,
+}
+
+/// The path of the protected-resource metadata (RFC 9728, section 3).
+pub(crate) const RESOURCE_METADATA: &str = "/.well-known/oauth-protected-resource";
+
+impl McpResource {
+    /// Returns whether `path` is the endpoint's (or one of its profiles').
+    fn serves(&self, path: &str) -> bool {
+        path.strip_prefix(self.path).is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    }
+
+    /// The base URL of `request`'s server: the configured one, or the request's own.
+    fn base<B>(&self, request: &http::Request<B>) -> String {
+        if let Some(url) = &self.public_url {
+            return url.clone();
+        }
+        let host = request
+            .headers()
+            .get(http::header::HOST)
+            .and_then(|v| v.to_str().ok())
+            .or_else(|| request.uri().authority().map(http::uri::Authority::as_str))
+            .unwrap_or("localhost");
+        format!("{}://{host}", if self.https { "https" } else { "http" })
+    }
+
+    /// The URL of the metadata of the endpoint at `base`.
+    fn metadata_url(&self, base: &str) -> String {
+        format!("{base}{RESOURCE_METADATA}{}", self.path)
+    }
+}
+
+/// Answers `GET /.well-known/oauth-protected-resource[/mcp]`: the MCP endpoint as an OAuth
+/// protected resource whose tokens the configured JWT issuers grant.
+pub(crate) fn resource_metadata<B>(
+    request: &http::Request<B>,
+    resource: &McpResource,
+    authenticator: &Authenticator,
+) -> http::Response<Body> {
+    let base = resource.base(request);
+    let document = serde_json::json!({
+        "resource": format!("{base}{}", resource.path),
+        "authorization_servers": authenticator.issuers().collect::<Vec<_>>(),
+        "bearer_methods_supported": ["header"],
+        "resource_name": "toolmesh",
+    });
+    let mut response = http::Response::new(Body::new(http_body_util::Full::new(
+        bytes::Bytes::from(document.to_string()),
+    )));
+    response
+        .headers_mut()
+        .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+    response
+}
+
 /// Authenticates every request with the authenticator in force (replaced on reload).
 #[derive(Debug, Clone)]
 pub struct AuthLayer {
     authenticator: Arc<ArcSwap<Authenticator>>,
     sessions: Sessions,
+    mcp: Option<Arc<McpResource>>,
 }
 
 impl AuthLayer {
     /// Returns the layer over `authenticator`, keeping the requests that authenticate with
-    /// a bearer credential in `sessions`.
-    pub fn new(authenticator: Arc<ArcSwap<Authenticator>>, sessions: Sessions) -> Self {
-        AuthLayer { authenticator, sessions }
+    /// a bearer credential in `sessions`; the MCP endpoint at `mcp` is answered as HTTP.
+    pub fn new(
+        authenticator: Arc<ArcSwap<Authenticator>>,
+        sessions: Sessions,
+        mcp: Option<McpResource>,
+    ) -> Self {
+        AuthLayer { authenticator, sessions, mcp: mcp.map(Arc::new) }
     }
 }
 
@@ -200,6 +274,7 @@ impl<S> tower::Layer<S> for AuthLayer {
             inner,
             authenticator: self.authenticator.clone(),
             sessions: self.sessions.clone(),
+            mcp: self.mcp.clone(),
         }
     }
 }
@@ -210,6 +285,7 @@ pub struct Authenticate<S> {
     inner: S,
     authenticator: Arc<ArcSwap<Authenticator>>,
     sessions: Sessions,
+    mcp: Option<Arc<McpResource>>,
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -232,8 +308,24 @@ where
 
     fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
         let authenticator = self.authenticator.load_full();
+        let path = request.uri().path();
+        // The metadata that tells an MCP client where to get a token needs none.
+        if let Some(mcp) = &self.mcp
+            && path
+                .strip_prefix(RESOURCE_METADATA)
+                .is_some_and(|rest| rest.is_empty() || rest == mcp.path)
+        {
+            let response = resource_metadata(&request, mcp, &authenticator);
+            return Box::pin(async move { Ok(response) });
+        }
+        // The MCP endpoint's refusals are HTTP's, with a challenge naming that metadata.
+        let challenge = self
+            .mcp
+            .as_ref()
+            .filter(|mcp| mcp.serves(path))
+            .map(|mcp| mcp.metadata_url(&mcp.base(&request)));
         // `/package.Service/Method`.
-        let service = request.uri().path().trim_start_matches('/').split('/').next();
+        let service = path.trim_start_matches('/').split('/').next();
         if !authenticator.enforced() {
             request.extensions_mut().insert(toolmesh_core::open_principal());
             return Box::pin(self.inner.call(request));
@@ -251,7 +343,7 @@ where
                 None => None,
                 Some(Ok(value)) => Some(value),
                 Some(Err(_)) => {
-                    return Ok(refused(&toolmesh_identity::AuthError::NotBearer));
+                    return Ok(refused(&toolmesh_identity::AuthError::NotBearer, challenge));
                 }
             };
             // The client certificate the listener's TLS handshake verified.
@@ -271,7 +363,7 @@ where
                     if !Arc::ptr_eq(&now, &authenticator)
                         && let Some(error) = refusal(&now, &principal).await
                     {
-                        return Ok(refused(&error));
+                        return Ok(refused(&error, challenge));
                     }
                     request.extensions_mut().insert(principal);
                     let revoked = session.revocation.token.clone().cancelled_owned();
@@ -291,14 +383,48 @@ where
                     request.extensions_mut().insert(toolmesh_core::NoPrincipal);
                     inner.call(request).await
                 }
-                Err(error) => Ok(refused(&error)),
+                Err(error) => Ok(refused(&error, challenge)),
             }
         })
     }
 }
 
-fn refused(error: &toolmesh_identity::AuthError) -> http::Response<Body> {
+/// The refusal of a request that did not authenticate: gRPC's `UNAUTHENTICATED`, or for
+/// the MCP endpoint (`challenge` is its metadata URL) `401` with a bearer challenge.
+fn refused(
+    error: &toolmesh_identity::AuthError,
+    challenge: Option<String>,
+) -> http::Response<Body> {
     debug!(reason = error.kind(), "request refused: not authenticated");
     toolmesh_telemetry::record_unauthenticated(error.kind());
-    tonic::Status::unauthenticated(error.to_string()).into_http()
+    let Some(metadata) = challenge else {
+        return tonic::Status::unauthenticated(error.to_string()).into_http();
+    };
+    unauthorized(error, &metadata)
+}
+
+/// `401 Unauthorized` for `error`, with a bearer challenge (RFC 6750) naming the protected
+/// resource's `metadata` (RFC 9728, section 5.1); the body says the same as JSON.
+fn unauthorized(error: &toolmesh_identity::AuthError, metadata: &str) -> http::Response<Body> {
+    let reason = error.to_string().replace('"', "'");
+    // No error code for a request that sent no credential (RFC 6750, section 3.1).
+    let challenge = match error {
+        toolmesh_identity::AuthError::Missing => {
+            format!(r#"Bearer realm="toolmesh", resource_metadata="{metadata}""#)
+        }
+        _ => format!(
+            r#"Bearer realm="toolmesh", error="invalid_token", error_description="{reason}", resource_metadata="{metadata}""#
+        ),
+    };
+    let body = serde_json::json!({"error": "unauthorized", "error_description": error.to_string()});
+    let mut response = http::Response::new(Body::new(http_body_util::Full::new(
+        bytes::Bytes::from(body.to_string()),
+    )));
+    *response.status_mut() = http::StatusCode::UNAUTHORIZED;
+    let headers = response.headers_mut();
+    headers.insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+    if let Ok(value) = http::HeaderValue::from_str(&challenge) {
+        headers.insert(http::header::WWW_AUTHENTICATE, value);
+    }
+    response
 }

@@ -1,6 +1,7 @@
-//! The connections of the gRPC front door, bounded.
+//! The connections of the front door, bounded.
 //!
-//! [`Listener`] accepts TCP connections for tonic and keeps them within bounds:
+//! [`Listener`] accepts TCP connections for the server (HTTP/2 for gRPC, and HTTP/1.1 as
+//! well where the MCP endpoint is served) and keeps them within bounds:
 //!
 //! - at most `max_connections` at once. At the cap, the oldest connection that has not yet
 //!   sent the HTTP/2 preface makes room for the new one; when every connection is past its
@@ -8,8 +9,8 @@
 //! - at most `max_connections_per_peer` from one client address, so that one client cannot
 //!   take every slot; one more from that address is closed at once;
 //! - a connection that has not finished its TLS handshake (with `[tls]`) and sent the
-//!   24-byte HTTP/2 preface within `handshake_timeout` is closed, so idle sockets cannot
-//!   hold slots;
+//!   24-byte HTTP/2 preface (or, where HTTP/1.1 is accepted, the method of its first
+//!   request) within `handshake_timeout` is closed, so idle sockets cannot hold slots;
 //! - a connection with no call in flight for `idle_timeout` is closed (the calls of a
 //!   connection are counted by [`TrackCallsLayer`]). Health watches and reflection streams
 //!   are not calls: anyone may open them, and they would otherwise hold a connection
@@ -60,8 +61,10 @@ pub struct ConnectionLimits {
     pub max_connections: usize,
     /// Connections open at once from one client address.
     pub max_connections_per_peer: usize,
-    /// Longest wait for the HTTP/2 preface.
+    /// Longest wait for the HTTP/2 preface (or an HTTP/1.1 request's method).
     pub handshake_timeout: Duration,
+    /// Take HTTP/1.1 connections beside HTTP/2 ones.
+    pub accept_http1: bool,
     /// Longest time a connection stays open without a call in flight; `None`: forever.
     pub idle_timeout: Option<Duration>,
 }
@@ -78,6 +81,7 @@ impl ConnectionLimits {
                 .clamp(1, max_connections.max(1)),
             handshake_timeout: config.handshake_timeout,
             idle_timeout: config.idle_timeout,
+            accept_http1: false,
         }
     }
 }
@@ -263,7 +267,7 @@ async fn accept(
         tokio::spawn(async move {
             let greeted = tokio::select! {
                 () = evicted.cancelled() => Err("closed to make room for a new connection".to_owned()),
-                read = tokio::time::timeout(limits.handshake_timeout, handshake(stream, acceptor)) => {
+                read = tokio::time::timeout(limits.handshake_timeout, handshake(stream, acceptor, limits.accept_http1)) => {
                     read.map_err(|_| format!(
                         "no {}HTTP/2 preface within {:?}",
                         if tls_on { "TLS handshake and " } else { "" },
@@ -274,8 +278,8 @@ async fn accept(
             };
             slots.handshaking().remove(&id);
             match greeted {
-                Ok(stream) => {
-                    let connection = Connection::new(stream, peer, slot, limits.idle_timeout);
+                Ok((stream, first)) => {
+                    let connection = Connection::new(stream, first, peer, slot, limits.idle_timeout);
                     let _ = ready.send(connection).await;
                 }
                 Err(reason) => debug!(%peer, %reason, "connection closed before its handshake"),
@@ -284,12 +288,54 @@ async fn accept(
     }
 }
 
-/// Completes the TLS handshake where `acceptor` is given, then reads the HTTP/2 preface;
-/// a connection that sends anything else is refused.
+/// The methods an HTTP/1.1 request may start with, followed by a space.
+const HTTP1_METHODS: [&[u8]; 7] =
+    [b"GET ", b"POST ", b"DELETE ", b"OPTIONS ", b"HEAD ", b"PUT ", b"PATCH "];
+
+/// What a connection's first bytes say.
+#[derive(Debug, PartialEq, Eq)]
+enum Greeting {
+    /// The HTTP/2 preface, whole.
+    Http2,
+    /// An HTTP/1.1 request's method and the space after it.
+    Http1,
+    /// Not yet known: more bytes decide.
+    Partial,
+    /// Neither protocol this server speaks.
+    Other,
+}
+
+fn greeting(first: &[u8], http1: bool) -> Greeting {
+    if PREFACE.starts_with(first) {
+        return if first.len() == PREFACE.len() { Greeting::Http2 } else { Greeting::Partial };
+    }
+    if !http1 {
+        return Greeting::Other;
+    }
+    if HTTP1_METHODS.iter().any(|method| first.starts_with(method)) {
+        Greeting::Http1
+    } else if HTTP1_METHODS.iter().any(|method| method.starts_with(first)) {
+        Greeting::Partial
+    } else {
+        Greeting::Other
+    }
+}
+
+/// The first bytes of a connection, read to tell its protocol, handed on to the server.
+#[derive(Debug, Clone, Copy)]
+struct FirstBytes {
+    bytes: [u8; PREFACE.len()],
+    len: usize,
+}
+
+/// Completes the TLS handshake where `acceptor` is given, then reads the HTTP/2 preface
+/// (or, with `http1`, the method of an HTTP/1.1 request); a connection that sends anything
+/// else is refused.
 async fn handshake(
     stream: TcpStream,
     acceptor: Option<tokio_rustls::TlsAcceptor>,
-) -> Result<Stream, String> {
+    http1: bool,
+) -> Result<(Stream, FirstBytes), String> {
     let mut stream = match acceptor {
         None => Stream::Plain(stream),
         Some(acceptor) => {
@@ -300,12 +346,20 @@ async fn handshake(
             Stream::Tls(Box::new(stream))
         }
     };
-    let mut preface = [0; PREFACE.len()];
-    stream.read_exact(&mut preface).await.map_err(|error| error.to_string())?;
-    if &preface != PREFACE {
-        return Err("not an HTTP/2 connection".into());
+    let mut first = FirstBytes { bytes: [0; PREFACE.len()], len: 0 };
+    loop {
+        let n = stream.read(&mut first.bytes[first.len..]).await.map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err("closed before its first request".into());
+        }
+        first.len += n;
+        match greeting(&first.bytes[..first.len], http1) {
+            Greeting::Http2 | Greeting::Http1 => return Ok((stream, first)),
+            Greeting::Partial => {}
+            Greeting::Other if http1 => return Err("neither HTTP/2 nor HTTP/1.1".into()),
+            Greeting::Other => return Err("not an HTTP/2 connection".into()),
+        }
     }
-    Ok(stream)
 }
 
 /// A connection's byte stream: plain TCP, or TLS over it.
@@ -503,12 +557,14 @@ pub struct ConnectionInfo {
     activity: Arc<Activity>,
 }
 
-/// One accepted connection past its handshake: the stream (TLS or not) with the preface
-/// put back in front, closed once idle.
+/// One accepted connection past its handshake: the stream (TLS or not) with its first
+/// bytes put back in front, closed once idle.
 #[derive(Debug)]
 pub struct Connection {
     stream: Stream,
-    /// Bytes of the preface not yet handed to the HTTP/2 server.
+    /// The bytes read to tell the protocol.
+    first: FirstBytes,
+    /// How many of them were handed to the server.
     replay: usize,
     info: ConnectionInfo,
     idle_timeout: Option<Duration>,
@@ -518,13 +574,20 @@ pub struct Connection {
 }
 
 impl Connection {
-    fn new(stream: Stream, remote: SocketAddr, slot: Slot, idle_timeout: Option<Duration>) -> Self {
+    fn new(
+        stream: Stream,
+        first: FirstBytes,
+        remote: SocketAddr,
+        slot: Slot,
+        idle_timeout: Option<Duration>,
+    ) -> Self {
         let _ = stream.tcp().set_nodelay(true);
         let activity = Arc::new(Activity::new());
         activity.touch();
         let certificate = stream.certificate();
         Connection {
             stream,
+            first,
             replay: 0,
             info: ConnectionInfo { remote, certificate, activity },
             idle_timeout,
@@ -568,9 +631,9 @@ impl AsyncRead for Connection {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if this.replay < PREFACE.len() {
-            let n = (PREFACE.len() - this.replay).min(buf.remaining());
-            buf.put_slice(&PREFACE[this.replay..this.replay + n]);
+        if this.replay < this.first.len {
+            let n = (this.first.len - this.replay).min(buf.remaining());
+            buf.put_slice(&this.first.bytes[this.replay..this.replay + n]);
             this.replay += n;
             return Poll::Ready(Ok(()));
         }
@@ -884,5 +947,46 @@ mod tests {
         assert_eq!(read, 0, "the server side sees its end");
         let waited = started.elapsed();
         assert!(waited >= idle && waited < idle + Duration::from_secs(1), "{waited:?} of {idle:?}");
+    }
+
+    /// HTTP/2 and, where the MCP endpoint is served, HTTP/1.1 are told apart by their first
+    /// bytes, in however many reads they arrive; anything else is refused.
+    #[test]
+    fn the_first_bytes_tell_http2_from_http1() {
+        assert_eq!(greeting(PREFACE, false), Greeting::Http2);
+        assert_eq!(greeting(&PREFACE[..5], true), Greeting::Partial);
+        assert_eq!(greeting(b"POST /mcp HTTP/1.1", false), Greeting::Other);
+        assert_eq!(greeting(b"POST /mcp HTTP/1.1", true), Greeting::Http1);
+        assert_eq!(greeting(b"PO", true), Greeting::Partial);
+        assert_eq!(greeting(b"P", true), Greeting::Partial, "PRI, POST, PUT or PATCH");
+        assert_eq!(greeting(b"DELETE ", true), Greeting::Http1);
+        assert_eq!(greeting(b"\x16\x03\x01", true), Greeting::Other, "TLS to a plaintext port");
+        assert_eq!(greeting(b"GETX", true), Greeting::Other);
+    }
+
+    /// With HTTP/1.1 accepted, a request's bytes reach the server whole, the first ones
+    /// that were read to tell the protocol put back in front.
+    #[tokio::test]
+    async fn an_http1_request_is_handed_on_whole() {
+        let limits = ConnectionLimits { accept_http1: true, ..shipped() };
+        let (mut listener, addr) = listening(limits).await;
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        let request = b"POST /mcp HTTP/1.1\r\nhost: localhost\r\n\r\n";
+        client.write_all(&request[..2]).await.unwrap();
+        client.flush().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        client.write_all(&request[2..]).await.unwrap();
+        let mut connection = listener.next().await.unwrap().unwrap();
+        let mut read = vec![0; request.len()];
+        connection.read_exact(&mut read).await.unwrap();
+        assert_eq!(read, request);
+
+        let shipped_only_http2 = shipped();
+        assert!(!shipped_only_http2.accept_http1);
+        let (mut listener, addr) = listening(shipped_only_http2).await;
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        client.write_all(request).await.unwrap();
+        let handed_on = tokio::time::timeout(Duration::from_millis(200), listener.next()).await;
+        assert!(handed_on.is_err(), "without the MCP endpoint, HTTP/1.1 is refused");
     }
 }

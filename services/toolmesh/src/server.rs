@@ -1,4 +1,5 @@
-//! The gRPC server: the API's routes behind the listener's limits, TLS and authentication.
+//! The server of the front door: the API's routes (gRPC, and the MCP endpoint over HTTP/1.1
+//! and HTTP/2 on the same port) behind the listener's limits, TLS and authentication.
 
 use std::{future::Future, sync::Arc};
 
@@ -73,18 +74,29 @@ where
     H: tonic_health::pb::health_server::Health,
     S: Future<Output = ()> + Send + 'static,
 {
-    let limits = ConnectionLimits::new(config, within_descriptors(config.max_connections.get()));
+    let mut limits =
+        ConnectionLimits::new(config, within_descriptors(config.max_connections.get()));
+    let mcp = front.api.mcp.as_ref().map(|endpoint| crate::auth::McpResource {
+        path: crate::api::MCP_PATH,
+        public_url: endpoint
+            .public_url
+            .as_ref()
+            .map(|url| url.strip_suffix(crate::api::MCP_PATH).unwrap_or(url).to_owned()),
+        https: front.tls.acceptor().is_some(),
+    });
+    limits.accept_http1 = mcp.is_some();
     let incoming = Listener::new(listener, limits, front.tls.clone());
     let max_message = config.max_message_bytes.get();
     let serving = Serving { max_message_bytes: max_message, sessions };
     let routes = crate::api::routes(&front.api, health_service, &serving)?;
     Ok(tonic::transport::Server::builder()
+        .accept_http1(limits.accept_http1)
         .max_concurrent_streams(config.max_concurrent_streams)
         .http2_keepalive_interval(config.keepalive_interval)
         .http2_keepalive_timeout(config.keepalive_interval.map(|_| config.keepalive_timeout))
         .layer(TrackCallsLayer::new(config))
         .layer(MessageLimitLayer::new(max_message))
-        .layer(crate::auth::AuthLayer::new(front.identity.clone(), front.sessions.clone()))
+        .layer(crate::auth::AuthLayer::new(front.identity.clone(), front.sessions.clone(), mcp))
         .add_routes(routes)
         .serve_with_incoming_shutdown(incoming, stop))
 }

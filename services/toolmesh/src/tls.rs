@@ -1,4 +1,4 @@
-//! TLS on the gRPC listener (`[tls]`), and mutual TLS when `client_ca` names the CAs whose
+//! TLS on the front door's listener (`[tls]`), and mutual TLS when `client_ca` names the CAs whose
 //! client certificates are accepted:
 //!
 //! ```toml
@@ -10,8 +10,8 @@
 //! ```
 //!
 //! The handshake happens in the [`Listener`](crate::Listener) within
-//! `server.handshake_timeout`, before the HTTP/2 preface; the protocol offered by ALPN is
-//! `h2`. A verified client certificate becomes the connection's
+//! `server.handshake_timeout`, before the HTTP/2 preface; ALPN offers `h2` (gRPC, and MCP
+//! clients that speak HTTP/2) and `http/1.1` (the MCP endpoint). A verified client certificate becomes the connection's
 //! [`CertificateIdentity`], which `[auth.certificates]` turns into a principal. The files are
 //! read at start and again on every reload (SIGHUP, a changed configuration file, or a
 //! changed certificate file while `server.reload_poll_ms` is on): a rotated certificate
@@ -116,7 +116,7 @@ impl TlsConfig {
         let mut config = builder.with_single_cert(chain, key).map_err(|error| {
             ("key", format!("does not go with the certificate of tls.cert: {error}"))
         })?;
-        config.alpn_protocols = vec![b"h2".to_vec()];
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(Arc::new(config))
     }
 }

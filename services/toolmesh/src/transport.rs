@@ -2,7 +2,8 @@
 //!
 //! [`MessageLimitLayer`] refuses a gRPC message longer than the limit as soon as its
 //! 5-byte frame header arrives, with `RESOURCE_EXHAUSTED` as gRPC's convention has it
-//! (tonic's own check answers `OUT_OF_RANGE`), before any of it is buffered.
+//! (tonic's own check answers `OUT_OF_RANGE`), before any of it is buffered. Requests that
+//! are not gRPC (the MCP endpoint's JSON) are bounded by their service instead.
 
 use std::{
     pin::Pin,
@@ -54,9 +55,20 @@ where
     }
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        if !is_grpc(&request) {
+            return self.inner.call(request);
+        }
         let limit = self.limit;
         self.inner.call(request.map(|body| Body::new(LimitedBody::new(body, limit))))
     }
+}
+
+/// Returns whether `request` is a gRPC call (`content-type: application/grpc…`).
+pub(crate) fn is_grpc<B>(request: &http::Request<B>) -> bool {
+    request
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
 }
 
 /// Where the frame parser stands in the stream of gRPC messages.

@@ -8,14 +8,20 @@
 //!   call through the router's call path.
 //! - [`KnowledgeServiceImpl`] is `toolmesh.v1.KnowledgeService`, served by the knowledge
 //!   plug-in; `toolmesh.v1.WorkerService` is served by the remote plug-in.
+//! - [`McpMesh`] is the MCP endpoint's view of the router: at [`MCP_PATH`] (and
+//!   `/mcp/<profile>`), MCP clients list and call the tools gRPC callers do, through the
+//!   same call path.
 //! - [`health`] answers `grpc.health.v1.Health`: the API's services, and each provider's
 //!   parts to authenticated callers only; reflection v1 and v1alpha describe them all.
 
 pub(crate) mod health;
 mod knowledge;
+mod mcp;
 mod tools;
+mod view;
 
 pub(crate) use knowledge::KnowledgeServiceImpl;
+pub(crate) use mcp::McpMesh;
 pub use tools::{ToolServiceImpl, principal};
 
 use std::sync::Arc;
@@ -35,7 +41,12 @@ pub(crate) struct Api {
     pub(crate) meta: MetaTools,
     pub(crate) health: HealthBoard,
     pub(crate) services: Arc<Vec<GrpcService>>,
+    /// The MCP endpoint's settings; `None` where it is off.
+    pub(crate) mcp: Option<toolmesh_mcp::McpEndpointConfig>,
 }
+
+/// The path of the MCP endpoint; `<MCP_PATH>/<profile>` serves a named routing profile.
+pub(crate) const MCP_PATH: &str = "/mcp";
 
 /// The names of the API's gRPC services: `toolmesh.v1.ToolService` and the plug-ins'.
 pub(crate) fn services(api: &Api) -> Vec<&'static str> {
@@ -74,5 +85,21 @@ where
     for service in api.services.iter() {
         service.add_to(&mut routes, serving);
     }
-    Ok(routes.routes())
+    let mut routes = routes.routes();
+    if let Some(config) = &api.mcp {
+        let mesh = Arc::new(McpMesh { router: api.router.clone(), meta: api.meta.clone() });
+        let endpoint = toolmesh_mcp::Endpoint::new(
+            mesh,
+            MCP_PATH,
+            config,
+            &api.meta.derived_key("mcp-session"),
+            serving.max_message_bytes,
+            serving.sessions.clone(),
+        );
+        let router = std::mem::take(routes.axum_router_mut());
+        *routes.axum_router_mut() = router
+            .route_service(MCP_PATH, endpoint.clone())
+            .route_service(&format!("{MCP_PATH}/{{profile}}"), endpoint);
+    }
+    Ok(routes)
 }

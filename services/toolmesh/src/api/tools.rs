@@ -22,9 +22,9 @@ use toolmesh_telemetry::rpc_server_span;
 use tracing::{Instrument, Span, debug};
 
 use toolmesh_meta::MetaTools;
-use toolmesh_router::{
-    Admission, CallRequest, Hidden, Router, RouterError, is_meta, parse_grpc_timeout,
-};
+use toolmesh_router::{CallRequest, Hidden, Router, RouterError, parse_grpc_timeout};
+
+use super::view::View;
 
 /// Default tools per `ListTools` page.
 const DEFAULT_PAGE_SIZE: usize = 100;
@@ -244,40 +244,27 @@ impl ToolService for ToolServiceImpl {
                 .to_status()
             })?),
         };
-        let admission = self.router.admission();
-        let profile_name =
-            admission.profile_of(&principal, &request.profile).map_err(|e| e.to_status())?;
-        let profile = admission.named(&profile_name).map_err(|e| e.to_status())?;
-        let started = std::time::Instant::now();
-        let hidden = Hidden::new(principal.clone());
-        let scope = admission.scope(principal);
+        let view = View::new(&self.router, principal, &request.profile).map_err(|e| status(&e))?;
         let filter = ToolFilter::new(
             request.toolkit,
             request.tags,
             request.source_kind,
             request.source_name,
         );
-        let catalog = self.router.registry().snapshot();
+        let catalog = view.catalog.clone();
         let mut tools = Vec::with_capacity(page_size.min(catalog.len()));
         let mut next_page_token = String::new();
         let mut bytes = 0;
         for (_, entry) in catalog.after(after) {
             let spec = &entry.spec;
-            let matches = filter.keeps(spec)
-                && profile.is_none_or(|profile| Admission::visible(profile, spec))
-                && (is_meta(spec) || hidden.note(&spec.name, scope.hidden_by(spec)));
-            if !matches {
+            if !(filter.keeps(spec) && view.shows(spec)) {
                 continue;
             }
             let full = tools.len() == page_size;
             let mut tool = None;
             if !full {
                 let mut converted = convert::tool(spec, self.health.of(&spec.source));
-                // searchTools describes this profile's pool, as the catalog is now and as the
-                // principal may see it.
-                if let Some(description) =
-                    self.meta.description_of(spec, &profile_name, &catalog, &scope)
-                {
+                if let Some(description) = view.description(&self.meta, spec) {
                     converted.description = description;
                 }
                 tool = Some(converted);
@@ -309,16 +296,12 @@ impl ToolService for ToolServiceImpl {
             .map(|toolkit| {
                 let mut toolkit = convert::toolkit(toolkit);
                 toolkit.tools.retain(|member| {
-                    catalog.get(member).is_some_and(|entry| {
-                        let spec = &entry.spec;
-                        profile.is_none_or(|profile| Admission::visible(profile, spec))
-                            && (is_meta(spec) || scope.hidden_by(spec).is_none())
-                    })
+                    catalog.get(member).is_some_and(|entry| view.sees(&entry.spec))
                 });
                 toolkit
             })
             .collect();
-        hidden.audit(&admission, "ListTools", started);
+        view.audit("ListTools");
         Ok(Response::new(ListToolsResponse { tools, toolkits, next_page_token }))
     }
 

@@ -1,0 +1,425 @@
+//! The MCP server toolmesh is: `tools/list` and `tools/call` of the mesh behind [`Mesh`],
+//! for the principal the front door authenticated.
+
+use std::{borrow::Cow, collections::HashMap, sync::Arc};
+
+use rmcp::{
+    ErrorData, RoleServer, ServerHandler,
+    model::{
+        CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ElicitRequestParams,
+        ElicitationAction, ErrorCode as McpCode, Implementation, ListToolsResult,
+        PaginatedRequestParams, ProgressNotificationParam, ProgressToken, ServerCapabilities,
+        ServerConfig, Tool, ToolsCapability,
+    },
+    service::{Peer, RequestContext},
+};
+use serde_json::{Map, Value, json};
+use tokio_util::sync::CancellationToken;
+use toolmesh_core::{
+    CallEvent, CallFailure, ContentPart, ElicitationAnswer, ElicitationPrompt, ErrorCode,
+    EventReceiver, EventSink, Principal, ToolOutput, ToolSpec,
+};
+use tracing::{Instrument as _, Span};
+
+/// Where the MCP endpoint finds tools and calls them: the API layer's view of the router,
+/// for one caller at a time.
+#[async_trait::async_trait]
+pub trait Mesh: Send + Sync + 'static {
+    /// One page of the tools `caller` sees, after the tool named `after`.
+    async fn list(&self, caller: &Caller, after: Option<&str>) -> Result<Page, CallFailure>;
+
+    /// Calls `name` for `caller` through the call path every call takes; the tool's
+    /// events go to `events`, and `cancel` ends the call.
+    async fn call(
+        &self,
+        caller: &Caller,
+        name: String,
+        arguments: Map<String, Value>,
+        events: EventSink,
+        cancel: CancellationToken,
+    ) -> Result<ToolOutput, CallFailure>;
+}
+
+/// One page of a listing.
+#[derive(Debug, Default)]
+pub struct Page {
+    /// The tools, in catalog order, described as the caller sees them.
+    pub tools: Vec<ToolSpec>,
+    /// The name to list after for the next page; `None` on the last page.
+    pub next: Option<String>,
+}
+
+/// Who asks, through which door.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    /// The principal the front door authenticated.
+    pub principal: Arc<Principal>,
+    /// The routing profile the endpoint's path names; empty: the principal's.
+    pub profile: String,
+    /// The MCP session, empty when the client has none (a stateless request).
+    pub session: String,
+}
+
+/// The MCP handler: one per session, or per request of a stateless client.
+#[derive(Clone)]
+pub(crate) struct Front {
+    pub(crate) mesh: Arc<dyn Mesh>,
+    /// The endpoint's path, before an optional `/<profile>`.
+    pub(crate) path: Arc<str>,
+}
+
+/// The session header of streamable HTTP.
+pub(crate) const SESSION_HEADER: &str = "mcp-session-id";
+
+fn refused(message: &str) -> ErrorData {
+    ErrorData::new(McpCode::INVALID_REQUEST, message.to_owned(), None)
+}
+
+impl Front {
+    /// The caller of a request, from the HTTP request rmcp hands over.
+    fn caller(&self, context: &RequestContext<RoleServer>) -> Result<Caller, ErrorData> {
+        let Some(parts) = context.extensions.get::<http::request::Parts>() else {
+            return Ok(Caller {
+                principal: toolmesh_core::open_principal(),
+                profile: String::new(),
+                session: String::new(),
+            });
+        };
+        let principal = match parts.extensions.get::<Arc<Principal>>() {
+            Some(principal) => principal.clone(),
+            None if parts.extensions.get::<toolmesh_core::NoPrincipal>().is_some() => {
+                return Err(refused("a request without a credential has no principal"));
+            }
+            None => toolmesh_core::open_principal(),
+        };
+        let profile = parts
+            .uri
+            .path()
+            .strip_prefix(&*self.path)
+            .map(|rest| rest.trim_matches('/'))
+            .unwrap_or_default()
+            .to_owned();
+        let session = parts
+            .headers
+            .get(SESSION_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        Ok(Caller { principal, profile, session })
+    }
+}
+
+/// The server span of one MCP request, following the OpenTelemetry MCP conventions, a child
+/// of the client's trace context (in `_meta`, else in the HTTP headers).
+fn server_span(
+    method: &'static str,
+    tool: Option<&str>,
+    caller: &Caller,
+    context: &RequestContext<RoleServer>,
+) -> Span {
+    let version = context
+        .extensions
+        .get::<http::request::Parts>()
+        .and_then(|parts| parts.headers.get("mcp-protocol-version"))
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let name = match tool {
+        Some(tool) => format!("{method} {tool}"),
+        None => method.to_owned(),
+    };
+    let span = tracing::info_span!(
+        "mcp",
+        otel.name = %name,
+        otel.kind = "server",
+        mcp.method.name = method,
+        mcp.protocol.version = %version,
+        mcp.session.id = tracing::field::Empty,
+        gen_ai.tool.name = tracing::field::Empty,
+        gen_ai.operation.name = tracing::field::Empty,
+        jsonrpc.request.id = %context.id,
+    );
+    if !caller.session.is_empty() {
+        span.record("mcp.session.id", caller.session.as_str());
+    }
+    if let Some(tool) = tool {
+        span.record("gen_ai.tool.name", tool);
+        span.record("gen_ai.operation.name", "execute_tool");
+    }
+    let mut carrier = HashMap::new();
+    for key in ["traceparent", "tracestate"] {
+        let value =
+            context.meta.0.get(key).and_then(Value::as_str).map(str::to_owned).or_else(|| {
+                context
+                    .extensions
+                    .get::<http::request::Parts>()
+                    .and_then(|parts| parts.headers.get(key))
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned)
+            });
+        if let Some(value) = value {
+            carrier.insert(key.to_owned(), value);
+        }
+    }
+    toolmesh_telemetry::set_parent_from_headers(&span, &carrier);
+    span
+}
+
+impl ServerHandler for Front {
+    fn get_info(&self) -> ServerConfig {
+        let mut tools = ToolsCapability::default();
+        tools.list_changed = Some(true);
+        let mut capabilities = ServerCapabilities::default();
+        capabilities.tools = Some(tools);
+        let mut info = ServerConfig::new(capabilities);
+        info.server_info = Implementation::new("toolmesh", env!("CARGO_PKG_VERSION"));
+        info.instructions = Some(
+            "toolmesh: the tools of a tool-execution mesh. Where only searchTools and callTool \
+             are listed, search for a tool by what it should do, then call it through callTool."
+                .into(),
+        );
+        info
+    }
+
+    fn supported_protocol_versions(&self) -> Cow<'static, [rmcp::model::ProtocolVersion]> {
+        Cow::Borrowed(rmcp::model::ProtocolVersion::KNOWN_VERSIONS)
+    }
+
+    async fn list_tools(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        let caller = self.caller(&context)?;
+        let span = server_span("tools/list", None, &caller, &context);
+        let after = request.and_then(|r| r.cursor);
+        let page = self
+            .mesh
+            .list(&caller, after.as_deref())
+            .instrument(span)
+            .await
+            .map_err(protocol_error)?;
+        let mut result = ListToolsResult::with_all_items(page.tools.iter().map(tool).collect());
+        result.next_cursor = page.next;
+        Ok(result)
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let caller = self.caller(&context)?;
+        let name = request.name.to_string();
+        let span = server_span("tools/call", Some(&name), &caller, &context);
+        let arguments = request.arguments.unwrap_or_default();
+        let progress = context.meta.get_progress_token();
+        let elicits =
+            context.peer.peer_info().is_some_and(|info| info.capabilities.elicitation.is_some());
+        let (events, receiver) = EventSink::channel();
+        let (events, prompts) = if elicits {
+            let (events, prompts) = events.with_elicitation();
+            (events, Some(prompts))
+        } else {
+            (events, None)
+        };
+        let relay = relay(context.peer.clone(), progress, receiver, prompts);
+        let call = self.mesh.call(&caller, name, arguments, events, context.ct.clone());
+        let outcome = async {
+            tokio::pin!(relay);
+            tokio::select! {
+                biased;
+                outcome = call => outcome,
+                () = &mut relay => unreachable!("the relay runs until the call ends"),
+            }
+        }
+        .instrument(span)
+        .await;
+        match outcome {
+            Ok(output) => Ok(CallToolResponse::Complete(result(output))),
+            Err(failure) if failure.code == ErrorCode::NotFound => Err(protocol_error(failure)),
+            Err(failure) => Ok(CallToolResponse::Complete(failed(failure))),
+        }
+    }
+}
+
+/// Forwards a call's progress to the client (when it asked for progress with a token) and
+/// its questions (when it can answer them), until the call ends and drops this future.
+async fn relay(
+    peer: Peer<RoleServer>,
+    progress: Option<ProgressToken>,
+    mut events: EventReceiver,
+    mut prompts: Option<tokio::sync::mpsc::Receiver<ElicitationPrompt>>,
+) {
+    loop {
+        let prompt = async {
+            match prompts.as_mut() {
+                Some(prompts) => prompts.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            event = events.recv() => {
+                if let (CallEvent::Progress { progress: done, total, message }, Some(token)) =
+                    (event, progress.as_ref())
+                {
+                    let mut param = ProgressNotificationParam::new(token.clone(), done);
+                    param.total = total;
+                    param.message = Some(message).filter(|m| !m.is_empty());
+                    let _ = peer.notify_progress(param).await;
+                }
+            }
+            Some(prompt) = prompt => {
+                let answer = ask(&peer, &prompt.elicitation).await;
+                let _ = prompt.reply.send(answer);
+            }
+        }
+    }
+}
+
+/// Asks the client a tool's question.
+async fn ask(
+    peer: &Peer<RoleServer>,
+    elicitation: &toolmesh_core::Elicitation,
+) -> ElicitationAnswer {
+    let params = match &elicitation.url {
+        Some(url) => json!({
+            "mode": "url",
+            "message": elicitation.message,
+            "url": url,
+            "elicitationId": uuid_like(),
+        }),
+        None => json!({
+            "mode": "form",
+            "message": elicitation.message,
+            "requestedSchema": elicitation.requested_schema,
+        }),
+    };
+    let Ok(params) = serde_json::from_value::<ElicitRequestParams>(params) else {
+        return ElicitationAnswer::Cancel;
+    };
+    match peer.create_elicitation(params).await {
+        Ok(answer) => match answer.action {
+            ElicitationAction::Accept => {
+                ElicitationAnswer::Accept(answer.content.unwrap_or(Value::Null))
+            }
+            ElicitationAction::Decline => ElicitationAnswer::Decline,
+            _ => ElicitationAnswer::Cancel,
+        },
+        Err(_) => ElicitationAnswer::Cancel,
+    }
+}
+
+/// An id for a URL elicitation.
+fn uuid_like() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{now:x}-{:x}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A refusal of the request itself: a JSON-RPC error (a tool the caller cannot see).
+fn protocol_error(failure: CallFailure) -> ErrorData {
+    let code = match failure.code {
+        ErrorCode::NotFound | ErrorCode::InvalidArgument => McpCode::INVALID_PARAMS,
+        _ => McpCode::INTERNAL_ERROR,
+    };
+    ErrorData::new(code, failure.message, Some(json!({"kind": failure.kind})))
+}
+
+/// A call that failed, as a tool result the model reads: the message, and the kind in
+/// `_meta` for programs.
+fn failed(failure: CallFailure) -> CallToolResult {
+    let mut result = CallToolResult::error(vec![ContentBlock::text(failure.message)]);
+    let mut meta = rmcp::model::MetaObject::default();
+    meta.0.insert(
+        "io.toolmesh/error".into(),
+        json!({"kind": failure.kind, "code": format!("{:?}", failure.code)}),
+    );
+    result.meta = Some(meta);
+    result
+}
+
+/// The MCP form of a tool's definition.
+pub(crate) fn tool(spec: &ToolSpec) -> Tool {
+    let mut tool = json!({
+        "name": spec.name,
+        "description": spec.description,
+        "inputSchema": spec.input_schema,
+    });
+    if !spec.title.is_empty() {
+        tool["title"] = json!(spec.title);
+    }
+    if let Some(schema) = &spec.output_schema {
+        tool["outputSchema"] = (**schema).clone();
+    }
+    let a = &spec.annotations;
+    let mut annotations = Map::new();
+    for (key, value) in [
+        ("readOnlyHint", a.read_only),
+        ("destructiveHint", a.destructive),
+        ("idempotentHint", a.idempotent),
+        ("openWorldHint", a.open_world),
+    ] {
+        if let Some(value) = value {
+            annotations.insert(key.into(), json!(value));
+        }
+    }
+    if !annotations.is_empty() {
+        tool["annotations"] = Value::Object(annotations);
+    }
+    serde_json::from_value(tool).unwrap_or_else(|_| {
+        // An input schema that is not an object: the tool is still listed and callable.
+        Tool::new(spec.name.clone(), spec.description.clone(), Arc::new(Map::new()))
+    })
+}
+
+/// The MCP form of a tool's output.
+pub(crate) fn result(output: ToolOutput) -> CallToolResult {
+    let content = output.content.into_iter().map(block).collect();
+    let mut result = if output.is_error {
+        CallToolResult::error(content)
+    } else {
+        CallToolResult::success(content)
+    };
+    result.structured_content = output.structured;
+    result
+}
+
+fn block(part: ContentPart) -> ContentBlock {
+    use base64::Engine as _;
+    match part {
+        ContentPart::Text(text) => ContentBlock::text(text),
+        // What an upstream MCP server returned that toolmesh has no part for (an embedded
+        // resource, a newer kind) travels as its MCP form and is given back as it was.
+        ContentPart::Json(value) => match value.get("type").and_then(Value::as_str) {
+            Some(_) => serde_json::from_value(value.clone())
+                .unwrap_or_else(|_| ContentBlock::text(value.to_string())),
+            None => ContentBlock::text(value.to_string()),
+        },
+        ContentPart::Media { mime_type, data } => {
+            let data = base64::engine::general_purpose::STANDARD.encode(&data);
+            if mime_type.starts_with("audio/") {
+                ContentBlock::audio(data, mime_type)
+            } else if mime_type.starts_with("image/") {
+                ContentBlock::image(data, mime_type)
+            } else {
+                let blob = json!({"type": "resource", "resource": {
+                    "uri": "data:", "mimeType": mime_type, "blob": data}});
+                serde_json::from_value(blob).unwrap_or_else(|_| ContentBlock::text(""))
+            }
+        }
+        ContentPart::ResourceLink { uri, name, description, mime_type } => {
+            let mut link = json!({"type": "resource_link", "uri": uri, "name": name});
+            if !description.is_empty() {
+                link["description"] = json!(description);
+            }
+            if !mime_type.is_empty() {
+                link["mimeType"] = json!(mime_type);
+            }
+            serde_json::from_value(link).unwrap_or_else(|_| ContentBlock::text(uri))
+        }
+    }
+}

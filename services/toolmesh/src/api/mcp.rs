@@ -1,0 +1,75 @@
+//! The MCP endpoint's view of the mesh: `tools/list` lists what `ListTools` lists, and
+//! `tools/call` takes the path `CallTool` takes (admission, validation, policy, limits,
+//! retries, audit, spans), with the call's events relayed to the MCP client.
+
+use serde_json::{Map, Value};
+use tokio_util::sync::CancellationToken;
+use toolmesh_core::{CallFailure, EventSink, MAX_LISTING_BYTES, ToolOutput};
+use toolmesh_mcp::{Caller, Mesh, Page};
+use toolmesh_meta::MetaTools;
+use toolmesh_router::{CallRequest, Router};
+
+use super::view::View;
+
+/// Most tools one `tools/list` page holds (a page is also bounded in bytes).
+const PAGE_SIZE: usize = 1000;
+
+/// The router and the meta-tools, as the MCP endpoint calls them.
+pub(crate) struct McpMesh {
+    pub(crate) router: Router,
+    pub(crate) meta: MetaTools,
+}
+
+#[async_trait::async_trait]
+impl Mesh for McpMesh {
+    async fn list(&self, caller: &Caller, after: Option<&str>) -> Result<Page, CallFailure> {
+        let view = View::new(&self.router, caller.principal.clone(), &caller.profile)
+            .map_err(|e| e.failure())?;
+        let mut page = Page::default();
+        let mut bytes = 0;
+        for (_, entry) in view.catalog.after(after) {
+            let spec = &entry.spec;
+            if !view.shows(spec) {
+                continue;
+            }
+            let mut spec = spec.clone();
+            if let Some(description) = view.description(&self.meta, &spec) {
+                spec.description = description;
+            }
+            let size = spec.description.len() + spec.input_schema.to_string().len();
+            let fits = page.tools.len() < PAGE_SIZE && bytes + size <= MAX_LISTING_BYTES;
+            if !page.tools.is_empty() && !fits {
+                page.next = page.tools.last().map(|last| last.name.clone());
+                break;
+            }
+            bytes += size;
+            page.tools.push(spec);
+        }
+        view.audit("tools/list");
+        Ok(page)
+    }
+
+    async fn call(
+        &self,
+        caller: &Caller,
+        name: String,
+        arguments: Map<String, Value>,
+        events: EventSink,
+        cancel: CancellationToken,
+    ) -> Result<ToolOutput, CallFailure> {
+        let request = CallRequest {
+            name,
+            arguments_json: Value::Object(arguments).to_string(),
+            call_id: String::new(),
+            session_id: caller.session.clone(),
+            profile: caller.profile.clone(),
+            client_timeout: None,
+            principal: caller.principal.clone(),
+            nesting: None,
+        };
+        match self.router.call(request, events, cancel).await {
+            Ok((_, output)) => Ok(output),
+            Err(error) => Err(error.failure()),
+        }
+    }
+}

@@ -1,0 +1,328 @@
+//! toolmesh's own MCP endpoint, end to end, with real MCP clients: the Python `mcp` SDK
+//! (`tests/mcp/endpoint_client.py`) on each protocol revision it speaks, and plain HTTP
+//! where a test needs to see the wire (challenges, sessions across replicas).
+
+use std::{path::Path, sync::Arc, sync::atomic::Ordering, time::Duration};
+
+use serde_json::{Value, json};
+use toolmesh::AppOptions;
+use toolmesh_e2e::{
+    BinaryServer, TestServer, eventually, python,
+    tools::{BlockingProbe, BlockingTool, ProgressTool},
+};
+use toolmesh_workers::ToolLimits;
+
+/// The revisions the Python SDK client speaks.
+const REVISIONS: [&str; 2] = ["2025-11-25", "2026-07-28"];
+
+/// Runs the Python SDK client against `url` on `revision` through `plan`; returns each
+/// step's result (the first is the handshake's).
+async fn python_client(url: &str, revision: &str, plan: Value, env: &[(&str, &str)]) -> Vec<Value> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/endpoint_client.py");
+    let mut command = tokio::process::Command::new(python());
+    command.arg(&script).arg(url).arg(revision).arg(plan.to_string()).envs(env.iter().copied());
+    let output = tokio::time::timeout(Duration::from_secs(60), command.output())
+        .await
+        .expect("the client finishes within a minute")
+        .expect("the client runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "the MCP client failed on {revision}: {}\n{stdout}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+fn endpoint(server: &TestServer, path: &str) -> String {
+    format!("http://{}{path}", server.addr)
+}
+
+fn text_of(result: &Value) -> String {
+    result["content"].as_array().into_iter().flatten().filter_map(|c| c["text"].as_str()).collect()
+}
+
+/// A profile that shows the whole catalog, served at `/mcp/all`.
+const ALL: &str = r#"
+    [[routing.profiles]]
+    name = "all"
+    expose = ["*"]
+"#;
+
+fn mini_server(env: &str) -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/mini_server.py");
+    format!(
+        "[[mcp.servers]]\nname = \"mini\"\ntransport = \"stdio\"\ncommand = \"{}\"\nargs = [\"{}\"]\nenv = {{ {env} }}\n",
+        python(),
+        script.display()
+    )
+}
+
+/// On each revision, an MCP client lists the catalog of the profile its path names, calls
+/// a local tool, sees its progress, and calls an upstream MCP server's tool through toolmesh;
+/// on 2025-11-25 that server's question reaches the client, whose answer (completed with the
+/// schema's defaults) reaches the server.
+#[tokio::test]
+async fn mcp_clients_list_and_call_local_and_upstream_tools_on_each_revision() {
+    let config = format!("{ALL}\n{}", mini_server("MINI_FORM_TOOL = \"1\""));
+    let options = AppOptions {
+        tools: vec![(Arc::new(ProgressTool), ToolLimits::default())],
+        ..Default::default()
+    };
+    let server = TestServer::start(&config, options).await.unwrap();
+    let url = endpoint(&server, "/mcp/all");
+    eventually(Duration::from_secs(30), || async {
+        let listed = python_client(&url, "2025-11-25", json!([{"op": "list"}]), &[]).await;
+        listed[1]["tools"].as_array()?.iter().any(|t| t == "mini_form").then_some(())
+    })
+    .await
+    .expect("the upstream server's tools are published");
+    for revision in REVISIONS {
+        let plan = json!([
+            {"op": "list"},
+            {"op": "call", "name": "echo", "arguments": {"message": "hi"}},
+            {"op": "call", "name": "progress", "arguments": {"steps": 3}, "progress": true},
+            {"op": "call", "name": "progress", "arguments": {"steps": 0}},
+        ]);
+        let got = python_client(&url, revision, plan, &[]).await;
+        let names: Vec<&str> =
+            got[1]["tools"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+        for expected in ["echo", "progress", "mini_form", "searchTools", "callTool", "think"] {
+            assert!(names.contains(&expected), "{revision}: {expected} not in {names:?}");
+        }
+        assert_eq!(got[2]["is_error"], false, "{revision}: {}", got[2]);
+        assert_eq!(got[2]["structured"], json!({"message": "hi"}), "{revision}: {}", got[2]);
+        assert_eq!(got[3]["structured"], json!({"steps": 3}), "{revision}: {}", got[3]);
+        let progress: Vec<f64> =
+            got[3]["progress"].as_array().unwrap().iter().filter_map(|p| p[0].as_f64()).collect();
+        assert!(!progress.is_empty(), "{revision}: no progress reached the client");
+        assert!(progress.windows(2).all(|w| w[0] < w[1]), "{revision}: {progress:?}");
+        assert_eq!(progress.last(), Some(&3.0), "{revision}: {progress:?}");
+        // Arguments the tool's schema refuses: a tool error the model reads, not a protocol one.
+        assert_eq!(got[4]["is_error"], true, "{revision}: {}", got[4]);
+        assert!(text_of(&got[4]).contains("steps"), "{revision}: {}", got[4]);
+    }
+    let plan = json!([{"op": "call", "name": "mini_form"}]);
+    let got =
+        python_client(&url, "2025-11-25", plan, &[("ELICIT_ACCEPT", r#"{"name": "Ada"}"#)]).await;
+    let answered: Value = serde_json::from_str(&text_of(&got[1])).unwrap();
+    assert_eq!(answered, json!({"name": "Ada", "greeting": "hello"}));
+    server.stop().await.unwrap();
+}
+
+/// A client that gives up on a call (the SDK sends `notifications/cancelled`) ends it in
+/// toolmesh: the tool's future is dropped.
+#[tokio::test]
+async fn a_cancelled_mcp_call_ends_the_tool() {
+    let probe = Arc::new(BlockingProbe::default());
+    let options = AppOptions {
+        tools: vec![(Arc::new(BlockingTool(probe.clone())), ToolLimits::default())],
+        ..Default::default()
+    };
+    let server = TestServer::start(ALL, options).await.unwrap();
+    let url = endpoint(&server, "/mcp/all");
+    for (i, revision) in REVISIONS.into_iter().enumerate() {
+        let plan = json!([
+            {"op": "cancel", "name": "block", "after_s": 1.0},
+            {"op": "sleep", "s": 0.5},
+        ]);
+        python_client(&url, revision, plan, &[]).await;
+        assert_eq!(probe.started.load(Ordering::SeqCst), i + 1, "{revision}");
+        eventually(Duration::from_secs(10), || async {
+            (probe.dropped.load(Ordering::SeqCst) == i + 1).then_some(())
+        })
+        .await
+        .unwrap_or_else(|| panic!("{revision}: the cancelled call kept running"));
+    }
+    assert_eq!(probe.finished.load(Ordering::SeqCst), 0);
+    server.stop().await.unwrap();
+}
+
+/// An HTTP client of the endpoint.
+fn http() -> reqwest::Client {
+    reqwest::Client::builder().http1_only().build().unwrap()
+}
+
+/// POSTs one JSON-RPC message; returns the status, the session header and the JSON-RPC
+/// answer (from a JSON body or the last `data:` line of an event stream).
+async fn post(
+    url: &str,
+    message: Value,
+    session: Option<&str>,
+    token: Option<&str>,
+) -> (u16, Option<String>, Value) {
+    let mut request = http()
+        .post(url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-11-25")
+        .body(message.to_string());
+    if let Some(session) = session {
+        request = request.header("mcp-session-id", session);
+    }
+    if let Some(token) = token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let session =
+        response.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let body = response.text().await.unwrap();
+    let answer = body
+        .lines()
+        .rev()
+        .filter_map(|line| line.strip_prefix("data:"))
+        .find(|data| !data.trim().is_empty())
+        .map_or_else(|| serde_json::from_str(&body), |data| serde_json::from_str(data.trim()))
+        .unwrap_or(Value::Null);
+    (status, session, answer)
+}
+
+fn initialize() -> Value {
+    json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "e2e", "version": "1"}}})
+}
+
+/// Two router replicas that share `routing.token_key` serve one session alternately, as a
+/// load balancer without affinity sends it; a replica with another key does not accept it.
+#[tokio::test]
+async fn two_replicas_serve_one_session_alternately() {
+    let shared = format!("{ALL}\n[routing]\ntoken_key = \"replicas share this key\"\n");
+    let one = TestServer::start(&shared, AppOptions::default()).await.unwrap();
+    let two = TestServer::start(&shared, AppOptions::default()).await.unwrap();
+    let stranger = TestServer::start(ALL, AppOptions::default()).await.unwrap();
+    let (a, b) = (endpoint(&one, "/mcp/all"), endpoint(&two, "/mcp/all"));
+
+    let (status, session, answer) = post(&a, initialize(), None, None).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["result"]["serverInfo"]["name"], "toolmesh");
+    let session = session.expect("a session id");
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    assert_eq!(post(&b, initialized, Some(&session), None).await.0, 202);
+    for (i, url) in [&a, &b, &a, &b].into_iter().enumerate() {
+        let call = json!({"jsonrpc": "2.0", "id": 10 + i, "method": "tools/call",
+            "params": {"name": "echo", "arguments": {"turn": i}}});
+        let (status, _, answer) = post(url, call, Some(&session), None).await;
+        assert_eq!(status, 200, "turn {i}: {answer}");
+        assert_eq!(answer["result"]["structuredContent"], json!({"turn": i}), "turn {i}");
+    }
+    let list = json!({"jsonrpc": "2.0", "id": 20, "method": "tools/list"});
+    let (status, _, answer) = post(&b, list.clone(), Some(&session), None).await;
+    assert_eq!(status, 200);
+    assert!(answer["result"]["tools"].as_array().unwrap().iter().any(|t| t["name"] == "echo"));
+
+    let (status, _, answer) =
+        post(&endpoint(&stranger, "/mcp/all"), list.clone(), Some(&session), None).await;
+    assert_eq!(status, 404, "a replica with another key: {answer}");
+    let (status, _, _) = post(&a, list, Some("not-a-session"), None).await;
+    assert_eq!(status, 404);
+    for server in [one, two, stranger] {
+        server.stop().await.unwrap();
+    }
+}
+
+/// With `[auth]`, a client without a credential gets 401 with a challenge naming the
+/// protected-resource metadata (RFC 9728), which names the token issuers; with an API key
+/// it sees only what policy lets it see, and a hidden tool cannot be called.
+#[tokio::test]
+async fn the_endpoint_authenticates_and_shows_only_what_policy_allows() {
+    let key = toolmesh_identity::new_key();
+    let dir = tempfile::tempdir().unwrap();
+    let issuer_key = dir.path().join("issuer.pem");
+    let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    std::fs::write(&issuer_key, pair.public_key_pem()).unwrap();
+    let config = format!(
+        r#"
+        {ALL}
+        [[auth.api_keys]]
+        principal = "bob"
+        sha256 = "{digest}"
+
+        [[auth.jwt]]
+        issuer = "https://idp.example/"
+        audiences = ["toolmesh"]
+        algorithms = ["ES256"]
+        public_key_file = "{issuer_key}"
+
+        [policy]
+        default = "deny"
+
+        [[policy.rules]]
+        name = "reasoning-only"
+        effect = "allow"
+        tools = ["think", "analyze"]
+        "#,
+        digest = toolmesh_identity::key_digest(&key),
+        issuer_key = issuer_key.display(),
+    );
+    let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
+    let url = endpoint(&server, "/mcp/all");
+
+    let (status, _, _) = post(&url, initialize(), None, None).await;
+    assert_eq!(status, 401);
+    let response = http().post(&url).body(initialize().to_string()).send().await.unwrap();
+    let challenge = response.headers()["www-authenticate"].to_str().unwrap().to_owned();
+    let metadata_url = format!("http://{}/.well-known/oauth-protected-resource/mcp", server.addr);
+    assert!(challenge.starts_with("Bearer "), "{challenge}");
+    assert!(challenge.contains(&format!("resource_metadata=\"{metadata_url}\"")), "{challenge}");
+    let metadata: Value = http().get(&metadata_url).send().await.unwrap().json_value().await;
+    assert_eq!(metadata["resource"], format!("http://{}/mcp", server.addr));
+    assert_eq!(metadata["authorization_servers"], json!(["https://idp.example/"]));
+    let (status, _, _) = post(&url, initialize(), None, Some("not a key")).await;
+    assert_eq!(status, 401);
+
+    let plan = json!([
+        {"op": "list"},
+        {"op": "call", "name": "think", "arguments": {"title": "t", "thought": "x"}},
+    ]);
+    for revision in REVISIONS {
+        let got = python_client(&url, revision, plan.clone(), &[("TOOLMESH_TOKEN", &key)]).await;
+        let names = &got[1]["tools"];
+        assert_eq!(names, &json!(["analyze", "callTool", "searchTools", "think"]), "{revision}");
+        assert_eq!(got[2]["is_error"], false, "{revision}: {}", got[2]);
+    }
+    let (_, session, _) = post(&url, initialize(), None, Some(&key)).await;
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "echo", "arguments": {}}});
+    let (status, _, answer) = post(&url, call, session.as_deref(), Some(&key)).await;
+    assert_eq!(status, 200);
+    assert_eq!(answer["error"]["code"], -32602, "a hidden tool is not found: {answer}");
+    server.stop().await.unwrap();
+}
+
+/// On the shipped defaults, `toolmesh serve` answers MCP on its gRPC port over HTTP/1.1:
+/// `/mcp` shows the catalog as `ListTools` does, `/mcp/default` the default profile
+/// (searchTools and callTool), through which a client finds a tool and calls it with the
+/// search's token.
+#[tokio::test]
+async fn the_shipped_defaults_serve_mcp_on_the_grpc_port() {
+    let server = BinaryServer::start(&[], &[]).await.unwrap();
+    let whole = format!("http://{}/mcp", server.addr);
+    let got = python_client(&whole, "2025-11-25", json!([{"op": "list"}]), &[]).await;
+    assert_eq!(got[1]["tools"], json!(["analyze", "callTool", "echo", "searchTools", "think"]));
+    let url = format!("http://{}/mcp/default", server.addr);
+    for revision in REVISIONS {
+        let plan = json!([
+            {"op": "list"},
+            {"op": "search_call", "query": "return my arguments", "name": "echo",
+             "arguments": {"message": "hi"}},
+        ]);
+        let got = python_client(&url, revision, plan, &[]).await;
+        assert_eq!(got[1]["tools"], json!(["callTool", "searchTools"]), "{revision}");
+        assert!(got[2]["found"].as_array().unwrap().iter().any(|t| t == "echo"), "{}", got[2]);
+        let called = &got[2]["called"];
+        assert_eq!(called["is_error"], false, "{revision}: {called}");
+        assert!(text_of(called).contains("hi"), "{revision}: {called}");
+    }
+}
+
+trait JsonValue {
+    async fn json_value(self) -> Value;
+}
+
+impl JsonValue for reqwest::Response {
+    async fn json_value(self) -> Value {
+        serde_json::from_str(&self.text().await.unwrap()).unwrap()
+    }
+}

@@ -1,0 +1,107 @@
+"""An MCP client of toolmesh's MCP endpoint, written with the Python `mcp` SDK, driven by the
+end-to-end tests.
+
+    endpoint_client.py URL REVISION PLAN
+
+REVISION is the protocol revision to speak: `2025-11-25` (an initialize handshake and a
+session) or `2026-07-28` (server/discover, no session). PLAN is a JSON list of steps, run in
+order in one connection; the script prints one JSON list with each step's result:
+
+- {"op": "list"}: every page of tools/list -> {"tools": [names], "pages": n}
+- {"op": "call", "name": N, "arguments": {...}, "progress": bool}
+  -> {"content": [...], "structured": ..., "is_error": bool, "progress": [[p, total], ...]}
+- {"op": "cancel", "name": N, "arguments": {...}, "after_s": s}: starts the call and
+  cancels it after s seconds -> {"cancelled": true}
+- {"op": "search_call", "query": Q, "name": N, "arguments": {...}}: searchTools, then
+  callTool of N with the search's token -> {"found": [names], "called": <as call>}
+- {"op": "sleep", "s": s}
+
+Elicitations are answered with $ELICIT_ACCEPT (JSON content) when set, else declined.
+A token in $TOOLMESH_TOKEN is sent as `Authorization: Bearer`.
+"""
+
+import json
+import os
+import sys
+
+import anyio
+import httpx2
+from mcp import ClientSession, types
+from mcp.client.streamable_http import streamable_http_client
+
+
+def content_of(result):
+    return [block.model_dump(mode="json", by_alias=True, exclude_none=True) for block in result.content]
+
+
+async def elicit(context, params):
+    accept = os.environ.get("ELICIT_ACCEPT")
+    if accept is None:
+        return types.ElicitResult(action="decline")
+    return types.ElicitResult(action="accept", content=json.loads(accept))
+
+
+async def run(url, revision, plan):
+    headers = {}
+    if os.environ.get("TOOLMESH_TOKEN"):
+        headers["Authorization"] = "Bearer " + os.environ["TOOLMESH_TOKEN"]
+    out = []
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=60)) as http:
+        async with streamable_http_client(url, http_client=http) as streams:
+            async with ClientSession(streams[0], streams[1], elicitation_callback=elicit) as session:
+                if revision == "2026-07-28":
+                    found = await session.discover()
+                    out.append({"op": "discover", "versions": list(found.supported_versions)})
+                else:
+                    init = await session.initialize()
+                    out.append({"op": "initialize", "version": init.protocol_version,
+                                "server": init.server_info.name})
+                for step in plan:
+                    out.append(await run_step(session, step))
+    print(json.dumps(out))
+
+
+async def run_step(session, step):
+    op = step["op"]
+    if op == "list":
+        names, cursor, pages = [], None, 0
+        while True:
+            page = await session.list_tools(cursor=cursor) if cursor else await session.list_tools()
+            pages += 1
+            names += [tool.name for tool in page.tools]
+            cursor = page.next_cursor
+            if not cursor:
+                return {"tools": names, "pages": pages}
+    if op == "call":
+        progress = []
+
+        async def on_progress(done, total, message):
+            progress.append([done, total])
+
+        result = await session.call_tool(
+            step["name"], step.get("arguments", {}),
+            progress_callback=on_progress if step.get("progress") else None,
+        )
+        return {"content": content_of(result), "structured": result.structured_content,
+                "is_error": bool(result.is_error), "progress": progress}
+    if op == "search_call":
+        found = await session.call_tool("searchTools", {"query": step["query"]})
+        hits = found.structured_content or json.loads(found.content[0].text)
+        called = await session.call_tool("callTool", {
+            "name": step["name"], "arguments": step.get("arguments", {}),
+            "searchToken": hits["searchToken"]})
+        return {"found": [tool["name"] for tool in hits["tools"]],
+                "called": {"content": content_of(called), "structured": called.structured_content,
+                           "is_error": bool(called.is_error)}}
+    if op == "cancel":
+        with anyio.move_on_after(step["after_s"]):
+            await session.call_tool(step["name"], step.get("arguments", {}))
+        return {"cancelled": True}
+    if op == "sleep":
+        await anyio.sleep(step["s"])
+        return {}
+    raise SystemExit(f"unknown step {op}")
+
+
+if __name__ == "__main__":
+    anyio.run(run, sys.argv[1], sys.argv[2], json.loads(sys.argv[3]))
