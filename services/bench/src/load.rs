@@ -516,6 +516,11 @@ pub(crate) struct McpReport {
     pub(crate) raw: Sample,
     /// `CallTool` through toolmesh to the same server.
     pub(crate) toolmesh: Sample,
+    /// The same MCP client calling the server's tool through toolmesh's MCP endpoint.
+    pub(crate) endpoint_proxy: Sample,
+    /// The same MCP client calling toolmesh's own `echo` tool at its MCP endpoint, against
+    /// the bare echo server on the same library (`direct`).
+    pub(crate) endpoint_local: Sample,
     /// Cores of this machine.
     pub(crate) cores: usize,
     /// CPU time per call, where Linux's `/proc` tells.
@@ -525,19 +530,86 @@ pub(crate) struct McpReport {
 /// CPU time per call of `toolmesh-bench --mcp`, user and system, over every round, in ms.
 #[derive(Debug, Clone, serde::Serialize)]
 pub(crate) struct McpCpu {
-    /// toolmesh's own, per call it proxied: the cost of the hop.
+    /// toolmesh's own, per call it proxied from `CallTool`: the cost of the hop.
     pub(crate) toolmesh_ms: f64,
+    /// toolmesh's own, per call it proxied from its MCP endpoint.
+    pub(crate) endpoint_proxy_ms: f64,
+    /// toolmesh's own, per call of its local `echo` at its MCP endpoint.
+    pub(crate) endpoint_local_ms: f64,
     /// The echo server's, per call from the direct client.
     pub(crate) server_direct_ms: f64,
     /// The echo server's, per call from the plain HTTP clients.
     pub(crate) server_raw_ms: f64,
-    /// The echo server's, per call proxied by toolmesh.
+    /// The echo server's, per call proxied by toolmesh from `CallTool`.
     pub(crate) server_via_ms: f64,
+    /// The echo server's, per call proxied by toolmesh from its MCP endpoint.
+    pub(crate) server_via_endpoint_ms: f64,
 }
 
-/// Measures `CallTool` through toolmesh to a streamable-HTTP MCP echo server against an
-/// MCP client calling that server directly: same machine, same concurrency, alternating
-/// rounds, medians. Both servers run as child processes; both clients run here.
+/// The ways `toolmesh-bench --mcp` calls an echo tool, one phase each per round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum McpPhase {
+    Direct,
+    Raw,
+    Grpc,
+    EndpointProxy,
+    EndpointLocal,
+}
+
+const MCP_PHASES: [McpPhase; 5] = [
+    McpPhase::Direct,
+    McpPhase::Raw,
+    McpPhase::Grpc,
+    McpPhase::EndpointProxy,
+    McpPhase::EndpointLocal,
+];
+
+/// What one phase measured over the rounds: its samples, its calls, and the CPU time each
+/// process spent on them (`None` once a reading failed).
+#[derive(Default)]
+struct PhaseCount {
+    samples: Vec<Sample>,
+    calls: f64,
+    cpu: Option<(Duration, Duration)>,
+    unreadable: bool,
+}
+
+impl PhaseCount {
+    fn add(
+        &mut self,
+        sample: Sample,
+        calls: f64,
+        toolmesh: Option<Duration>,
+        server: Option<Duration>,
+    ) {
+        self.samples.push(sample);
+        self.calls += calls;
+        match (toolmesh.zip(server), self.unreadable) {
+            (Some((t, s)), false) => {
+                let (tt, ss) = self.cpu.unwrap_or_default();
+                self.cpu = Some((tt + t, ss + s));
+            }
+            _ => {
+                self.unreadable = true;
+                self.cpu = None;
+            }
+        }
+    }
+
+    /// CPU per call, ms: toolmesh's and the server's.
+    fn per_call(&self) -> Option<(f64, f64)> {
+        let (toolmesh, server) = self.cpu?;
+        (self.calls > 0.0).then(|| {
+            (toolmesh.as_secs_f64() * 1e3 / self.calls, server.as_secs_f64() * 1e3 / self.calls)
+        })
+    }
+}
+
+/// Measures calls of a streamable-HTTP MCP echo server: by an MCP client directly, by plain
+/// HTTP clients, by `CallTool` through toolmesh, and by the same MCP client through
+/// toolmesh's MCP endpoint; and toolmesh's own `echo` at its MCP endpoint against the bare
+/// echo server. Same machine, same concurrency, alternating rounds, medians. Both servers
+/// run as child processes; every client runs here.
 pub(crate) async fn run_mcp(
     options: &BenchOptions,
     programs: &Programs,
@@ -549,7 +621,8 @@ pub(crate) async fn run_mcp(
     std::fs::write(
         &config,
         format!(
-            "[[mcp.servers]]\nname = \"bench\"\ntransport = \"streamable-http\"\nurl = \"{url}\"\n"
+            "[[mcp.servers]]\nname = \"bench\"\ntransport = \"streamable-http\"\nurl = \"{url}\"\n\n\
+             [[routing.profiles]]\nname = \"all\"\nexpose = [\"*\"]\n"
         ),
     )?;
     let config_arg = config.display().to_string();
@@ -562,6 +635,7 @@ pub(crate) async fn run_mcp(
     let _config = RemoveOnDrop(config);
     let toolmesh = toolmesh?;
     let addr = toolmesh.addr.to_string();
+    let endpoint = format!("http://{addr}/mcp/all");
 
     // The MCP server's tools appear once toolmesh has connected to it.
     let mut client = toolmesh::client::connect(&addr, None).await?;
@@ -585,85 +659,71 @@ pub(crate) async fn run_mcp(
         ..Default::default()
     };
     let target = Target::connect(&addr, options, &request).await?;
-    crate::mcp_echo::direct_load(&url, options.concurrency, options.warmup)
-        .await
-        .map_err(anyhow::Error::msg)?;
+    let mcp = |url: &str, tool: &str, duration: Duration| {
+        let (url, tool) = (url.to_owned(), tool.to_owned());
+        let concurrency = options.concurrency;
+        async move {
+            crate::mcp_echo::direct_load(&url, &tool, concurrency, duration)
+                .await
+                .map_err(anyhow::Error::msg)
+        }
+    };
+    mcp(&url, "echo", options.warmup).await?;
+    mcp(&endpoint, "bench_echo", options.warmup).await?;
+    mcp(&endpoint, "echo", options.warmup).await?;
 
     let rounds = options.rounds.max(1);
     let slice = options.duration / rounds as u32;
-    let (mut direct, mut raw, mut through) = (Vec::new(), Vec::new(), Vec::new());
-    // CPU used and calls made: the server's while called directly; toolmesh's and the
-    // server's while called through toolmesh.
-    let mut cpu = Some(CpuCount::default());
+    let mut counts: Vec<PhaseCount> = MCP_PHASES.iter().map(|_| PhaseCount::default()).collect();
     for _ in 0..rounds {
-        let server_before = echo.cpu_time();
-        let load = crate::mcp_echo::direct_load(&url, options.concurrency, slice)
-            .await
-            .map_err(anyhow::Error::msg)?;
-        let server_direct = used(server_before, echo.cpu_time());
-        let calls = load.latencies_ns.len() as f64;
-        direct.push(Sample::of_load(load));
-
-        let server_before = echo.cpu_time();
-        let load = crate::mcp_echo::raw_load(echo.addr, options.concurrency, slice)
-            .await
-            .map_err(anyhow::Error::msg)?;
-        let server_raw = used(server_before, echo.cpu_time());
-        let raw_calls = load.latencies_ns.len() as f64;
-        raw.push(Sample::of_load(load));
-
-        let (toolmesh_before, server_before) = (toolmesh.cpu_time(), echo.cpu_time());
-        let sample = closed_loop(&target.clients, options.concurrency, slice, &request).await;
-        let (toolmesh_via, server_via) =
-            (used(toolmesh_before, toolmesh.cpu_time()), used(server_before, echo.cpu_time()));
-        let proxied = sample.throughput * slice.as_secs_f64();
-        through.push(sample);
-        match (cpu.as_mut(), server_direct, server_raw, toolmesh_via, server_via) {
-            (
-                Some(count),
-                Some(server_direct),
-                Some(server_raw),
-                Some(toolmesh_via),
-                Some(server_via),
-            ) => {
-                count.direct_calls += calls;
-                count.raw_calls += raw_calls;
-                count.server_raw += server_raw;
-                count.proxied_calls += proxied;
-                count.server_direct += server_direct;
-                count.toolmesh += toolmesh_via;
-                count.server_via += server_via;
-            }
-            _ => cpu = None,
+        for (phase, count) in MCP_PHASES.iter().zip(counts.iter_mut()) {
+            let (toolmesh_before, server_before) = (toolmesh.cpu_time(), echo.cpu_time());
+            let sample = match phase {
+                McpPhase::Direct => Sample::of_load(mcp(&url, "echo", slice).await?),
+                McpPhase::Raw => Sample::of_load(
+                    crate::mcp_echo::raw_load(echo.addr, options.concurrency, slice)
+                        .await
+                        .map_err(anyhow::Error::msg)?,
+                ),
+                McpPhase::Grpc => {
+                    closed_loop(&target.clients, options.concurrency, slice, &request).await
+                }
+                McpPhase::EndpointProxy => {
+                    Sample::of_load(mcp(&endpoint, "bench_echo", slice).await?)
+                }
+                McpPhase::EndpointLocal => Sample::of_load(mcp(&endpoint, "echo", slice).await?),
+            };
+            let calls = sample.throughput * slice.as_secs_f64();
+            let toolmesh_used = used(toolmesh_before, toolmesh.cpu_time());
+            let server_used = used(server_before, echo.cpu_time());
+            count.add(sample, calls, toolmesh_used, server_used);
         }
     }
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    let counted = |c: &CpuCount| c.direct_calls > 0.0 && c.raw_calls > 0.0 && c.proxied_calls > 0.0;
-    let cpu = cpu.filter(counted).map(|c| McpCpu {
-        toolmesh_ms: c.toolmesh.as_secs_f64() * 1e3 / c.proxied_calls,
-        server_direct_ms: c.server_direct.as_secs_f64() * 1e3 / c.direct_calls,
-        server_raw_ms: c.server_raw.as_secs_f64() * 1e3 / c.raw_calls,
-        server_via_ms: c.server_via.as_secs_f64() * 1e3 / c.proxied_calls,
-    });
+    let per_call: Vec<_> = counts.iter().map(PhaseCount::per_call).collect();
+    let cpu = match per_call[..] {
+        [Some(direct), Some(raw), Some(grpc), Some(proxy), Some(local)] => Some(McpCpu {
+            toolmesh_ms: grpc.0,
+            endpoint_proxy_ms: proxy.0,
+            endpoint_local_ms: local.0,
+            server_direct_ms: direct.1,
+            server_raw_ms: raw.1,
+            server_via_ms: grpc.1,
+            server_via_endpoint_ms: proxy.1,
+        }),
+        _ => None,
+    };
+    let mut medians = counts.into_iter().map(|count| median(count.samples));
+    let mut next = || medians.next().expect("a sample per phase");
     Ok(McpReport {
-        direct: median(direct),
-        raw: median(raw),
-        toolmesh: median(through),
+        direct: next(),
+        raw: next(),
+        toolmesh: next(),
+        endpoint_proxy: next(),
+        endpoint_local: next(),
         cores,
         cpu,
     })
-}
-
-/// CPU time and calls summed over the rounds of `toolmesh-bench --mcp`.
-#[derive(Default)]
-struct CpuCount {
-    direct_calls: f64,
-    raw_calls: f64,
-    proxied_calls: f64,
-    server_direct: Duration,
-    server_raw: Duration,
-    toolmesh: Duration,
-    server_via: Duration,
 }
 
 /// The CPU time used between two readings of [`ChildServer::cpu_time`].
@@ -1112,41 +1172,70 @@ pub(crate) fn render_mcp(options: &BenchOptions, report: &McpReport) -> String {
          alternating rounds (medians)\n\n",
         options.concurrency, options.duration, options.rounds
     );
-    out.push_str("                        calls/s    p50 ms   p90 ms   p99 ms   errors\n");
+    out.push_str(
+        "                          calls/s    p50 ms   p90 ms   p99 ms   errors   CPU ms per call: \
+         toolmesh   server\n",
+    );
+    let cpu = report.cpu.as_ref();
     let rows = [
-        ("direct MCP client", &report.direct),
-        ("plain HTTP clients", &report.raw),
-        ("through toolmesh", &report.toolmesh),
+        ("direct MCP client", &report.direct, None, cpu.map(|c| c.server_direct_ms)),
+        ("plain HTTP clients", &report.raw, None, cpu.map(|c| c.server_raw_ms)),
+        (
+            "gRPC through toolmesh",
+            &report.toolmesh,
+            cpu.map(|c| c.toolmesh_ms),
+            cpu.map(|c| c.server_via_ms),
+        ),
+        (
+            "MCP through toolmesh",
+            &report.endpoint_proxy,
+            cpu.map(|c| c.endpoint_proxy_ms),
+            cpu.map(|c| c.server_via_endpoint_ms),
+        ),
+        ("MCP to toolmesh's echo", &report.endpoint_local, cpu.map(|c| c.endpoint_local_ms), None),
     ];
-    for (name, s) in rows {
+    let ms = |value: Option<f64>| value.map_or_else(|| "-".to_owned(), |ms| format!("{ms:.3}"));
+    for (name, s, toolmesh, server) in rows {
         out.push_str(&format!(
-            "{name:<22}{:>9.0}{:>10.3}{:>9.3}{:>9.3}{:>9}\n",
-            s.throughput, s.p50_ms, s.p90_ms, s.p99_ms, s.errors
+            "{name:<24}{:>9.0}{:>10.3}{:>9.3}{:>9.3}{:>9}{:>28}{:>9}\n",
+            s.throughput,
+            s.p50_ms,
+            s.p90_ms,
+            s.p99_ms,
+            s.errors,
+            ms(toolmesh),
+            ms(server)
         ));
     }
     out.push_str(&format!(
-        "p50 added             {:>+9.3} ms\n",
-        report.toolmesh.p50_ms - report.direct.p50_ms
+        "\np50 added             gRPC {:>+.3} ms · MCP {:>+.3} ms\n",
+        report.toolmesh.p50_ms - report.direct.p50_ms,
+        report.endpoint_proxy.p50_ms - report.direct.p50_ms,
     ));
     out.push_str(&format!(
-        "proxied calls/s/core  {:>9.0}   ({} cores)\n",
+        "proxied calls/s/core  gRPC {:.0} · MCP {:.0}   ({} cores)\n",
         report.toolmesh.throughput / report.cores as f64,
+        report.endpoint_proxy.throughput / report.cores as f64,
         report.cores
     ));
     out.push_str(&format!(
-        "through / plain HTTP  {:>9.2}×\n",
-        report.toolmesh.throughput / report.raw.throughput
+        "through / plain HTTP  gRPC {:.2}× · MCP {:.2}×\n",
+        report.toolmesh.throughput / report.raw.throughput,
+        report.endpoint_proxy.throughput / report.raw.throughput,
     ));
-    if let Some(cpu) = &report.cpu {
-        out.push_str(&format!(
-            "CPU per call          toolmesh {:.3} ms · server {:.3} ms direct, {:.3} ms plain, \
-             {:.3} ms via toolmesh\n",
-            cpu.toolmesh_ms, cpu.server_direct_ms, cpu.server_raw_ms, cpu.server_via_ms
-        ));
-    }
-    for (name, sample) in
-        [("direct", &report.direct), ("plain HTTP", &report.raw), ("toolmesh", &report.toolmesh)]
-    {
+    out.push_str(&format!(
+        "endpoint / bare MCP   {:.2}×   (toolmesh's echo at its MCP endpoint, against the bare \
+         echo server)\n",
+        report.endpoint_local.throughput / report.direct.throughput
+    ));
+    let samples = [
+        ("direct", &report.direct),
+        ("plain HTTP", &report.raw),
+        ("gRPC through toolmesh", &report.toolmesh),
+        ("MCP through toolmesh", &report.endpoint_proxy),
+        ("MCP to toolmesh's echo", &report.endpoint_local),
+    ];
+    for (name, sample) in samples {
         if let Some(error) = &sample.first_error {
             out.push_str(&format!("first error, {name}: {error}\n"));
         }

@@ -247,10 +247,11 @@ impl DirectLoad {
     }
 }
 
-/// Drives `echo` at `url` from one MCP client connection (as toolmesh holds one per server)
-/// with `concurrency` callers for `duration`.
+/// Drives `tool` (an echo) at `url` from one MCP client connection (as toolmesh holds one
+/// per server) with `concurrency` callers for `duration`.
 pub(crate) async fn direct_load(
     url: &str,
+    tool: &str,
     concurrency: usize,
     duration: Duration,
 ) -> Result<DirectLoad, String> {
@@ -266,10 +267,11 @@ pub(crate) async fn direct_load(
     let mut tasks = Vec::with_capacity(concurrency);
     for _ in 0..concurrency {
         let peer = peer.clone();
+        let tool = tool.to_owned();
         tasks.push(tokio::spawn(async move {
             let mut load = DirectLoad::default();
             while Instant::now() < end {
-                let mut params = CallToolRequestParams::new("echo");
+                let mut params = CallToolRequestParams::new(tool.clone());
                 params.arguments = json!({"message": "hello"}).as_object().cloned();
                 let sent = Instant::now();
                 match peer.call_tool_once(params).await {
