@@ -7,7 +7,7 @@ use std::{path::Path, sync::Arc, sync::atomic::Ordering, time::Duration};
 use serde_json::{Value, json};
 use toolmesh::AppOptions;
 use toolmesh_e2e::{
-    BinaryServer, TestServer, eventually, python,
+    BinaryServer, TestServer, eventually, py_server, python,
     tools::{BlockingProbe, BlockingTool, ProgressTool},
 };
 use toolmesh_workers::ToolLimits;
@@ -107,6 +107,37 @@ async fn mcp_clients_list_and_call_local_and_upstream_tools_on_each_revision() {
         python_client(&url, "2025-11-25", plan, &[("ELICIT_ACCEPT", r#"{"name": "Ada"}"#)]).await;
     let answered: Value = serde_json::from_str(&text_of(&got[1])).unwrap();
     assert_eq!(answered, json!({"name": "Ada", "greeting": "hello"}));
+    server.stop().await.unwrap();
+}
+
+/// A client's session hears `notifications/tools/list_changed` when the catalog changes:
+/// here when an upstream server adds a tool, which the client then lists.
+#[tokio::test]
+async fn a_session_hears_when_the_catalog_changes() {
+    let config = format!(
+        "{ALL}\n[[mcp.servers]]\nname = \"py\"\ntransport = \"stdio\"\ncommand = \"{}\"\nargs = [\"{}\"]\n",
+        python(),
+        py_server()
+    );
+    let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
+    let url = endpoint(&server, "/mcp/all");
+    eventually(Duration::from_secs(30), || async {
+        let listed = python_client(&url, "2025-11-25", json!([{"op": "list"}]), &[]).await;
+        listed[1]["tools"].as_array()?.iter().any(|t| t == "py_grow").then_some(())
+    })
+    .await
+    .expect("the upstream server's tools are published");
+    let plan = json!([
+        {"op": "sleep", "s": 0.5},
+        {"op": "call", "name": "py_grow"},
+        {"op": "await_list_changed", "timeout_s": 20},
+        {"op": "list"},
+    ]);
+    let got = python_client(&url, "2025-11-25", plan, &[]).await;
+    assert_eq!(got[2]["is_error"], false, "{}", got[2]);
+    assert_eq!(got[3]["changed"], true, "no list_changed reached the client");
+    let names = got[4]["tools"].as_array().unwrap();
+    assert!(names.iter().any(|t| t == "py_extra"), "{names:?}");
     server.stop().await.unwrap();
 }
 

@@ -14,6 +14,8 @@ order in one connection; the script prints one JSON list with each step's result
   cancels it after s seconds -> {"cancelled": true}
 - {"op": "search_call", "query": Q, "name": N, "arguments": {...}}: searchTools, then
   callTool of N with the search's token -> {"found": [names], "called": <as call>}
+- {"op": "await_list_changed", "timeout_s": s}: waits for notifications/tools/list_changed
+  -> {"changed": bool}
 - {"op": "sleep", "s": s}
 
 Elicitations are answered with $ELICIT_ACCEPT (JSON content) when set, else declined.
@@ -41,14 +43,24 @@ async def elicit(context, params):
     return types.ElicitResult(action="accept", content=json.loads(accept))
 
 
+LIST_CHANGED = []
+
+
+async def on_message(message):
+    if isinstance(message, types.ToolListChangedNotification):
+        LIST_CHANGED[0].set()
+
+
 async def run(url, revision, plan):
+    LIST_CHANGED.append(anyio.Event())
     headers = {}
     if os.environ.get("TOOLMESH_TOKEN"):
         headers["Authorization"] = "Bearer " + os.environ["TOOLMESH_TOKEN"]
     out = []
     async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=60)) as http:
         async with streamable_http_client(url, http_client=http) as streams:
-            async with ClientSession(streams[0], streams[1], elicitation_callback=elicit) as session:
+            async with ClientSession(streams[0], streams[1], elicitation_callback=elicit,
+                                     message_handler=on_message) as session:
                 if revision == "2026-07-28":
                     found = await session.discover()
                     out.append({"op": "discover", "versions": list(found.supported_versions)})
@@ -97,6 +109,10 @@ async def run_step(session, step):
         with anyio.move_on_after(step["after_s"]):
             await session.call_tool(step["name"], step.get("arguments", {}))
         return {"cancelled": True}
+    if op == "await_list_changed":
+        with anyio.move_on_after(step["timeout_s"]):
+            await LIST_CHANGED[0].wait()
+        return {"changed": LIST_CHANGED[0].is_set()}
     if op == "sleep":
         await anyio.sleep(step["s"])
         return {}

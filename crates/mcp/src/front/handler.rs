@@ -11,7 +11,7 @@ use rmcp::{
         PaginatedRequestParams, ProgressNotificationParam, ProgressToken, ServerCapabilities,
         ServerConfig, Tool, ToolsCapability,
     },
-    service::{Peer, RequestContext},
+    service::{NotificationContext, Peer, RequestContext},
 };
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
@@ -38,7 +38,15 @@ pub trait Mesh: Send + Sync + 'static {
         events: EventSink,
         cancel: CancellationToken,
     ) -> Result<ToolOutput, CallFailure>;
+
+    /// The catalog's version, which changes with every change of the catalog.
+    fn changes(&self) -> tokio::sync::watch::Receiver<u64>;
 }
+
+/// How long a burst of catalog changes is gathered into one `list_changed` notification.
+const CHANGES_SETTLE: std::time::Duration = std::time::Duration::from_millis(100);
+/// How often a session without catalog changes checks that its client is still there.
+const CLIENT_CHECK: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// One page of a listing.
 #[derive(Debug, Default)]
@@ -183,6 +191,35 @@ impl ServerHandler for Front {
 
     fn supported_protocol_versions(&self) -> Cow<'static, [rmcp::model::ProtocolVersion]> {
         Cow::Borrowed(rmcp::model::ProtocolVersion::KNOWN_VERSIONS)
+    }
+
+    /// Tells the client of a session `notifications/tools/list_changed` whenever the catalog
+    /// changes (a burst of changes once), until the client has gone.
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        let mut changes = self.mesh.changes();
+        changes.mark_unchanged();
+        let peer = context.peer;
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    changed = changes.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        tokio::time::sleep(CHANGES_SETTLE).await;
+                        changes.mark_unchanged();
+                        if peer.notify_tool_list_changed().await.is_err() {
+                            return;
+                        }
+                    }
+                    () = tokio::time::sleep(CLIENT_CHECK) => {
+                        if peer.is_transport_closed() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
     }
 
     async fn list_tools(

@@ -72,4 +72,8 @@ impl Mesh for McpMesh {
             Err(error) => Err(error.failure()),
         }
     }
+
+    fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.router.registry().subscribe()
+    }
 }
