@@ -241,12 +241,14 @@ async fn everything_server_over_streamable_http_survives_a_restart_on_the_defaul
 }
 
 /// Kills the server in the middle of a call of a read-only, idempotent tool and starts it
-/// again: the call is repeated once the server is back, within its deadline.
+/// again: the call is repeated once the server is back, within its deadline (the server's
+/// annotations are trusted; `an_untrusted_servers_read_only_call_is_not_repeated` is the
+/// default).
 async fn survives_a_restart(liveness: &str) {
     let port = free_port();
     let mut upstream = HttpEverything::start(port).await;
     let config = format!(
-        "[[mcp.servers]]\nname = \"web\"\ntransport = \"streamable-http\"\nurl = \"http://127.0.0.1:{}/mcp\"\ntimeout_ms = 20000\n{liveness}",
+        "[[mcp.servers]]\nname = \"web\"\ntransport = \"streamable-http\"\nurl = \"http://127.0.0.1:{}/mcp\"\ntimeout_ms = 20000\ntrust_annotations = true\n{liveness}",
         upstream.port
     );
     let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
@@ -289,7 +291,8 @@ async fn survives_a_restart(liveness: &str) {
     assert_eq!(text(&back), "Echo: back");
 }
 
-/// Kills the server under a read-only call with a 20 s deadline, for good: the repeated
+/// Kills the server (its annotations trusted) under a read-only call with a 20 s deadline,
+/// for good: the repeated
 /// call waits for the connection `reconnect_wait_ms` (5 s by default) after it was lost,
 /// not for the whole deadline (it failed after 19.9 s).
 #[tokio::test]
@@ -297,7 +300,7 @@ async fn a_read_only_call_fails_within_seconds_when_its_server_dies_for_good() {
     let port = free_port();
     let mut upstream = HttpEverything::start(port).await;
     let config = format!(
-        "[[mcp.servers]]\nname = \"web\"\ntransport = \"streamable-http\"\nurl = \"http://127.0.0.1:{port}/mcp\"\ntimeout_ms = 60000\n"
+        "[[mcp.servers]]\nname = \"web\"\ntransport = \"streamable-http\"\nurl = \"http://127.0.0.1:{port}/mcp\"\ntimeout_ms = 60000\ntrust_annotations = true\n"
     );
     let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
     wait_for_tool(&server, "web_trigger-long-running-operation").await;
@@ -420,6 +423,89 @@ env = {{ TOOLMESH_TEST_MARKER = "{}" }}
     assert_eq!(text(&server.call("py_extra", json!({})).await.unwrap()), "extra");
 }
 
+/// On the defaults an MCP server's annotations are listed as it states them but not acted
+/// on: a call of a tool the server calls read-only and idempotent, whose server dies under
+/// it, is not repeated, and the caller learns that its outcome is unknown.
+#[tokio::test]
+async fn an_untrusted_servers_read_only_call_is_not_repeated() {
+    let tag = format!("TOOLMESH_TEST_TAG=untrusted-{}", std::process::id());
+    let (key, value) = tag.split_once('=').unwrap();
+    let config = format!(
+        "[[mcp.servers]]\nname = \"py\"\ntransport = \"stdio\"\ncommand = \"{}\"\nargs = [\"{}\"]\nenv = {{ {key} = \"{value}\" }}\n",
+        python(),
+        py_server()
+    );
+    let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
+    let listed = wait_for_tool(&server, "py_count").await.annotations.unwrap_or_default();
+    assert_eq!((listed.read_only, listed.idempotent), (Some(true), Some(true)), "{listed:?}");
+    assert!(listed.untrusted, "the listing says toolmesh does not act on them");
+    let child = processes_with(&tag);
+    assert_eq!(child.len(), 1, "one child per server");
+    let pending = tokio::spawn({
+        let mut client = server.client().await;
+        async move {
+            let request = CallToolRequest {
+                name: "py_count".into(),
+                arguments_json: json!({"steps": 20}).to_string(),
+                ..Default::default()
+            };
+            client.call_tool(request).await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child[0]), nix::sys::signal::Signal::SIGKILL)
+        .unwrap();
+    let status = pending.await.unwrap().expect_err("the call is not repeated");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("outcome"), "{}", status.message());
+    assert!(status.message().contains("trusts"), "{}", status.message());
+}
+
+/// `[[catalog.tools]]` states what is true of a server's tools over what the server says: a
+/// new name and description, hints toolmesh then acts on, and a tool kept out altogether.
+#[tokio::test]
+async fn the_operator_overrides_what_a_server_says_of_its_tools() {
+    let config = format!(
+        r#"
+[[mcp.servers]]
+name = "py"
+transport = "stdio"
+command = "{}"
+args = ["{}"]
+
+[[catalog.tools]]
+tool = "py_add"
+name = "sum"
+description = "Sums two integers."
+
+[[catalog.tools]]
+tool = "py_count"
+annotations = {{ read_only = true }}
+
+[[catalog.tools]]
+tool = "py_slow"
+hidden = true
+"#,
+        python(),
+        py_server()
+    );
+    let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
+    let sum = wait_for_tool(&server, "sum").await;
+    assert_eq!(sum.description, "Sums two integers.");
+    assert_eq!(sum.source.unwrap().upstream_name, "add", "the server is called by its own name");
+    assert_eq!(text(&server.call("sum", json!({"a": 1, "b": 2})).await.unwrap()), "3");
+
+    let names: Vec<String> = tools(&server).await.into_iter().map(|t| t.name).collect();
+    assert!(!names.iter().any(|n| n == "py_add" || n == "py_slow"), "{names:?}");
+    let hidden = server.call("py_slow", json!({"steps": 1})).await.unwrap_err();
+    assert_eq!(hidden.code(), Code::NotFound, "{hidden:?}");
+
+    // The operator's hint counts; the server's own claims, untrusted, are dropped.
+    let count = wait_for_tool(&server, "py_count").await.annotations.unwrap();
+    assert_eq!((count.read_only, count.idempotent, count.untrusted), (Some(true), None, false));
+    server.stop().await.unwrap();
+}
+
 /// Returns the pids of live processes whose environment holds `marker`.
 fn processes_with(marker: &str) -> Vec<i32> {
     let mut pids = Vec::new();
@@ -438,7 +524,7 @@ async fn a_killed_stdio_server_is_unavailable_then_reconnected() {
     let tag = format!("TOOLMESH_TEST_TAG=kill-{}", std::process::id());
     let (key, value) = tag.split_once('=').unwrap();
     let config = format!(
-        "[[mcp.servers]]\nname = \"py\"\ntransport = \"stdio\"\ncommand = \"{}\"\nargs = [\"{}\"]\nenv = {{ {key} = \"{value}\" }}\n",
+        "[[mcp.servers]]\nname = \"py\"\ntransport = \"stdio\"\ncommand = \"{}\"\nargs = [\"{}\"]\nenv = {{ {key} = \"{value}\" }}\ntrust_annotations = true\n",
         python(),
         py_server()
     );

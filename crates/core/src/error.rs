@@ -167,11 +167,11 @@ impl BackendError {
         }
     }
 
-    /// Whether the call may be repeated: the connection broke and the tool's annotations say
-    /// that running it again is harmless.
-    pub fn retryable(&self, annotations: &crate::ToolAnnotations) -> bool {
-        matches!(self, BackendError::Lost { .. })
-            && (annotations.read_only == Some(true) || annotations.idempotent == Some(true))
+    /// Whether the call may be repeated: the connection broke and the tool's hints (its
+    /// trusted annotations, [`ToolSpec::hints`](crate::ToolSpec::hints)) say that running it
+    /// again is harmless.
+    pub fn retryable(&self, hints: &crate::ToolAnnotations) -> bool {
+        matches!(self, BackendError::Lost { .. }) && hints.repeatable()
     }
 
     /// Returns a short, stable name of the error kind, for the `error.type` span attribute.

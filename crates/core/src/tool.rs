@@ -62,6 +62,13 @@ pub struct ToolAnnotations {
     pub open_world: Option<bool>,
 }
 
+impl ToolAnnotations {
+    /// Whether running a call again is harmless: the tool is read-only or idempotent.
+    pub fn repeatable(&self) -> bool {
+        self.read_only == Some(true) || self.idempotent == Some(true)
+    }
+}
+
 /// The definition of one tool, as the catalog lists it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolSpec {
@@ -87,8 +94,12 @@ pub struct ToolSpec {
     /// The tool's own name at its source, when the catalog name differs (a prefix, a
     /// shortened name); the source is called by it.
     pub upstream_name: Option<String>,
-    /// Behaviour hints.
+    /// Behaviour hints, as the source states them; listed as they are.
     pub annotations: ToolAnnotations,
+    /// Whether toolmesh acts on `annotations` (repeats calls, lets policy conditions read
+    /// them): true for tools the operator defines, false for an MCP server's unless its
+    /// configuration trusts them. See [`ToolSpec::hints`].
+    pub annotations_trusted: bool,
     /// The longest a call may run; the router also honours the caller's deadline.
     pub timeout: Option<Duration>,
 }
@@ -114,8 +125,15 @@ impl ToolSpec {
             source,
             upstream_name: None,
             annotations: ToolAnnotations::default(),
+            annotations_trusted: true,
             timeout: None,
         }
+    }
+
+    /// The behaviour hints toolmesh acts on: the stated annotations where they are trusted,
+    /// every hint unknown where they are not.
+    pub fn hints(&self) -> ToolAnnotations {
+        if self.annotations_trusted { self.annotations } else { ToolAnnotations::default() }
     }
 }
 

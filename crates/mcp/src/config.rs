@@ -105,6 +105,12 @@ pub struct McpServerConfig {
     /// restart lists its tools at once (unavailable until the server is connected) and a
     /// lazy server is not started only to learn them.
     pub remember_tools: bool,
+    /// Whether toolmesh acts on the server's tool annotations (`readOnlyHint`,
+    /// `idempotentHint`, …): repeats a read-only or idempotent tool's call after a lost
+    /// connection, and lets policy conditions read them. Off by default, as the MCP
+    /// specification asks of annotations from a server that is not trusted: they are
+    /// listed, and every hint counts as unknown.
+    pub trust_annotations: bool,
     /// Upstream credentials (`credentials`, names of `[credentials.<name>]`) sent with
     /// each caller's calls: streamable HTTP servers only.
     pub credentials: UpstreamCredentials,
@@ -168,6 +174,8 @@ struct RawMcpServer {
     max_concurrency: NonZeroUsize,
     #[serde(default = "default_remember_tools")]
     remember_tools: bool,
+    #[serde(default)]
+    trust_annotations: bool,
     #[serde(default)]
     credentials: Vec<String>,
 }
@@ -299,6 +307,7 @@ fn mcp(raw: RawMcp, cx: &Reading<'_>) -> Result<McpConfig, ConfigError> {
             )?,
             max_concurrency: raw.max_concurrency,
             remember_tools: raw.remember_tools,
+            trust_annotations: raw.trust_annotations,
             credentials: server_credentials,
         });
     }

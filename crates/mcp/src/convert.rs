@@ -13,19 +13,18 @@ use toolmesh_core::{
     ToolSource, ToolSpec,
 };
 
-/// Returns the catalog definition of an MCP tool published as `name`.
-pub(crate) fn spec(
-    server: &str,
-    name: String,
-    tool: &Tool,
-    timeout: std::time::Duration,
-) -> ToolSpec {
+use crate::McpServerConfig;
+
+/// Returns the catalog definition of an MCP tool published as `name` by the server of
+/// `config`; its annotations are acted on only where the server's are trusted.
+pub(crate) fn spec(config: &McpServerConfig, name: String, tool: &Tool) -> ToolSpec {
     let mut spec = ToolSpec::new(
         name,
         tool.description.as_deref().unwrap_or_default(),
         Value::Object((*tool.input_schema).clone()),
-        ToolSource { kind: SourceKind::Mcp, name: server.to_owned() },
+        ToolSource { kind: SourceKind::Mcp, name: config.name.clone() },
     );
+    spec.annotations_trusted = config.trust_annotations;
     spec.title = tool
         .title
         .clone()
@@ -41,7 +40,7 @@ pub(crate) fn spec(
             open_world: a.open_world_hint,
         };
     }
-    spec.timeout = Some(timeout);
+    spec.timeout = Some(config.timeout);
     spec.upstream_name = (spec.name != *tool.name).then(|| tool.name.to_string());
     spec
 }

@@ -74,7 +74,7 @@ pub(crate) fn prepare(
         }
     }
     let entry = |(tool, name): &(&Tool, String)| {
-        let spec = convert::spec(server, name.clone(), tool, config.timeout);
+        let spec = convert::spec(config, name.clone(), tool);
         let backend = Arc::new(McpBackend { shared: shared.clone(), tool: tool.name.to_string() });
         // Schemas compile after publishing (see `compile_in_background`), or at a first call.
         match ToolEntry::deferred(spec, backend) {

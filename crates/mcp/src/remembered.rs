@@ -179,6 +179,7 @@ mod tests {
             reconnect_wait: std::time::Duration::from_secs(5),
             max_concurrency: std::num::NonZeroUsize::new(1).unwrap(),
             remember_tools: true,
+            trust_annotations: false,
             credentials: Default::default(),
         }
     }

@@ -104,7 +104,7 @@ impl ToolKey {
             kind: spec.source.kind.as_str(),
             toolkit: spec.toolkit.clone(),
             tags: spec.tags.clone(),
-            annotations: spec.annotations,
+            annotations: spec.hints(),
         }
     }
 
@@ -114,7 +114,7 @@ impl ToolKey {
             && self.kind == spec.source.kind.as_str()
             && self.toolkit == spec.toolkit
             && self.tags == spec.tags
-            && self.annotations == spec.annotations
+            && self.annotations == spec.hints()
     }
 
     fn hash(spec: &ToolSpec, state: &mut impl Hasher) {
@@ -123,7 +123,7 @@ impl ToolKey {
         spec.source.kind.as_str().hash(state);
         spec.toolkit.hash(state);
         spec.tags.hash(state);
-        let a = spec.annotations;
+        let a = spec.hints();
         [a.read_only, a.destructive, a.idempotent, a.open_world].hash(state);
     }
 }
@@ -850,8 +850,10 @@ fn principal_json(principal: &Principal) -> Json {
     })
 }
 
+/// The `tool` of a condition; its `annotations` are the hints toolmesh trusts
+/// ([`ToolSpec::hints`]), unknown ones at their cautious value.
 fn tool_json(spec: &ToolSpec) -> Json {
-    let a = &spec.annotations;
+    let a = spec.hints();
     json!({
         "name": spec.name,
         "source": spec.source.name,

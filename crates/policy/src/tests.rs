@@ -326,6 +326,14 @@ fn conditions_read_the_tool_and_the_principal() {
     reader.annotations.read_only = Some(true);
     assert!(guest.sees(&reader));
     assert!(!guest.sees(&tool("write")));
+    // Annotations of a source toolmesh does not trust count as unknown: a server cannot
+    // claim its way past the rule.
+    let mut claimed = mcp_tool("read", "stranger");
+    claimed.annotations.read_only = Some(true);
+    claimed.annotations_trusted = false;
+    assert!(!guest.sees(&claimed));
+    claimed.annotations_trusted = true;
+    assert!(guest.sees(&claimed));
 
     let mut attributes = BTreeMap::new();
     attributes.insert("team".to_owned(), "blue".to_owned());

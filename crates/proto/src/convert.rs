@@ -42,6 +42,7 @@ pub fn tool(spec: &ToolSpec, health: toolmesh_core::Health) -> v1::Tool {
             destructive: spec.annotations.destructive,
             idempotent: spec.annotations.idempotent,
             open_world: spec.annotations.open_world,
+            untrusted: !spec.annotations_trusted,
         }),
     }
 }
@@ -181,6 +182,7 @@ pub fn announced_spec(tool: &v1::Tool, source: ToolSource) -> Result<ToolSpec, S
             idempotent: a.idempotent,
             open_world: a.open_world,
         };
+        spec.annotations_trusted = !a.untrusted;
     }
     Ok(spec)
 }

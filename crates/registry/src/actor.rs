@@ -52,6 +52,10 @@ impl Actor for RegistryActor {
                 publish(state, published);
                 let _ = reply.send(outcome);
             }
+            RegistryMsg::SetOverrides { overrides, reply } => {
+                state.set_overrides(overrides);
+                let _ = reply.send(Ok(()));
+            }
             RegistryMsg::ReplaceSource { update, reply } => {
                 let outcome = state.replace_source(update);
                 publish(state, published);

@@ -28,6 +28,8 @@ pub struct Catalog {
     by_source: OrdMap<ToolSource, OrdSet<Arc<str>>>,
     /// Toolkits by name.
     pub toolkits: BTreeMap<String, Arc<Toolkit>>,
+    /// What the operator states about tools, applied to each as it joins.
+    pub overrides: Arc<crate::Overrides>,
     /// Increases with every published change.
     pub version: u64,
 }

@@ -86,6 +86,13 @@ impl RegistryHandle {
         self.call(|reply| RegistryMsg::RegisterToolkit { toolkit, tools, reply }).await
     }
 
+    /// Sets what the operator states about tools ([`Overrides`](crate::Overrides)); it
+    /// applies to the tools that join from then on, so it is set before any source
+    /// publishes.
+    pub async fn set_overrides(&self, overrides: crate::Overrides) -> Result<(), RegistryError> {
+        self.call(|reply| RegistryMsg::SetOverrides { overrides, reply }).await
+    }
+
     /// Replaces all tools and toolkits of one source, all or nothing.
     pub async fn replace_source(&self, update: SourceUpdate) -> Result<(), RegistryError> {
         self.call(|reply| RegistryMsg::ReplaceSource { update, reply }).await

@@ -11,7 +11,9 @@
 //!   warning);
 //! - a toolkit is atomic: if any of its tools collides with an existing tool, the whole
 //!   toolkit is rejected and nothing changes;
-//! - toolkits do not nest: a tool belongs to at most one toolkit.
+//! - toolkits do not nest: a tool belongs to at most one toolkit;
+//! - what the operator states about a tool ([`Overrides`]: name, title, description,
+//!   annotations, hidden) replaces what its source says, as the tool joins.
 
 mod actor;
 mod catalog;
@@ -19,6 +21,7 @@ mod entry;
 mod error;
 mod handle;
 mod messages;
+mod overrides;
 mod state;
 
 pub use actor::RegistryActor;
@@ -27,4 +30,5 @@ pub use entry::{MAX_DEFINITION_BYTES, SchemaViolation, ToolEntry};
 pub use error::RegistryError;
 pub use handle::RegistryHandle;
 pub use messages::{Registered, RegistryMsg, SourceUpdate};
+pub use overrides::{Overrides, ToolOverride};
 pub use state::RegistryState;

@@ -8,6 +8,8 @@ use crate::{RegistryError, ToolEntry};
 pub enum Registered {
     /// The name was free.
     Added,
+    /// `[[catalog.tools]]` hides the tool: it was not added.
+    Hidden,
     /// A standalone tool of that name was replaced; it came from `previous`.
     Replaced {
         /// The source of the replaced tool.
@@ -47,6 +49,13 @@ pub enum RegistryMsg {
         /// Its tools.
         tools: Vec<ToolEntry>,
         /// Success, or why nothing changed.
+        reply: RpcReplyPort<Result<(), RegistryError>>,
+    },
+    /// Sets what the operator states about tools, for the tools that join from now on.
+    SetOverrides {
+        /// The overrides.
+        overrides: crate::Overrides,
+        /// Done.
         reply: RpcReplyPort<Result<(), RegistryError>>,
     },
     /// Replaces every tool and toolkit of one source with a new set, all or nothing.

@@ -25,8 +25,16 @@ impl RegistryState {
         &self.catalog
     }
 
+    /// Sets the overrides the tools that join from now on get; the catalog's version stays.
+    pub(crate) fn set_overrides(&mut self, overrides: crate::Overrides) {
+        let mut next = Catalog::clone(&self.catalog);
+        next.overrides = Arc::new(overrides);
+        self.catalog = Arc::new(next);
+    }
+
     pub(crate) fn register(&mut self, tool: ToolEntry) -> Result<Registered, RegistryError> {
         let mut next = Catalog::clone(&self.catalog);
+        let Some(tool) = next.overrides.apply(tool) else { return Ok(Registered::Hidden) };
         let outcome = insert_standalone(&mut next, tool)?;
         self.commit(next);
         Ok(outcome)
@@ -79,7 +87,9 @@ impl RegistryState {
         }
         for mut tool in update.tools {
             tool.spec.source = update.source.clone();
-            insert_standalone(&mut next, tool)?;
+            if let Some(tool) = next.overrides.apply(tool) {
+                insert_standalone(&mut next, tool)?;
+            }
         }
         self.commit(next);
         Ok(())
@@ -130,6 +140,13 @@ fn insert_toolkit(
     mut toolkit: Toolkit,
     tools: Vec<ToolEntry>,
 ) -> Result<(), RegistryError> {
+    let tools: Vec<ToolEntry> = tools
+        .into_iter()
+        .filter_map(|mut tool| {
+            tool.spec.toolkit.get_or_insert_with(|| toolkit.name.clone());
+            catalog.overrides.apply(tool)
+        })
+        .collect();
     if catalog.toolkits.contains_key(&toolkit.name) {
         return Err(RegistryError::ToolkitExists(toolkit.name));
     }

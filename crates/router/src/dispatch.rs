@@ -19,7 +19,8 @@ pub(crate) type Dispatched =
     (Result<Result<ToolOutput, BackendError>, tokio::time::error::Elapsed>, u32);
 
 /// Hands the call to its backend, within the deadline; a call whose connection broke
-/// is repeated while the tool is read-only or idempotent, the policy allows another
+/// is repeated while the tool is read-only or idempotent (by its trusted annotations,
+/// [`ToolSpec::hints`](toolmesh_core::ToolSpec::hints)), the policy allows another
 /// attempt, and its wait ends before the deadline. The repetitions are recorded on the
 /// call's span (`toolmesh.call.retries`) and counted. Returns the outcome of the last
 /// attempt and the number of attempts.
@@ -30,9 +31,8 @@ pub(crate) async fn dispatch(
     arguments: Value,
     deadline: Instant,
 ) -> Dispatched {
-    let annotations = &entry.spec.annotations;
-    let repeatable = policy.attempts.get() > 1
-        && (annotations.read_only == Some(true) || annotations.idempotent == Some(true));
+    let hints = entry.spec.hints();
+    let repeatable = policy.attempts.get() > 1 && hints.repeatable();
     // Arguments are kept for another attempt only where there can be one.
     let mut kept = repeatable.then(|| arguments.clone());
     let mut this = arguments;
@@ -44,7 +44,7 @@ pub(crate) async fn dispatch(
             entry.backend.call(CallContext { attempt, ..ctx.clone() }, this).instrument(span);
         let outcome = tokio::time::timeout_at(deadline, dispatch).await;
         let Ok(Err(error)) = &outcome else { return (outcome, attempt) };
-        if !error.retryable(annotations) || attempt >= policy.attempts.get() {
+        if !error.retryable(&hints) || attempt >= policy.attempts.get() {
             return (outcome, attempt);
         }
         let wait = policy.wait(attempt + 1);
@@ -101,8 +101,7 @@ pub(crate) fn settle(
             call_id: call_id.to_owned(),
             cause: format!("the connection to {backend} was lost during the call: {reason}"),
             attempts,
-            repeatable: entry.spec.annotations.read_only == Some(true)
-                || entry.spec.annotations.idempotent == Some(true),
+            repeatable: entry.spec.hints().repeatable(),
         }),
         Ok(Err(error)) => Err(error.into()),
         Ok(Ok(output)) => Ok(output),
@@ -199,6 +198,14 @@ mod tests {
 
         // A tool with side effects is never repeated.
         let (tool, backend) = entry(1, false);
+        let (outcome, attempts) =
+            dispatch(retry(3), &tool, context(deadline), json!({}), deadline).await;
+        assert!(matches!(outcome, Ok(Err(BackendError::Lost { .. }))));
+        assert_eq!((attempts, backend.attempts.load(Ordering::SeqCst)), (1, 1));
+
+        // Nor is one that only claims to be read-only, from a source not trusted with it.
+        let (mut tool, backend) = entry(1, true);
+        tool.spec.annotations_trusted = false;
         let (outcome, attempts) =
             dispatch(retry(3), &tool, context(deadline), json!({}), deadline).await;
         assert!(matches!(outcome, Ok(Err(BackendError::Lost { .. }))));

@@ -74,8 +74,8 @@ pub enum RouterError {
 fn lost_outcome(tool: &str, call_id: &str, attempts: u32, repeatable: bool) -> String {
     match (repeatable, attempts) {
         (false, _) => format!(
-            "the outcome of call {call_id} is unknown: tool {tool} is not annotated read-only \
-             or idempotent, so it was not repeated"
+            "the outcome of call {call_id} is unknown: tool {tool} is not known to be read-only \
+             or idempotent (by annotations toolmesh trusts), so it was not repeated"
         ),
         (true, 1) => format!(
             "call {call_id} was not repeated (server.retry_attempts is 1, or no time was left \

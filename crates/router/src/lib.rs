@@ -18,6 +18,7 @@
 
 mod admission;
 mod approval;
+mod catalog;
 mod config;
 mod deadline;
 mod dispatch;
@@ -30,6 +31,7 @@ mod steps;
 mod trace;
 
 pub use admission::{Admission, CALL_TOOL, Door, META_SOURCE, SEARCH_TOOLS, Searched, is_meta};
+pub use catalog::CatalogConfig;
 pub use config::{DEFAULT_PROFILE, MAX_TOP_K, ProfileConfig, RoutingConfig};
 pub use deadline::parse_grpc_timeout;
 pub use error::{RouterError, call_tool_not_found, policy_refusal};

@@ -15,7 +15,9 @@ use toolmesh_meta::MetaTools;
 use toolmesh_policy::{Policy, PolicyConfig, PolicyError};
 use toolmesh_registry::RegistryHandle;
 use toolmesh_remote::RemoteWorkers;
-use toolmesh_router::{Admission, DEFAULT_PROFILE, Router, RouterOptions, RoutingConfig};
+use toolmesh_router::{
+    Admission, CatalogConfig, DEFAULT_PROFILE, Router, RouterOptions, RoutingConfig,
+};
 use toolmesh_search::SearchHandle;
 use toolmesh_tools::LocalTools;
 use toolmesh_workers::{LocalToolInstall, WorkerPool};
@@ -97,9 +99,10 @@ impl std::fmt::Debug for App {
     }
 }
 
-/// The configuration sections of the front door: the routing profiles, who may call,
-/// what they may do, and the listener's TLS.
-const FRONT_SECTIONS: [SectionDef; 5] = [
+/// The configuration sections of the front door: what the operator states about tools,
+/// the routing profiles, who may call, what they may do, and the listener's TLS.
+const FRONT_SECTIONS: [SectionDef; 6] = [
+    SectionDef::of::<CatalogConfig>(),
     SectionDef::of::<RoutingConfig>(),
     SectionDef::of::<toolmesh_mcp::McpEndpointConfig>(),
     SectionDef::of::<toolmesh_identity::AuthConfig>(),
@@ -196,6 +199,8 @@ impl App {
         let identity = Arc::new(ArcSwap::from_pointee(crate::auth::authenticator(config).await?));
         let tls = ListenerTls::new(crate::tls::load(config)?);
         let registry = RegistryHandle::start().await.context("starting the registry")?;
+        let catalog: CatalogConfig = config.get()?;
+        registry.set_overrides(catalog.overrides).await.context("starting the registry")?;
         let routing: RoutingConfig = config.get()?;
         let router = Router::new(
             registry.clone(),

@@ -576,6 +576,7 @@ async fn watch_config(
                         ("telemetry", config.telemetry != running.telemetry),
                         ("builtin", !config.same_section(&running, "builtin")),
                         ("search", !config.same_section(&running, "search")),
+                        ("catalog", !config.same_section(&running, "catalog")),
                         ("routing.token_key, routing.token_ttl", tokens_changed(&config, &running)),
                     ]
                     .into_iter()
