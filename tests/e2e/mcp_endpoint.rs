@@ -17,7 +17,12 @@ const REVISIONS: [&str; 2] = ["2025-11-25", "2026-07-28"];
 
 /// Runs the Python SDK client against `url` on `revision` through `plan`; returns each
 /// step's result (the first is the handshake's).
-async fn python_client(url: &str, revision: &str, plan: Value, env: &[(&str, &str)]) -> Vec<Value> {
+pub(crate) async fn python_client(
+    url: &str,
+    revision: &str,
+    plan: Value,
+    env: &[(&str, &str)],
+) -> Vec<Value> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/endpoint_client.py");
     let mut command = tokio::process::Command::new(python());
     command.arg(&script).arg(url).arg(revision).arg(plan.to_string()).envs(env.iter().copied());

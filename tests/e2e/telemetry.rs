@@ -593,3 +593,88 @@ async fn knowledge_ingest_and_query_are_spans_in_the_callers_trace() {
     assert_eq!(int_attr(query, "knowledge.hits"), Some(2));
     assert!(embeds.iter().any(|s| under(s, query)), "an embed span under the query");
 }
+
+/// MCP requests are measured as the OpenTelemetry MCP conventions name them: each
+/// `tools/call` the MCP endpoint serves in `mcp.server.operation.duration`, and each one
+/// toolmesh sends to an upstream server in `mcp.client.operation.duration`.
+#[tokio::test]
+async fn mcp_operations_are_measured_on_both_sides() {
+    let metrics = MetricsReceiver::default();
+    let otlp = serve_on_loopback(
+        opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::MetricsServiceServer::new(
+            metrics.clone(),
+        ),
+    )
+    .await;
+    let upstream = PyHttpServer::start().await;
+    let config = format!(
+        "[[mcp.servers]]\nname = \"web\"\ntransport = \"streamable-http\"\nurl = \"http://127.0.0.1:{}/mcp\"\n\n[[routing.profiles]]\nname = \"all\"\nexpose = [\"*\"]\n",
+        upstream.port
+    );
+    let server = BinaryServer::with_config(
+        &config,
+        &[
+            ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", otlp.as_str()),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "200"),
+        ],
+    )
+    .await
+    .unwrap();
+    let mut client = toolmesh::client::connect(&server.addr.to_string(), None).await.unwrap();
+    let add = CallToolRequest {
+        name: "web_add".into(),
+        arguments_json: json!({"a": 1, "b": 2}).to_string(),
+        ..Default::default()
+    };
+    eventually(Duration::from_secs(30), || {
+        let (mut client, add) = (client.clone(), add.clone());
+        async move { client.call_tool(add).await.ok() }
+    })
+    .await
+    .expect("the server's tools are published");
+    client.call_tool(add).await.unwrap();
+
+    let url = format!("http://{}/mcp/all", server.addr);
+    let plan = json!([{"op": "call", "name": "web_add", "arguments": {"a": 2, "b": 3}}]);
+    let got = crate::mcp_endpoint::python_client(&url, "2025-11-25", plan, &[]).await;
+    assert_eq!(got[1]["is_error"], false, "{}", got[1]);
+
+    let has = |attributes: &[(String, String)], key: &str, value: &str| {
+        attributes.iter().any(|(k, v)| k == key && v == value)
+    };
+    let served = || {
+        metrics.points.lock().unwrap().iter().any(|(name, attributes, count)| {
+            name == "mcp.server.operation.duration"
+                && has(attributes, "mcp.method.name", "tools/call")
+                && has(attributes, "gen_ai.tool.name", "web_add")
+                && has(attributes, "mcp.protocol.version", "2025-11-25")
+                && !attributes.iter().any(|(k, _)| k == "error.type")
+                && *count >= 1.0
+        })
+    };
+    // Both calls went upstream: the one through CallTool and the one through the endpoint.
+    let sent = || {
+        metrics.points.lock().unwrap().iter().any(|(name, attributes, count)| {
+            name == "mcp.client.operation.duration"
+                && has(attributes, "mcp.method.name", "tools/call")
+                && has(attributes, "gen_ai.tool.name", "add")
+                && has(attributes, "mcp.server", "web")
+                && has(attributes, "network.transport", "tcp")
+                && *count >= 2.0
+        })
+    };
+    let seen = eventually(Duration::from_secs(20), || async { (served() && sent()).then_some(()) });
+    assert!(
+        seen.await.is_some(),
+        "served: {}, sent: {}; points: {:?}",
+        served(),
+        sent(),
+        metrics
+            .points
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(name, _, _)| name.starts_with("mcp."))
+            .collect::<Vec<_>>()
+    );
+}

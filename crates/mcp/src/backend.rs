@@ -407,6 +407,21 @@ impl Backend for McpBackend {
                 self.shared.name()
             )))
         };
-        call.instrument(span).await
+        let started = std::time::Instant::now();
+        let outcome = call.instrument(span).await;
+        let version = peer.peer_info().map(|info| info.protocol_version.to_string());
+        let error = match &outcome {
+            Ok(output) if output.is_error => Some("tool_error"),
+            Ok(_) => None,
+            Err(error) => Some(error.kind()),
+        };
+        let operation = crate::metrics::Operation {
+            method: "tools/call",
+            tool: Some(&self.tool),
+            protocol_version: version.as_deref().unwrap_or_default(),
+            error,
+        };
+        operation.sent(self.shared.name(), transport, started.elapsed().as_secs_f64());
+        outcome
     }
 }

@@ -52,6 +52,13 @@ pub const ENDUSER_ID: &str = "enduser.id";
 /// Counter: failed connection attempts and lost connections of an MCP server; attributes
 /// `mcp.server` and `error.type` (`connect` or `disconnect`).
 pub const METRIC_MCP_CONNECTION_FAILURES: &str = "toolmesh.mcp.connection.failures";
+/// Histogram, seconds: MCP requests toolmesh's MCP endpoint served, as the OpenTelemetry
+/// MCP conventions name it; attributes `mcp.method.name`, `mcp.protocol.version`,
+/// `gen_ai.tool.name` (calls) and `error.type` (failures).
+pub const METRIC_MCP_SERVER_OPERATION_DURATION: &str = "mcp.server.operation.duration";
+/// Histogram, seconds: MCP requests toolmesh sent to an upstream server; attributes as
+/// [`METRIC_MCP_SERVER_OPERATION_DURATION`], plus `mcp.server` and `network.transport`.
+pub const METRIC_MCP_CLIENT_OPERATION_DURATION: &str = "mcp.client.operation.duration";
 /// Histogram: how long calls took, in seconds, each one counted once; attributes
 /// `toolmesh.source.kind` and `toolmesh.source.name` (when the tool was found) and
 /// `error.type` (when the call failed, `tool_error` when the tool reported a failure).

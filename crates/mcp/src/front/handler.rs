@@ -21,6 +21,8 @@ use toolmesh_core::{
 };
 use tracing::{Instrument as _, Span};
 
+use crate::metrics::Operation;
+
 /// Where the MCP endpoint finds tools and calls them: the API layer's view of the router,
 /// for one caller at a time.
 #[async_trait::async_trait]
@@ -117,6 +119,16 @@ impl Front {
     }
 }
 
+/// The protocol revision of a request, from its `MCP-Protocol-Version` header.
+fn protocol_version(context: &RequestContext<RoleServer>) -> &str {
+    context
+        .extensions
+        .get::<http::request::Parts>()
+        .and_then(|parts| parts.headers.get("mcp-protocol-version"))
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+}
+
 /// The server span of one MCP request, following the OpenTelemetry MCP conventions, a child
 /// of the client's trace context (in `_meta`, else in the HTTP headers).
 fn server_span(
@@ -125,13 +137,7 @@ fn server_span(
     caller: &Caller,
     context: &RequestContext<RoleServer>,
 ) -> Span {
-    let version = context
-        .extensions
-        .get::<http::request::Parts>()
-        .and_then(|parts| parts.headers.get("mcp-protocol-version"))
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
+    let version = protocol_version(context);
     let name = match tool {
         Some(tool) => format!("{method} {tool}"),
         None => method.to_owned(),
@@ -230,12 +236,16 @@ impl ServerHandler for Front {
         let caller = self.caller(&context)?;
         let span = server_span("tools/list", None, &caller, &context);
         let after = request.and_then(|r| r.cursor);
-        let page = self
-            .mesh
-            .list(&caller, after.as_deref())
-            .instrument(span)
-            .await
-            .map_err(protocol_error)?;
+        let started = std::time::Instant::now();
+        let page = self.mesh.list(&caller, after.as_deref()).instrument(span).await;
+        let operation = Operation {
+            method: "tools/list",
+            tool: None,
+            protocol_version: protocol_version(&context),
+            error: page.as_ref().err().map(|failure| failure.kind),
+        };
+        operation.served(started.elapsed().as_secs_f64());
+        let page = page.map_err(protocol_error)?;
         let mut result = ListToolsResult::with_all_items(page.tools.iter().map(tool).collect());
         result.next_cursor = page.next;
         Ok(result)
@@ -249,6 +259,13 @@ impl ServerHandler for Front {
         let caller = self.caller(&context)?;
         let name = request.name.to_string();
         let span = server_span("tools/call", Some(&name), &caller, &context);
+        let started = std::time::Instant::now();
+        let mut operation = Operation {
+            method: "tools/call",
+            tool: Some(&name),
+            protocol_version: protocol_version(&context),
+            error: None,
+        };
         let arguments = request.arguments.unwrap_or_default();
         let progress = context.meta.get_progress_token();
         let elicits =
@@ -261,7 +278,7 @@ impl ServerHandler for Front {
             (events, None)
         };
         let relay = relay(context.peer.clone(), progress, receiver, prompts);
-        let call = self.mesh.call(&caller, name, arguments, events, context.ct.clone());
+        let call = self.mesh.call(&caller, name.clone(), arguments, events, context.ct.clone());
         let outcome = async {
             tokio::pin!(relay);
             tokio::select! {
@@ -272,6 +289,12 @@ impl ServerHandler for Front {
         }
         .instrument(span)
         .await;
+        operation.error = match &outcome {
+            Ok(output) if output.is_error => Some("tool_error"),
+            Ok(_) => None,
+            Err(failure) => Some(failure.kind),
+        };
+        operation.served(started.elapsed().as_secs_f64());
         match outcome {
             Ok(output) => Ok(CallToolResponse::Complete(result(output))),
             Err(failure) if failure.code == ErrorCode::NotFound => Err(protocol_error(failure)),
