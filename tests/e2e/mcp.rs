@@ -506,6 +506,107 @@ hidden = true
     server.stop().await.unwrap();
 }
 
+/// A tool whose definition changes after toolmesh pinned it. On the defaults the change is
+/// logged once and the changed tool served. With `pin_definitions = "block"` a changed tool
+/// is withheld, also across restarts (the pins are kept in the data directory), until
+/// `accept` names its new digest, which the log gives.
+#[tokio::test]
+async fn a_changed_tool_definition_is_warned_about_or_withheld_until_accepted() {
+    let data = tempfile::tempdir().unwrap();
+    let files = tempfile::tempdir().unwrap();
+    let start = |extra: &str| {
+        let config = files.path().join("toolmesh.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[[mcp.servers]]\nname = \"py\"\ntransport = \"stdio\"\ncommand = \"{}\"\nargs = [\"{}\"]\n{extra}\n",
+                python(),
+                py_server()
+            ),
+        )
+        .unwrap();
+        let args = [
+            "--config".to_owned(),
+            config.display().to_string(),
+            "--data-dir".to_owned(),
+            data.path().display().to_string(),
+        ];
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            BinaryServer::start(&args, &[]).await.unwrap()
+        }
+    };
+    async fn stopped(mut server: BinaryServer) {
+        server.signal(nix::sys::signal::Signal::SIGTERM);
+        let exited = tokio::time::timeout(Duration::from_secs(30), server.child.wait()).await;
+        assert!(exited.is_ok(), "the server stops");
+    }
+    let described = |server: &BinaryServer| {
+        let addr = server.addr.to_string();
+        async move {
+            let mut client = toolmesh::client::connect(&addr, None).await.unwrap();
+            let tools = client.list_tools(ListToolsRequest::default()).await.ok()?.into_inner();
+            tools.tools.into_iter().find(|t| t.name == "py_add").map(|t| t.description)
+        }
+    };
+    const CHANGED: &str = "the tool's definition changed since it was pinned";
+
+    // The defaults: the first listing is pinned; a change is warned about once and served.
+    let server = start("").await;
+    let first = eventually(Duration::from_secs(30), || described(&server)).await;
+    assert_eq!(first.as_deref(), Some("Adds two integers."));
+    let mut client = toolmesh::client::connect(&server.addr.to_string(), None).await.unwrap();
+    let mutate = CallToolRequest {
+        name: "py_mutate".into(),
+        arguments_json: "{}".into(),
+        ..Default::default()
+    };
+    client.call_tool(mutate.clone()).await.unwrap();
+    eventually(Duration::from_secs(20), || async {
+        described(&server).await.filter(|d| d.contains("id_rsa"))
+    })
+    .await
+    .expect("the changed tool is served");
+    assert_eq!(server.logs().matches(CHANGED).count(), 1, "{}", server.logs());
+    drop(client);
+    stopped(server).await;
+
+    // Blocked: the server process starts with the original definition, which differs from
+    // the pinned (changed) one: the tool is withheld once the server has listed its tools.
+    let server = start("pin_definitions = \"block\"").await;
+    eventually(Duration::from_secs(30), || async { server.logs().contains(CHANGED).then_some(()) })
+        .await
+        .expect("the change is reported");
+    eventually(Duration::from_secs(10), || async {
+        described(&server).await.is_none().then_some(())
+    })
+    .await
+    .expect("the changed tool is withheld");
+    let logs = server.logs();
+    let at = logs.find("\"add@").expect("the log says how to accept it") + 1;
+    let accept = logs[at..].split('"').next().unwrap().to_owned();
+    let mut client = toolmesh::client::connect(&server.addr.to_string(), None).await.unwrap();
+    let add = CallToolRequest {
+        name: "py_add".into(),
+        arguments_json: json!({"a": 1, "b": 2}).to_string(),
+        ..Default::default()
+    };
+    let withheld = client.call_tool(add.clone()).await.unwrap_err();
+    assert_eq!(withheld.code(), Code::NotFound, "{withheld:?}");
+    drop(client);
+    stopped(server).await;
+
+    // Accepted: the named definition is served, and pinned.
+    let server = start(&format!("pin_definitions = \"block\"\naccept = [\"{accept}\"]")).await;
+    let accepted = eventually(Duration::from_secs(30), || async {
+        described(&server).await.filter(|d| d == "Adds two integers.")
+    })
+    .await;
+    assert!(accepted.is_some(), "{}", server.logs());
+    let mut client = toolmesh::client::connect(&server.addr.to_string(), None).await.unwrap();
+    assert_eq!(text(&client.call_tool(add).await.unwrap().into_inner()), "3");
+}
+
 /// Returns the pids of live processes whose environment holds `marker`.
 fn processes_with(marker: &str) -> Vec<i32> {
     let mut pids = Vec::new();
@@ -1172,7 +1273,11 @@ async fn a_restart_lists_the_remembered_tools_before_the_servers_answer() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     files.sort();
-    assert_eq!(files, ["eager.jsonl", "lazy.jsonl"], "remember_tools = false keeps nothing");
+    assert_eq!(
+        files,
+        ["eager.jsonl", "eager.pins.json", "lazy.jsonl", "lazy.pins.json"],
+        "remember_tools = false keeps nothing"
+    );
 
     // The second run: the eager server now takes four seconds to start and offers one tool
     // fewer. Its three tools of the last run are listed before it answers.

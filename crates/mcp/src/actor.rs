@@ -59,6 +59,7 @@ impl McpClientActor {
         let (shared, source, catalog, previous) =
             (self.shared.clone(), self.source(), self.registry.snapshot(), state.listed.clone());
         let prepared = tokio::task::spawn_blocking(move || {
+            let tools = if origin == Origin::Server { shared.check_pins(tools) } else { tools };
             prepare(&shared, &source, &catalog, tools, &previous)
         })
         .await;

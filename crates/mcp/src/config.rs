@@ -74,6 +74,17 @@ pub enum ConnectMode {
     Lazy,
 }
 
+/// What toolmesh does when a tool's definition (name, title, description, schemas,
+/// annotations) differs from the one it pinned when it first saw the tool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PinMode {
+    /// Logs it once, counts it, and serves the changed tool.
+    Warn,
+    /// Withholds the changed tool until its new definition is accepted (`accept`).
+    Block,
+}
+
 /// `[[mcp.servers]]`: one MCP server.
 #[derive(Debug, Clone, PartialEq)]
 pub struct McpServerConfig {
@@ -111,6 +122,11 @@ pub struct McpServerConfig {
     /// specification asks of annotations from a server that is not trusted: they are
     /// listed, and every hint counts as unknown.
     pub trust_annotations: bool,
+    /// What a tool whose definition changed since toolmesh pinned it gets.
+    pub pin_definitions: PinMode,
+    /// Changed definitions accepted: (the tool's name on the server, the first hex digits
+    /// of the new definition's digest), from `accept = ["TOOL@DIGEST"]`.
+    pub accept: Vec<(String, String)>,
     /// Upstream credentials (`credentials`, names of `[credentials.<name>]`) sent with
     /// each caller's calls: streamable HTTP servers only.
     pub credentials: UpstreamCredentials,
@@ -176,8 +192,16 @@ struct RawMcpServer {
     remember_tools: bool,
     #[serde(default)]
     trust_annotations: bool,
+    #[serde(default = "default_pin_definitions")]
+    pin_definitions: PinMode,
+    #[serde(default)]
+    accept: Vec<String>,
     #[serde(default)]
     credentials: Vec<String>,
+}
+
+fn default_pin_definitions() -> PinMode {
+    PinMode::Warn
 }
 
 fn default_remember_tools() -> bool {
@@ -267,6 +291,25 @@ fn mcp(raw: RawMcp, cx: &Reading<'_>) -> Result<McpConfig, ConfigError> {
                     .into(),
             ));
         }
+        let mut accept = Vec::with_capacity(raw.accept.len());
+        for (i, entry) in raw.accept.iter().enumerate() {
+            let parsed = entry.rsplit_once('@').filter(|(name, digest)| {
+                !name.is_empty()
+                    && (8..=64).contains(&digest.len())
+                    && digest.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            });
+            let Some((name, digest)) = parsed else {
+                return Err(key_error(
+                    format!("{key}.accept[{i}]"),
+                    format!(
+                        "{entry:?} is not TOOL@DIGEST (the tool's name on the server, and at \
+                         least 8 lowercase hex digits of its new definition's digest, as the log \
+                         gives them)"
+                    ),
+                ));
+            };
+            accept.push((name.to_owned(), digest.to_owned()));
+        }
         let transport = match raw.transport {
             RawMcpTransport::Stdio => McpTransport::Stdio {
                 command: raw.command.filter(|c| !c.as_os_str().is_empty()).ok_or_else(|| {
@@ -308,6 +351,8 @@ fn mcp(raw: RawMcp, cx: &Reading<'_>) -> Result<McpConfig, ConfigError> {
             max_concurrency: raw.max_concurrency,
             remember_tools: raw.remember_tools,
             trust_annotations: raw.trust_annotations,
+            pin_definitions: raw.pin_definitions,
+            accept,
             credentials: server_credentials,
         });
     }

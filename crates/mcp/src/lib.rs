@@ -37,6 +37,7 @@ mod messages;
 mod metrics;
 mod naming;
 mod parallel;
+mod pins;
 mod provider;
 mod remembered;
 mod schemas;
@@ -45,7 +46,7 @@ mod sse;
 mod state;
 
 pub use actor::McpClientActor;
-pub use config::{ConnectMode, McpConfig, McpServerConfig, McpTransport, PrefixMode};
+pub use config::{ConnectMode, McpConfig, McpServerConfig, McpTransport, PinMode, PrefixMode};
 pub use front::{Caller, Endpoint, EndpointBody, McpEndpointConfig, Mesh, Page};
 pub use group::ProcessGroupGuard;
 pub use handler::McpClientHandler;

@@ -164,13 +164,15 @@ impl Actor for McpSupervisorActor {
                 for (name, config) in running {
                     if wanted.get(&name) != Some(&config) {
                         info!(server = %name, "stopping mcp server (removed or changed)");
-                        let remembered =
-                            state.servers.get(&name).and_then(|r| r.shared.remembered.clone());
+                        let shared = state.servers.get(&name).map(|r| r.shared.clone());
                         self.stop_server(state, &name).await;
                         if !wanted.contains_key(&name)
-                            && let Some(remembered) = remembered
+                            && let Some(shared) = shared
                         {
-                            remembered.forget();
+                            if let Some(remembered) = &shared.remembered {
+                                remembered.forget();
+                            }
+                            shared.pins.lock().unwrap_or_else(|e| e.into_inner()).forget();
                         }
                         self.publish(state);
                     }

@@ -10,6 +10,7 @@ use toolmesh_telemetry::names;
 
 struct Instruments {
     failures: Counter<u64>,
+    definition_changes: Counter<u64>,
     server_operations: Histogram<f64>,
     client_operations: Histogram<f64>,
 }
@@ -29,6 +30,10 @@ fn instruments() -> &'static Instruments {
             failures: meter
                 .u64_counter(names::METRIC_MCP_CONNECTION_FAILURES)
                 .with_description("failed connection attempts and lost connections")
+                .build(),
+            definition_changes: meter
+                .u64_counter(names::METRIC_MCP_DEFINITION_CHANGES)
+                .with_description("tools whose definition changed since it was pinned")
                 .build(),
             server_operations: meter
                 .f64_histogram(names::METRIC_MCP_SERVER_OPERATION_DURATION)
@@ -54,6 +59,15 @@ pub(crate) fn connection_failed(server: &str, kind: &'static str) {
             KeyValue::new(names::MCP_SERVER, server.to_owned()),
             KeyValue::new(names::ERROR_TYPE, kind),
         ],
+    );
+}
+
+/// Counts a tool whose definition changed since it was pinned, by what toolmesh did
+/// (`warn`, `block`, `accepted`).
+pub(crate) fn definition_changed(server: &str, action: &'static str) {
+    instruments().definition_changes.add(
+        1,
+        &[KeyValue::new(names::MCP_SERVER, server.to_owned()), KeyValue::new("action", action)],
     );
 }
 

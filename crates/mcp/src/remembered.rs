@@ -141,7 +141,7 @@ impl Remembered {
 
 /// A file name for a server: its name with anything but `[A-Za-z0-9._-]` escaped, so that
 /// two names never share a file.
-fn file_name(name: &str) -> String {
+pub(crate) fn file_name(name: &str) -> String {
     let mut out = String::with_capacity(name.len());
     for c in name.chars() {
         if c.is_ascii_alphanumeric() || "_-".contains(c) || c == '.' && !out.is_empty() {
@@ -154,7 +154,7 @@ fn file_name(name: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
 
     use std::{sync::Arc, time::Duration};
@@ -163,7 +163,7 @@ mod tests {
 
     use super::*;
 
-    fn config(name: &str, url: &str) -> McpServerConfig {
+    pub(crate) fn config(name: &str, url: &str) -> McpServerConfig {
         McpServerConfig {
             name: name.into(),
             transport: McpTransport::StreamableHttp {
@@ -180,6 +180,8 @@ mod tests {
             max_concurrency: std::num::NonZeroUsize::new(1).unwrap(),
             remember_tools: true,
             trust_annotations: false,
+            pin_definitions: crate::config::PinMode::Warn,
+            accept: Vec::new(),
             credentials: Default::default(),
         }
     }

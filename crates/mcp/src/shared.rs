@@ -6,7 +6,7 @@ use std::{
 use arc_swap::{ArcSwap, ArcSwapOption};
 use rmcp::{
     RoleClient,
-    model::{ProgressToken, RequestId},
+    model::{ProgressToken, RequestId, Tool},
     service::Peer,
 };
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -114,6 +114,8 @@ pub(crate) struct ServerShared {
     /// Where the server's last listing is kept, unless it is not (`remember_tools = false`,
     /// or no data directory).
     pub(crate) remembered: Option<Arc<crate::remembered::Remembered>>,
+    /// The tools' pinned definitions, kept beside the remembered listing.
+    pub(crate) pins: Mutex<crate::pins::Pins>,
     /// The headers of each call's own (its caller's upstream credentials), by ticket.
     pub(crate) call_headers: crate::http_client::CallHeaders,
     /// The HTTP client of the server's connections, made at the first and kept across
@@ -125,6 +127,20 @@ pub(crate) struct ServerShared {
 }
 
 impl ServerShared {
+    /// Checks a listing from the server against the pinned definitions (see
+    /// [`crate::pins`]) and keeps the pins; returns the tools to publish. Blocking: the
+    /// pins may be written to disk.
+    pub(crate) fn check_pins(&self, tools: Vec<Tool>) -> Vec<Tool> {
+        let mut pins = self.pins.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let checked = pins.check(&self.config, tools);
+        if checked.changed
+            && let Err(error) = pins.store()
+        {
+            warn!(server = self.name(), %error, "cannot keep the pinned tool definitions");
+        }
+        checked.tools
+    }
+
     /// Returns the state of `config`'s server; its listing is remembered under
     /// `remember_in` unless the server opts out.
     pub(crate) fn new(
@@ -132,11 +148,12 @@ impl ServerShared {
         changed: Arc<Notify>,
         remember_in: Option<&std::path::Path>,
     ) -> Arc<Self> {
-        let remembered = remember_in
-            .filter(|_| config.remember_tools)
-            .map(|dir| Arc::new(crate::remembered::Remembered::new(dir, &config)));
+        let remember_in = remember_in.filter(|_| config.remember_tools);
+        let remembered =
+            remember_in.map(|dir| Arc::new(crate::remembered::Remembered::new(dir, &config)));
         Arc::new(ServerShared {
             remembered,
+            pins: Mutex::new(crate::pins::Pins::load(remember_in, &config)),
             call_headers: Default::default(),
             http: OnceLock::new(),
             initialize_only: AtomicBool::new(false),

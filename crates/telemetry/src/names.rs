@@ -52,6 +52,9 @@ pub const ENDUSER_ID: &str = "enduser.id";
 /// Counter: failed connection attempts and lost connections of an MCP server; attributes
 /// `mcp.server` and `error.type` (`connect` or `disconnect`).
 pub const METRIC_MCP_CONNECTION_FAILURES: &str = "toolmesh.mcp.connection.failures";
+/// Counter: tools of an MCP server whose definition changed since toolmesh pinned it;
+/// attributes `mcp.server` and `action` (`warn`, `block`, `accepted`).
+pub const METRIC_MCP_DEFINITION_CHANGES: &str = "toolmesh.mcp.definition_changes";
 /// Histogram, seconds: MCP requests toolmesh's MCP endpoint served, as the OpenTelemetry
 /// MCP conventions name it; attributes `mcp.method.name`, `mcp.protocol.version`,
 /// `gen_ai.tool.name` (calls) and `error.type` (failures).

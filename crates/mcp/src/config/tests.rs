@@ -67,3 +67,29 @@ fn a_server_over_stdio_cannot_send_the_callers_token() {
     let err = mcp(file, &env(&[])).unwrap_err().to_string();
     assert!(err.contains("mcp.servers[0].credentials"), "{err}");
 }
+
+#[test]
+fn annotations_are_untrusted_and_changed_definitions_warned_about_by_default() {
+    let base = "[[mcp.servers]]\nname = \"s\"\ntransport = \"streamable-http\"\nurl = \"http://127.0.0.1:1/mcp\"\n";
+    let server = &mcp(base, &env(&[])).unwrap().servers[0];
+    assert!(!server.trust_annotations);
+    assert_eq!(server.pin_definitions, super::PinMode::Warn);
+    assert!(server.accept.is_empty());
+
+    let file = format!(
+        "{base}trust_annotations = true\npin_definitions = \"block\"\naccept = [\"send@0123456789abcdef\"]\n"
+    );
+    let server = &mcp(&file, &env(&[])).unwrap().servers[0];
+    assert!(server.trust_annotations);
+    assert_eq!(server.pin_definitions, super::PinMode::Block);
+    assert_eq!(server.accept, [("send".to_owned(), "0123456789abcdef".to_owned())]);
+
+    for bad in ["send", "send@abc", "@0123456789", "send@0123456789ABCDEF"] {
+        let file = format!("{base}accept = [\"{bad}\"]\n");
+        let error = mcp(&file, &env(&[])).unwrap_err().to_string();
+        assert!(
+            error.contains("mcp.servers[0].accept[0]") && error.contains("TOOL@DIGEST"),
+            "{error}"
+        );
+    }
+}
