@@ -1,19 +1,52 @@
 //! toolmesh's own MCP endpoint, end to end, with real MCP clients: the Python `mcp` SDK
-//! (`tests/mcp/endpoint_client.py`) on each protocol revision it speaks, and plain HTTP
-//! where a test needs to see the wire (challenges, sessions across replicas).
+//! (`tests/mcp/endpoint_client.py`) on each protocol revision it speaks, the TypeScript SDK
+//! (`tests/mcp/ts/endpoint_client.mjs`), and plain HTTP where a test needs to see the wire
+//! (challenges, sessions across replicas).
 
 use std::{path::Path, sync::Arc, sync::atomic::Ordering, time::Duration};
 
 use serde_json::{Value, json};
 use toolmesh::AppOptions;
 use toolmesh_e2e::{
-    BinaryServer, TestServer, eventually, py_server, python,
+    BinaryServer, TestServer,
+    balancer::RoundRobin,
+    eventually, py_server, python,
     tools::{BlockingProbe, BlockingTool, ProgressTool},
 };
 use toolmesh_workers::ToolLimits;
 
 /// The revisions the Python SDK client speaks.
 const REVISIONS: [&str; 2] = ["2025-11-25", "2026-07-28"];
+
+/// An MCP client the tests drive through a plan of steps (see the scripts).
+#[derive(Debug, Clone, Copy)]
+enum Client {
+    /// The Python SDK on a protocol revision.
+    Python(&'static str),
+    /// The TypeScript SDK, on the revision it opens sessions with (2025-11-25).
+    TypeScript,
+}
+
+/// Every client, on every revision it speaks.
+const CLIENTS: [Client; 3] =
+    [Client::Python(REVISIONS[0]), Client::Python(REVISIONS[1]), Client::TypeScript];
+
+impl Client {
+    /// Runs the client against `url` through `plan`; returns each step's result (the first
+    /// is the handshake's).
+    async fn run(self, url: &str, plan: Value, env: &[(&str, &str)]) -> Vec<Value> {
+        parse(self.output(url, plan, env).await, &format!("{self:?}"))
+    }
+
+    /// Runs the client; returns what it printed and how it exited.
+    async fn output(self, url: &str, plan: Value, env: &[(&str, &str)]) -> std::process::Output {
+        let command = match self {
+            Client::Python(revision) => python_command(url, revision, &plan),
+            Client::TypeScript => typescript_command(url, &plan),
+        };
+        client_output(command, env).await
+    }
+}
 
 /// Runs the Python SDK client against `url` on `revision` through `plan`; returns each
 /// step's result (the first is the handshake's).
@@ -23,17 +56,40 @@ pub(crate) async fn python_client(
     plan: Value,
     env: &[(&str, &str)],
 ) -> Vec<Value> {
+    parse(client_output(python_command(url, revision, &plan), env).await, revision)
+}
+
+fn python_command(url: &str, revision: &str, plan: &Value) -> tokio::process::Command {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/endpoint_client.py");
     let mut command = tokio::process::Command::new(python());
-    command.arg(&script).arg(url).arg(revision).arg(plan.to_string()).envs(env.iter().copied());
-    let output = tokio::time::timeout(Duration::from_secs(60), command.output())
+    command.arg(&script).arg(url).arg(revision).arg(plan.to_string());
+    command
+}
+
+fn typescript_command(url: &str, plan: &Value) -> tokio::process::Command {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/ts/endpoint_client.mjs");
+    let mut command = tokio::process::Command::new("node");
+    command.arg(&script).arg(url).arg(plan.to_string());
+    command
+}
+
+async fn client_output(
+    mut command: tokio::process::Command,
+    env: &[(&str, &str)],
+) -> std::process::Output {
+    command.envs(env.iter().copied());
+    tokio::time::timeout(Duration::from_secs(60), command.output())
         .await
         .expect("the client finishes within a minute")
-        .expect("the client runs");
+        .expect("the client runs (tests/setup installs the SDKs)")
+}
+
+/// The steps' results a client printed, which must have succeeded.
+fn parse(output: std::process::Output, client: &str) -> Vec<Value> {
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
-        "the MCP client failed on {revision}: {}\n{stdout}",
+        "the MCP client failed ({client}): {}\n{stdout}",
         String::from_utf8_lossy(&output.stderr)
     );
     serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
@@ -63,13 +119,15 @@ fn mini_server(env: &str) -> String {
     )
 }
 
-/// On each revision, an MCP client lists the catalog of the profile its path names, calls
-/// a local tool, sees its progress, and calls an upstream MCP server's tool through toolmesh;
-/// on 2025-11-25 that server's question reaches the client, whose answer (completed with the
-/// schema's defaults) reaches the server.
+/// Every client, on each revision it speaks, lists the catalog of the profile its path
+/// names, calls a local tool, sees its progress, and calls the tools of upstream MCP servers
+/// (server-everything, and a Python SDK server) through toolmesh; on a session that server's
+/// question reaches the client, whose answer (completed with the schema's defaults) reaches
+/// the server.
 #[tokio::test]
-async fn mcp_clients_list_and_call_local_and_upstream_tools_on_each_revision() {
-    let config = format!("{ALL}\n{}", mini_server("MINI_FORM_TOOL = \"1\""));
+async fn mcp_clients_list_and_call_local_and_upstream_tools() {
+    let everything = "[[mcp.servers]]\nname = \"everything\"\ntransport = \"stdio\"\ncommand = \"mcp-server-everything\"\nargs = [\"stdio\"]\n";
+    let config = format!("{ALL}\n{}\n{everything}", mini_server("MINI_FORM_TOOL = \"1\""));
     let options = AppOptions {
         tools: vec![(Arc::new(ProgressTool), ToolLimits::default())],
         ..Default::default()
@@ -78,40 +136,47 @@ async fn mcp_clients_list_and_call_local_and_upstream_tools_on_each_revision() {
     let url = endpoint(&server, "/mcp/all");
     eventually(Duration::from_secs(30), || async {
         let listed = python_client(&url, "2025-11-25", json!([{"op": "list"}]), &[]).await;
-        listed[1]["tools"].as_array()?.iter().any(|t| t == "mini_form").then_some(())
+        let names = listed[1]["tools"].as_array()?;
+        let published =
+            ["mini_form", "everything_echo"].iter().all(|n| names.iter().any(|t| t == n));
+        published.then_some(())
     })
     .await
-    .expect("the upstream server's tools are published");
-    for revision in REVISIONS {
+    .expect("the upstream servers' tools are published");
+    for client in CLIENTS {
         let plan = json!([
             {"op": "list"},
             {"op": "call", "name": "echo", "arguments": {"message": "hi"}},
             {"op": "call", "name": "progress", "arguments": {"steps": 3}, "progress": true},
             {"op": "call", "name": "progress", "arguments": {"steps": 0}},
+            {"op": "call", "name": "everything_echo", "arguments": {"message": "upstream"}},
         ]);
-        let got = python_client(&url, revision, plan, &[]).await;
+        let got = client.run(&url, plan, &[]).await;
         let names: Vec<&str> =
             got[1]["tools"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
         for expected in ["echo", "progress", "mini_form", "searchTools", "callTool", "think"] {
-            assert!(names.contains(&expected), "{revision}: {expected} not in {names:?}");
+            assert!(names.contains(&expected), "{client:?}: {expected} not in {names:?}");
         }
-        assert_eq!(got[2]["is_error"], false, "{revision}: {}", got[2]);
-        assert_eq!(got[2]["structured"], json!({"message": "hi"}), "{revision}: {}", got[2]);
-        assert_eq!(got[3]["structured"], json!({"steps": 3}), "{revision}: {}", got[3]);
+        assert_eq!(got[2]["is_error"], false, "{client:?}: {}", got[2]);
+        assert_eq!(got[2]["structured"], json!({"message": "hi"}), "{client:?}: {}", got[2]);
+        assert_eq!(got[3]["structured"], json!({"steps": 3}), "{client:?}: {}", got[3]);
         let progress: Vec<f64> =
             got[3]["progress"].as_array().unwrap().iter().filter_map(|p| p[0].as_f64()).collect();
-        assert!(!progress.is_empty(), "{revision}: no progress reached the client");
-        assert!(progress.windows(2).all(|w| w[0] < w[1]), "{revision}: {progress:?}");
-        assert_eq!(progress.last(), Some(&3.0), "{revision}: {progress:?}");
+        assert!(!progress.is_empty(), "{client:?}: no progress reached the client");
+        assert!(progress.windows(2).all(|w| w[0] < w[1]), "{client:?}: {progress:?}");
+        assert_eq!(progress.last(), Some(&3.0), "{client:?}: {progress:?}");
         // Arguments the tool's schema refuses: a tool error the model reads, not a protocol one.
-        assert_eq!(got[4]["is_error"], true, "{revision}: {}", got[4]);
-        assert!(text_of(&got[4]).contains("steps"), "{revision}: {}", got[4]);
+        assert_eq!(got[4]["is_error"], true, "{client:?}: {}", got[4]);
+        assert!(text_of(&got[4]).contains("steps"), "{client:?}: {}", got[4]);
+        assert_eq!(got[5]["is_error"], false, "{client:?}: {}", got[5]);
+        assert_eq!(text_of(&got[5]), "Echo: upstream", "{client:?}: {}", got[5]);
     }
-    let plan = json!([{"op": "call", "name": "mini_form"}]);
-    let got =
-        python_client(&url, "2025-11-25", plan, &[("ELICIT_ACCEPT", r#"{"name": "Ada"}"#)]).await;
-    let answered: Value = serde_json::from_str(&text_of(&got[1])).unwrap();
-    assert_eq!(answered, json!({"name": "Ada", "greeting": "hello"}));
+    for client in [Client::Python("2025-11-25"), Client::TypeScript] {
+        let plan = json!([{"op": "call", "name": "mini_form"}]);
+        let got = client.run(&url, plan, &[("ELICIT_ACCEPT", r#"{"name": "Ada"}"#)]).await;
+        let answered: Value = serde_json::from_str(&text_of(&got[1])).unwrap();
+        assert_eq!(answered, json!({"name": "Ada", "greeting": "hello"}), "{client:?}");
+    }
     server.stop().await.unwrap();
 }
 
@@ -132,17 +197,21 @@ async fn a_session_hears_when_the_catalog_changes() {
     })
     .await
     .expect("the upstream server's tools are published");
-    let plan = json!([
-        {"op": "sleep", "s": 0.5},
-        {"op": "call", "name": "py_grow"},
-        {"op": "await_list_changed", "timeout_s": 20},
-        {"op": "list"},
-    ]);
-    let got = python_client(&url, "2025-11-25", plan, &[]).await;
-    assert_eq!(got[2]["is_error"], false, "{}", got[2]);
-    assert_eq!(got[3]["changed"], true, "no list_changed reached the client");
-    let names = got[4]["tools"].as_array().unwrap();
-    assert!(names.iter().any(|t| t == "py_extra"), "{names:?}");
+    // Each client makes the catalog change once: the server adds a tool, then changes one.
+    let changes = [(Client::Python("2025-11-25"), "py_grow"), (Client::TypeScript, "py_mutate")];
+    for (client, change) in changes {
+        let plan = json!([
+            {"op": "sleep", "s": 0.5},
+            {"op": "call", "name": change},
+            {"op": "await_list_changed", "timeout_s": 20},
+            {"op": "list"},
+        ]);
+        let got = client.run(&url, plan, &[]).await;
+        assert_eq!(got[2]["is_error"], false, "{client:?}: {}", got[2]);
+        assert_eq!(got[3]["changed"], true, "{client:?}: no list_changed reached the client");
+        let names = got[4]["tools"].as_array().unwrap();
+        assert!(names.iter().any(|t| t == "py_extra"), "{client:?}: {names:?}");
+    }
     server.stop().await.unwrap();
 }
 
@@ -157,18 +226,18 @@ async fn a_cancelled_mcp_call_ends_the_tool() {
     };
     let server = TestServer::start(ALL, options).await.unwrap();
     let url = endpoint(&server, "/mcp/all");
-    for (i, revision) in REVISIONS.into_iter().enumerate() {
+    for (i, client) in CLIENTS.into_iter().enumerate() {
         let plan = json!([
             {"op": "cancel", "name": "block", "after_s": 1.0},
             {"op": "sleep", "s": 0.5},
         ]);
-        python_client(&url, revision, plan, &[]).await;
-        assert_eq!(probe.started.load(Ordering::SeqCst), i + 1, "{revision}");
+        client.run(&url, plan, &[]).await;
+        assert_eq!(probe.started.load(Ordering::SeqCst), i + 1, "{client:?}");
         eventually(Duration::from_secs(10), || async {
             (probe.dropped.load(Ordering::SeqCst) == i + 1).then_some(())
         })
         .await
-        .unwrap_or_else(|| panic!("{revision}: the cancelled call kept running"));
+        .unwrap_or_else(|| panic!("{client:?}: the cancelled call kept running"));
     }
     assert_eq!(probe.finished.load(Ordering::SeqCst), 0);
     server.stop().await.unwrap();
@@ -258,6 +327,48 @@ async fn two_replicas_serve_one_session_alternately() {
     }
 }
 
+/// Real clients behind a round-robin balancer over two replicas that share
+/// `routing.token_key`: the requests of one session land on either replica in turn, and the
+/// session goes on (listing, calls, progress).
+#[tokio::test]
+async fn clients_keep_their_session_across_replicas_behind_a_balancer() {
+    let shared = format!("{ALL}\n[routing]\ntoken_key = \"replicas share this key\"\n");
+    let options = || AppOptions {
+        tools: vec![(Arc::new(ProgressTool), ToolLimits::default())],
+        ..Default::default()
+    };
+    let one = TestServer::start(&shared, options()).await.unwrap();
+    let two = TestServer::start(&shared, options()).await.unwrap();
+    let balancer = RoundRobin::start(vec![one.addr, two.addr]).await.unwrap();
+    let url = format!("http://{}/mcp/all", balancer.addr);
+    for client in CLIENTS {
+        let before = balancer.served();
+        let plan = json!([
+            {"op": "list"},
+            {"op": "call", "name": "echo", "arguments": {"turn": 1}},
+            {"op": "call", "name": "progress", "arguments": {"steps": 2}, "progress": true},
+            {"op": "call", "name": "echo", "arguments": {"turn": 2}},
+            {"op": "list"},
+        ]);
+        let got = client.run(&url, plan, &[]).await;
+        assert!(got[1]["tools"].as_array().unwrap().iter().any(|t| t == "progress"), "{client:?}");
+        assert_eq!(got[2]["structured"], json!({"turn": 1}), "{client:?}: {}", got[2]);
+        assert_eq!(got[3]["structured"], json!({"steps": 2}), "{client:?}: {}", got[3]);
+        assert!(!got[3]["progress"].as_array().unwrap().is_empty(), "{client:?}: {}", got[3]);
+        assert_eq!(got[4]["structured"], json!({"turn": 2}), "{client:?}: {}", got[4]);
+        assert_eq!(got[5]["tools"], got[1]["tools"], "{client:?}");
+        let after = balancer.served();
+        assert!(
+            after[0] >= before[0] + 2 && after[1] >= before[1] + 2,
+            "{client:?}: both replicas served the session: {before:?} -> {after:?}"
+        );
+    }
+    drop(balancer);
+    for server in [one, two] {
+        server.stop().await.unwrap();
+    }
+}
+
 /// With `[auth]`, a client without a credential gets 401 with a challenge naming the
 /// protected-resource metadata (RFC 9728), which names the token issuers; with an API key
 /// it sees only what policy lets it see, and a hidden tool cannot be called.
@@ -312,11 +423,19 @@ async fn the_endpoint_authenticates_and_shows_only_what_policy_allows() {
         {"op": "list"},
         {"op": "call", "name": "think", "arguments": {"title": "t", "thought": "x"}},
     ]);
-    for revision in REVISIONS {
-        let got = python_client(&url, revision, plan.clone(), &[("TOOLMESH_TOKEN", &key)]).await;
+    for client in CLIENTS {
+        let got = client.run(&url, plan.clone(), &[("TOOLMESH_TOKEN", &key)]).await;
         let names = &got[1]["tools"];
-        assert_eq!(names, &json!(["analyze", "callTool", "searchTools", "think"]), "{revision}");
-        assert_eq!(got[2]["is_error"], false, "{revision}: {}", got[2]);
+        assert_eq!(names, &json!(["analyze", "callTool", "searchTools", "think"]), "{client:?}");
+        assert_eq!(got[2]["is_error"], false, "{client:?}: {}", got[2]);
+        let hidden = json!([{"op": "call_error", "name": "echo"}]);
+        let got = client.run(&url, hidden, &[("TOOLMESH_TOKEN", &key)]).await;
+        assert_eq!(got[1]["code"], -32602, "{client:?}: a hidden tool is not found: {}", got[1]);
+        // Without a credential the client cannot connect: the endpoint answers 401.
+        let refused = client.output(&url, json!([]), &[]).await;
+        assert!(!refused.status.success(), "{client:?} connected without a credential");
+        let said = String::from_utf8_lossy(&refused.stderr);
+        assert!(said.contains("401"), "{client:?}: {said}");
     }
     let (_, session, _) = post(&url, initialize(), None, Some(&key)).await;
     let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
@@ -338,18 +457,18 @@ async fn the_shipped_defaults_serve_mcp_on_the_grpc_port() {
     let got = python_client(&whole, "2025-11-25", json!([{"op": "list"}]), &[]).await;
     assert_eq!(got[1]["tools"], json!(["analyze", "callTool", "echo", "searchTools", "think"]));
     let url = format!("http://{}/mcp/default", server.addr);
-    for revision in REVISIONS {
+    for client in CLIENTS {
         let plan = json!([
             {"op": "list"},
             {"op": "search_call", "query": "return my arguments", "name": "echo",
              "arguments": {"message": "hi"}},
         ]);
-        let got = python_client(&url, revision, plan, &[]).await;
-        assert_eq!(got[1]["tools"], json!(["callTool", "searchTools"]), "{revision}");
+        let got = client.run(&url, plan, &[]).await;
+        assert_eq!(got[1]["tools"], json!(["callTool", "searchTools"]), "{client:?}");
         assert!(got[2]["found"].as_array().unwrap().iter().any(|t| t == "echo"), "{}", got[2]);
         let called = &got[2]["called"];
-        assert_eq!(called["is_error"], false, "{revision}: {called}");
-        assert!(text_of(called).contains("hi"), "{revision}: {called}");
+        assert_eq!(called["is_error"], false, "{client:?}: {called}");
+        assert!(text_of(called).contains("hi"), "{client:?}: {called}");
     }
 }
 

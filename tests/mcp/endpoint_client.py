@@ -10,6 +10,8 @@ order in one connection; the script prints one JSON list with each step's result
 - {"op": "list"}: every page of tools/list -> {"tools": [names], "pages": n}
 - {"op": "call", "name": N, "arguments": {...}, "progress": bool}
   -> {"content": [...], "structured": ..., "is_error": bool, "progress": [[p, total], ...]}
+- {"op": "call_error", "name": N, "arguments": {...}}: a call expected to fail with a
+  JSON-RPC error -> {"code": c, "message": m}
 - {"op": "cancel", "name": N, "arguments": {...}, "after_s": s}: starts the call and
   cancels it after s seconds -> {"cancelled": true}
 - {"op": "search_call", "query": Q, "name": N, "arguments": {...}}: searchTools, then
@@ -19,7 +21,8 @@ order in one connection; the script prints one JSON list with each step's result
 - {"op": "sleep", "s": s}
 
 Elicitations are answered with $ELICIT_ACCEPT (JSON content) when set, else declined.
-A token in $TOOLMESH_TOKEN is sent as `Authorization: Bearer`.
+A token in $TOOLMESH_TOKEN is sent as `Authorization: Bearer`. When the client fails, the
+HTTP statuses it was answered with go to stderr (the SDK's error does not name them).
 """
 
 import json
@@ -30,6 +33,7 @@ import anyio
 import httpx2
 from mcp import ClientSession, types
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 
 
 def content_of(result):
@@ -44,6 +48,11 @@ async def elicit(context, params):
 
 
 LIST_CHANGED = []
+STATUSES = []
+
+
+async def record_status(response):
+    STATUSES.append(response.status_code)
 
 
 async def on_message(message):
@@ -57,7 +66,8 @@ async def run(url, revision, plan):
     if os.environ.get("TOOLMESH_TOKEN"):
         headers["Authorization"] = "Bearer " + os.environ["TOOLMESH_TOKEN"]
     out = []
-    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=60)) as http:
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=60),
+                                  event_hooks={"response": [record_status]}) as http:
         async with streamable_http_client(url, http_client=http) as streams:
             async with ClientSession(streams[0], streams[1], elicitation_callback=elicit,
                                      message_handler=on_message) as session:
@@ -96,6 +106,12 @@ async def run_step(session, step):
         )
         return {"content": content_of(result), "structured": result.structured_content,
                 "is_error": bool(result.is_error), "progress": progress}
+    if op == "call_error":
+        try:
+            await session.call_tool(step["name"], step.get("arguments", {}))
+        except MCPError as error:
+            return {"code": error.error.code, "message": error.error.message}
+        return {"code": None, "message": "the call succeeded"}
     if op == "search_call":
         found = await session.call_tool("searchTools", {"query": step["query"]})
         hits = found.structured_content or json.loads(found.content[0].text)
@@ -120,4 +136,8 @@ async def run_step(session, step):
 
 
 if __name__ == "__main__":
-    anyio.run(run, sys.argv[1], sys.argv[2], json.loads(sys.argv[3]))
+    try:
+        anyio.run(run, sys.argv[1], sys.argv[2], json.loads(sys.argv[3]))
+    except BaseException:
+        print(f"HTTP statuses: {STATUSES}", file=sys.stderr)
+        raise

@@ -2,6 +2,7 @@
 //! binary as a child process, and local tools with scripted behaviour; [`calls`] over the
 //! gRPC API, [`cli`] for the binaries.
 
+pub mod balancer;
 mod binary;
 pub mod calls;
 pub mod cli;
