@@ -280,3 +280,27 @@ async fn the_mcp_echo_server_answers_a_plain_http_client_without_delay() {
     assert!(median < std::time::Duration::from_millis(20), "calls took {timings:?}");
     child.kill().await.unwrap();
 }
+
+#[tokio::test]
+async fn bench_drives_any_mcp_endpoint_and_reads_its_cpu() {
+    // A running toolmesh's MCP endpoint stands for any MCP server or gateway; no speed.
+    let server = toolmesh_e2e::BinaryServer::start(&[], &[]).await.unwrap();
+    let url = format!("http://{}/mcp", server.addr);
+    let pid = server.pid().to_string();
+    let args = ["--mcp-endpoint", &url, "--pid", &pid, "--arguments", r#"{"message":"hi"}"#];
+    let timing = ["--concurrency", "2", "--duration", "0.4", "--warmup", "0.1", "--rounds", "2"];
+    let output = bench(&[&args[..], &timing[..], &["--json"]].concat()).await;
+    assert!(output.status.success(), "{}", stderr(&output));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    assert_eq!(report["tool"], "echo", "{report}");
+    assert_eq!(report["sample"]["errors"], 0, "{report}");
+    assert!(report["sample"]["throughput"].as_f64().unwrap() > 0.0, "{report}");
+    let cpu = report["cpu_ms"].as_f64().expect("the server's CPU per call");
+    assert!(cpu > 0.0 && cpu < 50.0, "{report}");
+
+    // A tool the endpoint does not have: every call fails, and the report says why.
+    let missing = ["--mcp-endpoint", &url, "--tool", "nope"];
+    let output = bench(&[&missing[..], &timing[..]].concat()).await;
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(stdout(&output).contains("first error"), "{}", stdout(&output));
+}

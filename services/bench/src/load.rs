@@ -143,11 +143,7 @@ impl ChildServer {
     /// The CPU time the server has used so far, user and system, all its threads; `None`
     /// where the system does not tell (it is read from Linux's `/proc/PID/stat`).
     pub(crate) fn cpu_time(&self) -> Option<Duration> {
-        /// The unit of `/proc`'s times: `USER_HZ`, 100 on every Linux architecture.
-        const TICKS_PER_SECOND: u64 = 100;
-        let pid = self.child.id()?;
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        Some(Duration::from_millis(cpu_ticks(&stat)? * 1000 / TICKS_PER_SECOND))
+        process_cpu_time(self.child.id()?)
     }
 
     /// Stops the server as an operator does, with SIGTERM, and waits for it to exit.
@@ -161,6 +157,15 @@ impl ChildServer {
             .context("the server did not exit within 30 s of SIGTERM")??;
         Ok(())
     }
+}
+
+/// The CPU time process `pid` has used so far, user and system, all its threads; `None`
+/// where the system does not tell (it is read from Linux's `/proc/PID/stat`).
+pub(crate) fn process_cpu_time(pid: u32) -> Option<Duration> {
+    /// The unit of `/proc`'s times: `USER_HZ`, 100 on every Linux architecture.
+    const TICKS_PER_SECOND: u64 = 100;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(Duration::from_millis(cpu_ticks(&stat)? * 1000 / TICKS_PER_SECOND))
 }
 
 /// The user and system time in a `/proc/PID/stat` line, in ticks. The fields after the
@@ -663,7 +668,8 @@ pub(crate) async fn run_mcp(
         let (url, tool) = (url.to_owned(), tool.to_owned());
         let concurrency = options.concurrency;
         async move {
-            crate::mcp_echo::direct_load(&url, &tool, concurrency, duration)
+            let arguments = serde_json::json!({"message": "hello"});
+            crate::mcp_echo::direct_load(&url, &tool, &arguments, concurrency, duration)
                 .await
                 .map_err(anyhow::Error::msg)
         }
@@ -724,6 +730,77 @@ pub(crate) async fn run_mcp(
         cores,
         cpu,
     })
+}
+
+/// Figures of `toolmesh-bench --mcp-endpoint`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct EndpointReport {
+    /// The endpoint measured.
+    pub(crate) url: String,
+    /// The tool called.
+    pub(crate) tool: String,
+    /// The median round.
+    pub(crate) sample: Sample,
+    /// CPU time of the process `--pid` per call over every round, in ms.
+    pub(crate) cpu_ms: Option<f64>,
+}
+
+/// Drives the MCP endpoint at `url` (any MCP server or gateway) with the compiled MCP client
+/// the `--mcp` phases use, calling `options.tool` with `options.arguments` from
+/// `options.concurrency` callers in `options.rounds` rounds; reads the CPU time of `pid`
+/// (the process serving it, on this machine) around them.
+pub(crate) async fn run_mcp_endpoint(
+    options: &BenchOptions,
+    url: &str,
+    pid: Option<u32>,
+) -> anyhow::Result<EndpointReport> {
+    let arguments: serde_json::Value =
+        serde_json::from_str(&options.arguments).context("--arguments is not JSON")?;
+    let load = |duration: Duration| {
+        crate::mcp_echo::direct_load(url, &options.tool, &arguments, options.concurrency, duration)
+    };
+    load(options.warmup).await.map_err(anyhow::Error::msg)?;
+    let rounds = options.rounds.max(1);
+    let slice = options.duration / rounds as u32;
+    let before = pid.and_then(process_cpu_time);
+    let mut samples = Vec::with_capacity(rounds);
+    let mut calls = 0.0;
+    for _ in 0..rounds {
+        let sample = Sample::of_load(load(slice).await.map_err(anyhow::Error::msg)?);
+        calls += sample.throughput * slice.as_secs_f64();
+        samples.push(sample);
+    }
+    let used = used(before, pid.and_then(process_cpu_time));
+    let cpu_ms = used.filter(|_| calls > 0.0).map(|used| used.as_secs_f64() * 1000.0 / calls);
+    Ok(EndpointReport {
+        url: url.to_owned(),
+        tool: options.tool.clone(),
+        sample: median(samples),
+        cpu_ms,
+    })
+}
+
+/// The table of `toolmesh-bench --mcp-endpoint`.
+pub(crate) fn render_mcp_endpoint(options: &BenchOptions, report: &EndpointReport) -> String {
+    let s = &report.sample;
+    let cpu = report.cpu_ms.map_or_else(|| "-".to_owned(), |ms| format!("{ms:.3}"));
+    format!(
+        "toolmesh-bench --mcp-endpoint {} · tool {} · concurrency {} · {:?} in {} rounds \
+         (median)\n\n    calls/s    p50 ms   p90 ms   p99 ms   errors   CPU ms per call (--pid)\n\
+         {:>11.0}{:>10.3}{:>9.3}{:>9.3}{:>9}{:>26}\n{}",
+        report.url,
+        report.tool,
+        options.concurrency,
+        options.duration,
+        options.rounds,
+        s.throughput,
+        s.p50_ms,
+        s.p90_ms,
+        s.p99_ms,
+        s.errors,
+        cpu,
+        s.first_error.as_deref().map(|e| format!("first error: {e}\n")).unwrap_or_default(),
+    )
 }
 
 /// The CPU time used between two readings of [`ChildServer::cpu_time`].

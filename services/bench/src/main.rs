@@ -63,6 +63,14 @@ struct Cli {
     /// client calling that server directly.
     #[arg(long)]
     mcp: bool,
+    /// Drive the MCP endpoint at this URL (any MCP server or gateway, a peer's too) with the
+    /// compiled MCP client of --mcp, calling --tool with --arguments: throughput, latency
+    /// and, with --pid, the CPU time per call of the process serving it.
+    #[arg(long, value_name = "URL", conflicts_with_all = ["mcp", "remote", "policy"])]
+    mcp_endpoint: Option<String>,
+    /// With --mcp-endpoint: the process serving the endpoint on this machine (Linux).
+    #[arg(long, requires = "mcp_endpoint")]
+    pid: Option<u32>,
     /// Measure remote worker pools: a 20 ms tool on 1, 2 and 4 `toolmesh worker` processes
     /// of capacity 4 (throughput and how linear it scales), and the latency the remote hop
     /// adds to a call against the same tool local to the router.
@@ -259,6 +267,9 @@ async fn run(args: Cli, pinned: Option<policy::Cores>) -> anyhow::Result<ExitCod
         };
         let report = policy::run(&options, &programs, variant, pinned).await?;
         (policy::render(&report), serde_json::to_value(&report)?)
+    } else if let Some(url) = &args.mcp_endpoint {
+        let report = load::run_mcp_endpoint(&options, url, args.pid).await?;
+        (load::render_mcp_endpoint(&options, &report), serde_json::to_value(&report)?)
     } else if args.mcp {
         let report = load::run_mcp(&options, &programs).await?;
         (load::render_mcp(&options, &report), serde_json::to_value(&report)?)

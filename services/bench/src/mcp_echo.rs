@@ -22,7 +22,7 @@ use rmcp::{
         },
     },
 };
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
 /// Name of the tool that changes another tool's description (see [`EchoServer`]).
@@ -247,14 +247,16 @@ impl DirectLoad {
     }
 }
 
-/// Drives `tool` (an echo) at `url` from one MCP client connection (as toolmesh holds one
-/// per server) with `concurrency` callers for `duration`.
+/// Drives `tool` with `arguments` at `url` from one MCP client connection (as toolmesh
+/// holds one per server) with `concurrency` callers for `duration`.
 pub(crate) async fn direct_load(
     url: &str,
     tool: &str,
+    arguments: &Value,
     concurrency: usize,
     duration: Duration,
 ) -> Result<DirectLoad, String> {
+    let arguments = arguments.as_object().cloned();
     let mut config = StreamableHttpClientTransportConfig::with_uri(url.to_owned());
     config.max_concurrent_requests = 256;
     let client =
@@ -267,12 +269,12 @@ pub(crate) async fn direct_load(
     let mut tasks = Vec::with_capacity(concurrency);
     for _ in 0..concurrency {
         let peer = peer.clone();
-        let tool = tool.to_owned();
+        let (tool, arguments) = (tool.to_owned(), arguments.clone());
         tasks.push(tokio::spawn(async move {
             let mut load = DirectLoad::default();
             while Instant::now() < end {
                 let mut params = CallToolRequestParams::new(tool.clone());
-                params.arguments = json!({"message": "hello"}).as_object().cloned();
+                params.arguments.clone_from(&arguments);
                 let sent = Instant::now();
                 match peer.call_tool_once(params).await {
                     Ok(_) => load.latencies_ns.push(sent.elapsed().as_nanos() as u64),
