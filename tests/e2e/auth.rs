@@ -631,8 +631,13 @@ async fn a_revoked_worker_key_ends_the_workers_session_on_reload() {
             })
         })
         .await;
-    assert!(refused.is_some(), "{}", worker.logs());
-    assert!(server.logs().contains("credential was revoked"), "{}", server.logs());
+    assert!(refused.is_some(), "{}\n{}", worker.logs(), server.logs());
+    // The router names the revocation when it is what ended the session. A session that had
+    // already ended (heartbeats missed on a loaded machine) is refused when the worker comes
+    // back instead, which the worker reports and the router does not log.
+    if worker.logs().contains("credential was revoked") {
+        assert!(server.logs().contains("credential was revoked"), "{}", server.logs());
+    }
 }
 
 /// Calls in flight under a key a reload removes end with UNAUTHENTICATED naming the
