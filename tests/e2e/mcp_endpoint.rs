@@ -250,7 +250,7 @@ fn http() -> reqwest::Client {
 
 /// POSTs one JSON-RPC message; returns the status, the session header and the JSON-RPC
 /// answer (from a JSON body or the last `data:` line of an event stream).
-async fn post(
+pub(crate) async fn post(
     url: &str,
     message: Value,
     session: Option<&str>,
@@ -283,7 +283,7 @@ async fn post(
     (status, session, answer)
 }
 
-fn initialize() -> Value {
+pub(crate) fn initialize() -> Value {
     json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-11-25", "capabilities": {},
         "clientInfo": {"name": "e2e", "version": "1"}}})

@@ -678,3 +678,88 @@ async fn mcp_operations_are_measured_on_both_sides() {
             .collect::<Vec<_>>()
     );
 }
+
+/// A call through the MCP endpoint is one trace from the MCP client's `traceparent` (in the
+/// request's `_meta`, else in its HTTP headers) through the router to the upstream server;
+/// the endpoint's server span carries the MCP conventions' attributes.
+#[tokio::test]
+async fn mcp_endpoint_calls_are_one_trace_from_the_client_to_the_upstream_server() {
+    use crate::mcp_endpoint::{initialize, post};
+
+    let (receiver, otlp) = Receiver::start().await;
+    let config = format!(
+        "[[mcp.servers]]\nname = \"py\"\ntransport = \"stdio\"\ncommand = \"{}\"\nargs = [\"{}\"]\n\n[[routing.profiles]]\nname = \"all\"\nexpose = [\"*\"]\n",
+        python(),
+        py_server()
+    );
+    let mut server =
+        BinaryServer::with_config(&config, &[("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str())])
+            .await
+            .unwrap();
+    let addr = server.addr.to_string();
+    eventually(Duration::from_secs(30), || async {
+        tool_names(&addr).await.contains(&"py_trace".to_owned()).then_some(())
+    })
+    .await
+    .expect("the MCP server's tools are published");
+    let url = format!("http://{addr}/mcp/all");
+    let (status, session, _) = post(&url, initialize(), None, None).await;
+    assert_eq!(status, 200);
+    let session = session.expect("a session");
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    post(&url, initialized, Some(&session), None).await;
+
+    // In `_meta`, as the MCP conventions carry it.
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let parent = "00f067aa0ba902b7";
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "py_trace", "arguments": {},
+        "_meta": {"traceparent": format!("00-{trace_id}-{parent}-01")}}});
+    let (status, _, answer) = post(&url, call, Some(&session), None).await;
+    assert_eq!(status, 200, "{answer}");
+    let received = answer["result"]["content"][0]["text"].as_str().unwrap_or_default().to_owned();
+    assert_eq!(received.split('-').nth(1), Some(trace_id), "{answer}");
+
+    // In the HTTP headers, where the request's `_meta` has none.
+    let header_trace = "6bf92f3577b34da6a3ce929d0e0e4736";
+    let call = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+        "params": {"name": "py_trace", "arguments": {}}});
+    let response = reqwest::Client::new()
+        .post(&url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-11-25")
+        .header("mcp-session-id", &session)
+        .header("traceparent", format!("00-{header_trace}-{parent}-01"))
+        .body(call.to_string())
+        .send()
+        .await
+        .unwrap();
+    let body = response.text().await.unwrap();
+    assert!(body.contains(header_trace), "the header's trace reached the server: {body}");
+
+    let spans = receiver.spans_after_stop(&mut server, "tools/call py_trace").await;
+    let served = spans
+        .iter()
+        .map(|(_, s)| s)
+        .find(|s| s.name == "tools/call py_trace" && hex(&s.trace_id) == trace_id)
+        .expect("the endpoint's server span, in the client's trace");
+    assert_eq!(hex(&served.parent_span_id), parent, "a child of the client's span");
+    assert_eq!(attr(served, "mcp.method.name").as_deref(), Some("tools/call"));
+    assert_eq!(attr(served, "mcp.protocol.version").as_deref(), Some("2025-11-25"));
+    assert_eq!(attr(served, "mcp.session.id").as_deref(), Some(session.as_str()));
+    assert_eq!(attr(served, "gen_ai.tool.name").as_deref(), Some("py_trace"));
+    // Through the router to the upstream server, in the same trace.
+    let upstream = spans
+        .iter()
+        .map(|(_, s)| s)
+        .find(|s| s.name == "tools/call trace" && hex(&s.trace_id) == trace_id)
+        .expect("toolmesh's MCP client span to the upstream server, in the same trace");
+    assert_eq!(attr(upstream, "mcp.server").as_deref(), Some("py"));
+    assert!(
+        spans
+            .iter()
+            .any(|(_, s)| s.name == "tools/call py_trace" && hex(&s.trace_id) == header_trace),
+        "the header-parented call has its span too"
+    );
+}

@@ -78,6 +78,10 @@ pub(crate) struct Front {
     pub(crate) path: Arc<str>,
 }
 
+/// The session id a request presented, as the client knows it (rmcp is handed its own).
+#[derive(Debug, Clone)]
+pub(crate) struct ClientSession(pub(crate) String);
+
 /// The session header of streamable HTTP.
 pub(crate) const SESSION_HEADER: &str = "mcp-session-id";
 
@@ -109,12 +113,15 @@ impl Front {
             .map(|rest| rest.trim_matches('/'))
             .unwrap_or_default()
             .to_owned();
-        let session = parts
-            .headers
-            .get(SESSION_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_owned();
+        let session = match parts.extensions.get::<ClientSession>() {
+            Some(ClientSession(id)) => id.clone(),
+            None => parts
+                .headers
+                .get(SESSION_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned(),
+        };
         Ok(Caller { principal, profile, session })
     }
 }

@@ -34,7 +34,7 @@ use tracing::debug;
 pub use config::McpEndpointConfig;
 pub use handler::{Caller, Mesh, Page};
 
-use handler::{Front, SESSION_HEADER};
+use handler::{ClientSession, Front, SESSION_HEADER};
 use session::SignedSessions;
 
 /// The body of the endpoint's responses.
@@ -113,6 +113,8 @@ impl Endpoint {
                 self.sessions.end(id);
                 ended = Some(id.to_owned());
             }
+            // The handlers name the session as the client does, on every replica.
+            request.extensions_mut().insert(ClientSession(id.to_owned()));
             // A session opened here runs under rmcp's own id; elsewhere, or once it idled
             // out, rmcp restores it from the signed id.
             if let Some(local) = self.sessions.local_of(id) {
