@@ -485,6 +485,11 @@ annotations = {{ read_only = true }}
 [[catalog.tools]]
 tool = "py_slow"
 hidden = true
+
+[[catalog.toolkits]]
+name = "arithmetic"
+instructions = "Add first."
+tools = ["py_add"]
 "#,
         python(),
         py_server()
@@ -492,6 +497,21 @@ hidden = true
     let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
     let sum = wait_for_tool(&server, "sum").await;
     assert_eq!(sum.description, "Sums two integers.");
+    assert_eq!(sum.toolkit, "arithmetic", "the operator's toolkit takes the tool");
+    // The server's other tools are its own toolkit, with the server's instructions.
+    let listed = eventually(Duration::from_secs(30), || async {
+        let request = ListToolsRequest { toolkit: "py".into(), ..Default::default() };
+        let listed = server.client().await.list_tools(request).await.unwrap().into_inner();
+        let toolkit = listed.toolkits.into_iter().find(|k| k.name == "py")?;
+        (!toolkit.instructions.is_empty()).then_some((listed.tools, toolkit))
+    })
+    .await;
+    let (members, py) = listed.expect("the server's toolkit, with its instructions");
+    assert_eq!(py.instructions, "Count before you wait: call count, then slow.");
+    assert_eq!(py.description, "Tools for toolmesh's tests.");
+    assert!(py.tools.contains(&"py_count".to_owned()), "{py:?}");
+    assert!(!py.tools.iter().any(|t| t == "sum" || t == "py_slow"), "{py:?}");
+    assert!(members.iter().all(|t| t.toolkit == "py"), "{members:?}");
     assert_eq!(sum.source.unwrap().upstream_name, "add", "the server is called by its own name");
     assert_eq!(text(&server.call("sum", json!({"a": 1, "b": 2})).await.unwrap()), "3");
 

@@ -27,7 +27,11 @@ from mcp.server.mcpserver import Context, Elicit, ElicitationResult, MCPServer, 
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel
 
-server = MCPServer("toolmesh-test-python")
+server = MCPServer(
+    "toolmesh-test-python",
+    description="Tools for toolmesh's tests.",
+    instructions="Count before you wait: call count, then slow.",
+)
 
 
 @server.tool()

@@ -163,6 +163,7 @@ impl RetrieverActor {
                 source,
                 tools,
                 toolkits: Vec::new(),
+                toolkit: None,
                 unchanged: Vec::new(),
             })
             .await

@@ -4,7 +4,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use rayon::prelude::*;
 use rmcp::model::{ProtocolVersion, Tool};
 use tokio_util::sync::CancellationToken;
-use toolmesh_core::{SourceKind, ToolSource};
+use toolmesh_core::{SourceKind, ToolSource, Toolkit};
 use toolmesh_registry::{RegistryHandle, SourceUpdate};
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
@@ -73,7 +73,8 @@ impl McpClientActor {
         let previous = std::mem::replace(&mut state.listed, listing.clone());
         // Freeing thousands of schemas takes a while: on a blocking thread, not the actor.
         tokio::task::spawn_blocking(move || drop(previous));
-        if same {
+        let toolkit = self.toolkit();
+        if same && state.toolkit.as_ref() == Some(&toolkit) {
             debug!(server, tools = listing.len(), "the tool listing has not changed");
             return;
         }
@@ -81,9 +82,16 @@ impl McpClientActor {
         let source = self.source();
         let count = entries.len() + unchanged.len();
         let fresh: Vec<String> = entries.iter().map(|e| e.spec.name.clone()).collect();
-        let update = SourceUpdate { source, tools: entries, toolkits: vec![], unchanged };
+        let update = SourceUpdate {
+            source,
+            tools: entries,
+            toolkits: vec![],
+            toolkit: Some(toolkit.clone()),
+            unchanged,
+        };
         match self.registry.replace_source(update).await {
             Ok(()) => {
+                state.toolkit = Some(toolkit);
                 info!(server, tools = count, "mcp tools published");
                 debug!(
                     server,
@@ -103,7 +111,27 @@ impl McpClientActor {
                 error!(server, %error, "publishing the mcp tools failed");
                 // The next listing is published whole.
                 state.listed = Listing::default();
+                state.toolkit = None;
             }
+        }
+    }
+
+    /// The server's own toolkit: named after the server, with the description and the
+    /// instructions it gave when it was connected to (none before).
+    fn toolkit(&self) -> Toolkit {
+        let peer = self.shared.peer.load();
+        let info = peer.as_deref().and_then(|peer| peer.peer_info());
+        let implementation = info.as_ref().and_then(|info| info.server_info.as_ref());
+        let description = implementation
+            .and_then(|server| server.description.clone().or_else(|| server.title.clone()));
+        Toolkit {
+            name: self.shared.name().to_owned(),
+            description: description.unwrap_or_default(),
+            instructions: info
+                .as_ref()
+                .and_then(|info| info.instructions.clone())
+                .unwrap_or_default(),
+            tools: vec![],
         }
     }
 
@@ -178,6 +206,7 @@ impl Actor for McpClientActor {
             source: self.source(),
             tools: vec![],
             toolkits: vec![],
+            toolkit: None,
             unchanged: vec![],
         };
         let _ = self.registry.replace_source(update).await;

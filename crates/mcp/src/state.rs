@@ -15,6 +15,8 @@ pub struct McpClientState {
     pub(crate) connection: Option<tokio_util::sync::DropGuard>,
     /// The tools of the last listing published, by their name on the server.
     pub(crate) listed: Listing,
+    /// The server's toolkit as last published.
+    pub(crate) toolkit: Option<toolmesh_core::Toolkit>,
 }
 
 /// A server's tools by their name on the server.

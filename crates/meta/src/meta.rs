@@ -113,7 +113,7 @@ impl MetaTools {
             .toolkits
             .values()
             .filter(|kit| {
-                kit.tools.iter().any(|t| {
+                catalog.members(&kit.name).any(|t| {
                     catalog.get(t).is_some_and(|e| {
                         Admission::in_pool(profile, &e.spec) && scope.sees(&e.spec)
                     })
@@ -227,6 +227,7 @@ impl MetaTools {
                 source: ToolSource::local(META_SOURCE),
                 tools: self.entries(),
                 toolkits: vec![],
+                toolkit: None,
                 unchanged: vec![],
             })
             .await

@@ -97,6 +97,7 @@ mod tests {
                 source: ToolSource::local("x"),
                 tools: vec![ToolEntry::new(spec, Arc::new(Nop)).unwrap()],
                 toolkits: vec![],
+                toolkit: None,
                 unchanged: vec![],
             };
             registry.replace_source(update).await.unwrap();

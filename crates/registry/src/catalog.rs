@@ -26,12 +26,29 @@ pub struct Catalog {
     /// The names of each source's tools, so that replacing a source's tools looks at
     /// those only.
     by_source: OrdMap<ToolSource, OrdSet<Arc<str>>>,
-    /// Toolkits by name.
+    /// Toolkits by name, as listed: a source's, with what the operator states over it, or
+    /// one `[[catalog.toolkits]]` declares. Their tools are [`Catalog::members`].
     pub toolkits: BTreeMap<String, Arc<Toolkit>>,
+    /// The names of each toolkit's tools.
+    by_toolkit: OrdMap<String, OrdSet<Arc<str>>>,
+    /// The toolkits sources registered, as registered, by name.
+    pub(crate) registered: BTreeMap<String, RegisteredKit>,
     /// What the operator states about tools, applied to each as it joins.
     pub overrides: Arc<crate::Overrides>,
     /// Increases with every published change.
     pub version: u64,
+}
+
+/// A toolkit a source registered.
+#[derive(Debug, Clone)]
+pub(crate) struct RegisteredKit {
+    /// The source it belongs to.
+    pub(crate) source: ToolSource,
+    /// As the source gave it (the operator's statements are laid over it when listed).
+    pub(crate) toolkit: Arc<Toolkit>,
+    /// Whether its tools were registered with it, all or nothing, rather than joining it
+    /// one by one as the source's standalone tools do (an MCP server's toolkit).
+    pub(crate) whole: bool,
 }
 
 /// A tool's entry as the catalog holds it. Two are equal only when they are the same entry:
@@ -102,6 +119,30 @@ impl Catalog {
         })
     }
 
+    /// Returns the names of the tools in the toolkit `toolkit`: in the order its source
+    /// registered them with it, or in name order for tools that joined it one by one.
+    pub fn members(&self, toolkit: &str) -> Box<dyn Iterator<Item = &str> + '_> {
+        let joined = self.by_toolkit.get(toolkit).into_iter().flat_map(|names| names.iter());
+        let joined = joined.map(|name| &**name);
+        match self.registered.get(toolkit).filter(|kit| kit.whole) {
+            Some(kit) => {
+                let own = &kit.toolkit.tools;
+                let registered = own.iter().map(String::as_str).filter(|name| self.contains(name));
+                // Tools a `[[catalog.toolkits]]` of its name added, after its own.
+                Box::new(registered.chain(joined.filter(|name| !own.iter().any(|o| o == name))))
+            }
+            None => Box::new(joined),
+        }
+    }
+
+    /// Returns whether the tool `entry` is a member of a toolkit registered with its tools,
+    /// which no other tool may replace.
+    pub(crate) fn in_whole_toolkit(&self, entry: &ToolEntry) -> Option<&str> {
+        let toolkit = entry.spec.toolkit.as_deref()?;
+        let (name, kit) = self.registered.get_key_value(toolkit)?;
+        kit.whole.then_some(name.as_str())
+    }
+
     /// Returns the names of the tools of `source`.
     pub(crate) fn names_of(&self, source: &ToolSource) -> Option<&OrdSet<Arc<str>>> {
         self.by_source.get(source)
@@ -114,10 +155,19 @@ impl Catalog {
         entry: Arc<ToolEntry>,
     ) -> Option<Arc<ToolEntry>> {
         let source = entry.spec.source.clone();
+        let toolkit = entry.spec.toolkit.clone();
         self.by_source.entry(source.clone()).or_default().insert(name.clone());
+        if let Some(toolkit) = &toolkit {
+            self.by_toolkit.entry(toolkit.clone()).or_default().insert(name.clone());
+        }
         let previous = self.tools.insert(name.clone(), Published(entry)).map(|p| p.0)?;
         if previous.spec.source != source {
             self.forget(&previous.spec.source, &name);
+        }
+        if let Some(was) =
+            previous.spec.toolkit.as_ref().filter(|was| Some(*was) != toolkit.as_ref())
+        {
+            self.leave(was, &name);
         }
         Some(previous)
     }
@@ -126,6 +176,9 @@ impl Catalog {
     pub(crate) fn remove(&mut self, name: &str) -> Option<Arc<ToolEntry>> {
         let removed = self.tools.remove(name).map(|p| p.0)?;
         self.forget(&removed.spec.source, name);
+        if let Some(toolkit) = &removed.spec.toolkit {
+            self.leave(toolkit, name);
+        }
         Some(removed)
     }
 
@@ -136,6 +189,33 @@ impl Catalog {
                 self.by_source.remove(source);
             }
         }
+    }
+
+    fn leave(&mut self, toolkit: &str, name: &str) {
+        if let Some(names) = self.by_toolkit.get_mut(toolkit) {
+            names.remove(name);
+            if names.is_empty() {
+                self.by_toolkit.remove(toolkit);
+            }
+        }
+    }
+
+    /// Lists the toolkit `name` as what its source registered with what the operator
+    /// states over it, or as the operator declares it, or not at all.
+    pub(crate) fn relist_toolkit(&mut self, name: &str) {
+        let listed = match self.registered.get(name) {
+            Some(kit) => Some(self.overrides.toolkit_over(Toolkit::clone(&kit.toolkit))),
+            None => self.overrides.toolkit(name).map(|stated| Toolkit {
+                name: stated.name.clone(),
+                description: stated.description.clone().unwrap_or_default(),
+                instructions: stated.instructions.clone().unwrap_or_default(),
+                tools: vec![],
+            }),
+        };
+        match listed {
+            Some(toolkit) => self.toolkits.insert(name.to_owned(), Arc::new(toolkit)),
+            None => self.toolkits.remove(name),
+        };
     }
 }
 

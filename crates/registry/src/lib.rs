@@ -13,7 +13,10 @@
 //!   toolkit is rejected and nothing changes;
 //! - toolkits do not nest: a tool belongs to at most one toolkit;
 //! - what the operator states about a tool ([`Overrides`]: name, title, description,
-//!   annotations, hidden) replaces what its source says, as the tool joins.
+//!   annotations, hidden) replaces what its source says, as the tool joins; a toolkit the
+//!   operator declares gathers the tools it selects that are in no other toolkit;
+//! - a source's own toolkit (an MCP server's) takes the source's standalone tools that no
+//!   declared toolkit took.
 
 mod actor;
 mod catalog;
@@ -30,5 +33,5 @@ pub use entry::{MAX_DEFINITION_BYTES, SchemaViolation, ToolEntry};
 pub use error::RegistryError;
 pub use handle::RegistryHandle;
 pub use messages::{Registered, RegistryMsg, SourceUpdate};
-pub use overrides::{Overrides, ToolOverride};
+pub use overrides::{Overrides, ToolOverride, ToolkitOverride};
 pub use state::RegistryState;

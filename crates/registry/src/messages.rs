@@ -26,6 +26,10 @@ pub struct SourceUpdate {
     pub tools: Vec<ToolEntry>,
     /// Its toolkits, each with its tools.
     pub toolkits: Vec<(Toolkit, Vec<ToolEntry>)>,
+    /// The source's own toolkit (an MCP server's, with the server's instructions), which
+    /// its standalone tools join unless a `[[catalog.toolkits]]` takes them; its `tools`
+    /// are not read.
+    pub toolkit: Option<Toolkit>,
     /// Standalone tools of this source to keep exactly as published (the same entry, so
     /// followers of the catalog can tell at once that they did not change), by name. A
     /// name that the catalog holds under no such tool is ignored.

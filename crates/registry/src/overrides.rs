@@ -2,7 +2,7 @@
 //! as it joins the catalog.
 
 use toolmesh_config::Selector;
-use toolmesh_core::ToolAnnotations;
+use toolmesh_core::{ToolAnnotations, Toolkit};
 use tracing::debug;
 
 use crate::ToolEntry;
@@ -27,23 +27,73 @@ pub struct ToolOverride {
     pub hidden: bool,
 }
 
-/// Every `[[catalog.tools]]`, in the order written: where two set one field, the later wins.
+/// One `[[catalog.toolkits]]`: a toolkit the operator declares, or the description and
+/// instructions of a source's toolkit of that name.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct Overrides(pub Vec<ToolOverride>);
+pub struct ToolkitOverride {
+    /// The toolkit's name.
+    pub name: String,
+    /// What the toolkit is for, over its source's.
+    pub description: Option<String>,
+    /// How a model should use its tools together, over its source's.
+    pub instructions: Option<String>,
+    /// The tools it gathers, as their source publishes them: any tool one selects that is
+    /// in no other toolkit (a tool of an MCP server's own toolkit joins this one instead).
+    pub select: Vec<Selector>,
+}
+
+/// Every `[[catalog.tools]]` and `[[catalog.toolkits]]`, in the order written: where two
+/// set one field of a tool, the later wins; a tool two toolkits select joins the first.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Overrides {
+    /// `[[catalog.tools]]`.
+    pub tools: Vec<ToolOverride>,
+    /// `[[catalog.toolkits]]`.
+    pub toolkits: Vec<ToolkitOverride>,
+}
 
 impl Overrides {
+    /// Returns the `[[catalog.toolkits]]` named `name`.
+    pub fn toolkit(&self, name: &str) -> Option<&ToolkitOverride> {
+        self.toolkits.iter().find(|kit| kit.name == name)
+    }
+
+    /// Returns `toolkit` with the description and instructions the operator states for it.
+    pub(crate) fn toolkit_over(&self, mut toolkit: Toolkit) -> Toolkit {
+        if let Some(stated) = self.toolkit(&toolkit.name) {
+            if let Some(description) = &stated.description {
+                toolkit.description.clone_from(description);
+            }
+            if let Some(instructions) = &stated.instructions {
+                toolkit.instructions.clone_from(instructions);
+            }
+        }
+        toolkit
+    }
+
     /// Returns `entry` with what the overrides that select it state, or `None` when one
-    /// hides it.
+    /// hides it. A tool in no toolkit joins the first `[[catalog.toolkits]]` that selects it.
     pub(crate) fn apply(&self, mut entry: ToolEntry) -> Option<ToolEntry> {
+        let joins = match entry.spec.toolkit {
+            Some(_) => None,
+            None => self
+                .toolkits
+                .iter()
+                .find(|kit| kit.select.iter().any(|s| s.selects(&entry.spec)))
+                .map(|kit| kit.name.clone()),
+        };
         let selected: Vec<&ToolOverride> = self
-            .0
+            .tools
             .iter()
             .filter(|o| o.select.as_ref().is_some_and(|s| s.selects(&entry.spec)))
             .collect();
+        let spec = &mut entry.spec;
+        if joins.is_some() {
+            spec.toolkit = joins;
+        }
         if selected.is_empty() {
             return Some(entry);
         }
-        let spec = &mut entry.spec;
         if selected.iter().any(|o| o.hidden) {
             debug!(tool = %spec.name, source = %spec.source, "tool hidden by [[catalog.tools]]");
             return None;
@@ -114,7 +164,7 @@ mod tests {
 
     #[test]
     fn overrides_rename_describe_vouch_and_hide() {
-        let overrides = Overrides(vec![
+        let tools = vec![
             ToolOverride {
                 select: select("gh_delete"),
                 name: Some("delete_repository".into()),
@@ -131,7 +181,8 @@ mod tests {
                 ..Default::default()
             },
             ToolOverride { select: select("gh_admin_*"), hidden: true, ..Default::default() },
-        ]);
+        ];
+        let overrides = Overrides { tools, toolkits: vec![] };
         let spec = overrides.apply(mcp_tool("gh_delete")).unwrap().spec;
         assert_eq!(spec.name, "delete_repository");
         assert_eq!(spec.upstream_name.as_deref(), Some("gh_delete"));
@@ -147,5 +198,25 @@ mod tests {
         assert_eq!((other.name.as_str(), other.title.as_str()), ("gh_list", "GitHub"));
         assert!(!other.annotations_trusted, "no hint stated, the server's stay untrusted");
         assert!(overrides.apply(mcp_tool("gh_admin_purge")).is_none());
+    }
+
+    #[test]
+    fn a_tool_in_no_toolkit_joins_the_first_toolkit_that_selects_it() {
+        let kit = |name: &str, select: &[&str]| ToolkitOverride {
+            name: name.into(),
+            select: select.iter().map(|s| Selector::parse(s).unwrap()).collect(),
+            ..ToolkitOverride::default()
+        };
+        let overrides = Overrides {
+            tools: vec![],
+            toolkits: vec![kit("repos", &["gh_*_repo"]), kit("github", &["source:gh"])],
+        };
+        let spec = |name: &str| overrides.apply(mcp_tool(name)).unwrap().spec;
+        assert_eq!(spec("gh_delete_repo").toolkit.as_deref(), Some("repos"));
+        assert_eq!(spec("gh_list_issues").toolkit.as_deref(), Some("github"));
+        let mut member = mcp_tool("gh_delete_repo");
+        member.spec.toolkit = Some("admin".into());
+        let kept = overrides.apply(member).unwrap().spec;
+        assert_eq!(kept.toolkit.as_deref(), Some("admin"), "toolkits do not nest");
     }
 }

@@ -6,7 +6,7 @@ use std::{
 use toolmesh_core::{ToolSource, Toolkit};
 use tracing::warn;
 
-use crate::{Catalog, Registered, RegistryError, SourceUpdate, ToolEntry};
+use crate::{Catalog, Registered, RegistryError, SourceUpdate, ToolEntry, catalog::RegisteredKit};
 
 /// The [`RegistryActor`](crate::RegistryActor)'s state: the catalog being edited. Every operation works on a copy and
 /// commits it only when the whole operation succeeds, so a rejected request changes nothing.
@@ -25,15 +25,24 @@ impl RegistryState {
         &self.catalog
     }
 
-    /// Sets the overrides the tools that join from now on get; the catalog's version stays.
+    /// Sets the overrides the tools that join from now on get, and lists the toolkits they
+    /// declare; the catalog's version stays.
     pub(crate) fn set_overrides(&mut self, overrides: crate::Overrides) {
         let mut next = Catalog::clone(&self.catalog);
+        let names: BTreeSet<String> = (next.overrides.toolkits.iter())
+            .chain(&overrides.toolkits)
+            .map(|kit| kit.name.clone())
+            .collect();
         next.overrides = Arc::new(overrides);
+        for name in names {
+            next.relist_toolkit(&name);
+        }
         self.catalog = Arc::new(next);
     }
 
     pub(crate) fn register(&mut self, tool: ToolEntry) -> Result<Registered, RegistryError> {
         let mut next = Catalog::clone(&self.catalog);
+        not_nested(&tool)?;
         let Some(tool) = next.overrides.apply(tool) else { return Ok(Registered::Hidden) };
         let outcome = insert_standalone(&mut next, tool)?;
         self.commit(next);
@@ -46,7 +55,10 @@ impl RegistryState {
         tools: Vec<ToolEntry>,
     ) -> Result<(), RegistryError> {
         let mut next = Catalog::clone(&self.catalog);
-        insert_toolkit(&mut next, toolkit, tools)?;
+        let source = tools
+            .first()
+            .map_or_else(|| ToolSource::local(&toolkit.name), |t| t.spec.source.clone());
+        insert_toolkit(&mut next, &source, toolkit, tools)?;
         self.commit(next);
         Ok(())
     }
@@ -59,9 +71,9 @@ impl RegistryState {
             .iter()
             .map(String::as_str)
             .filter(|name| {
-                self.catalog
-                    .get(name)
-                    .is_some_and(|t| t.spec.source == update.source && t.spec.toolkit.is_none())
+                self.catalog.get(name).is_some_and(|t| {
+                    t.spec.source == update.source && self.catalog.in_whole_toolkit(t).is_none()
+                })
             })
             .collect();
         {
@@ -83,11 +95,16 @@ impl RegistryState {
             for tool in &mut tools {
                 tool.spec.source = update.source.clone();
             }
-            insert_toolkit(&mut next, toolkit, tools)?;
+            insert_toolkit(&mut next, &update.source, toolkit, tools)?;
         }
+        let own = update.toolkit.and_then(|kit| own_toolkit(&mut next, &update.source, kit));
         for mut tool in update.tools {
             tool.spec.source = update.source.clone();
-            if let Some(tool) = next.overrides.apply(tool) {
+            not_nested(&tool)?;
+            if let Some(mut tool) = next.overrides.apply(tool) {
+                if tool.spec.toolkit.is_none() {
+                    tool.spec.toolkit.clone_from(&own);
+                }
                 insert_standalone(&mut next, tool)?;
             }
         }
@@ -101,24 +118,45 @@ impl RegistryState {
     }
 }
 
-fn insert_standalone(
-    catalog: &mut Catalog,
-    mut tool: ToolEntry,
-) -> Result<Registered, RegistryError> {
-    if let Some(toolkit) = &tool.spec.toolkit {
-        return Err(RegistryError::Nested {
-            tool: tool.spec.name.clone(),
-            toolkit: toolkit.clone(),
-        });
+/// A standalone tool comes in no toolkit of its source's choosing.
+fn not_nested(tool: &ToolEntry) -> Result<(), RegistryError> {
+    match &tool.spec.toolkit {
+        Some(toolkit) => {
+            Err(RegistryError::Nested { tool: tool.spec.name.clone(), toolkit: toolkit.clone() })
+        }
+        None => Ok(()),
     }
+}
+
+/// Registers `toolkit` as the toolkit of `source` that its standalone tools join; returns
+/// its name, or `None` when another source's toolkit has it.
+fn own_toolkit(catalog: &mut Catalog, source: &ToolSource, toolkit: Toolkit) -> Option<String> {
+    let name = toolkit.name.clone();
+    if let Some(other) = catalog.registered.get(&name).filter(|kit| kit.source != *source) {
+        warn!(
+            toolkit = %name,
+            source = %source,
+            other = %other.source,
+            "a toolkit of this name belongs to another source; the tools join none"
+        );
+        return None;
+    }
+    let toolkit = Arc::new(toolkit);
+    let kit = RegisteredKit { source: source.clone(), toolkit, whole: false };
+    catalog.registered.insert(name.clone(), kit);
+    catalog.relist_toolkit(&name);
+    Some(name)
+}
+
+fn insert_standalone(catalog: &mut Catalog, tool: ToolEntry) -> Result<Registered, RegistryError> {
     let name = tool.spec.name.clone();
     let outcome = match catalog.get(&name) {
         None => Registered::Added,
         Some(existing) => {
-            if let Some(toolkit) = &existing.spec.toolkit {
+            if let Some(toolkit) = catalog.in_whole_toolkit(existing) {
                 return Err(RegistryError::MemberOfToolkit {
                     tool: name,
-                    toolkit: toolkit.clone(),
+                    toolkit: toolkit.to_owned(),
                 });
             }
             warn!(
@@ -130,13 +168,13 @@ fn insert_standalone(
             Registered::Replaced { previous: existing.spec.source.clone() }
         }
     };
-    tool.spec.toolkit = None;
     catalog.insert(Arc::from(name), Arc::new(tool));
     Ok(outcome)
 }
 
 fn insert_toolkit(
     catalog: &mut Catalog,
+    source: &ToolSource,
     mut toolkit: Toolkit,
     tools: Vec<ToolEntry>,
 ) -> Result<(), RegistryError> {
@@ -147,7 +185,7 @@ fn insert_toolkit(
             catalog.overrides.apply(tool)
         })
         .collect();
-    if catalog.toolkits.contains_key(&toolkit.name) {
+    if catalog.registered.contains_key(&toolkit.name) {
         return Err(RegistryError::ToolkitExists(toolkit.name));
     }
     let mut seen = BTreeSet::new();
@@ -174,29 +212,29 @@ fn insert_toolkit(
         tool.spec.toolkit = Some(toolkit.name.clone());
         catalog.insert(Arc::from(tool.spec.name.as_str()), Arc::new(tool));
     }
-    catalog.toolkits.insert(toolkit.name.clone(), Arc::new(toolkit));
+    let name = toolkit.name.clone();
+    let kit = RegisteredKit { source: source.clone(), toolkit: Arc::new(toolkit), whole: true };
+    catalog.registered.insert(name.clone(), kit);
+    catalog.relist_toolkit(&name);
     Ok(())
 }
 
-/// Removes the tools of `source` but those named in `keep`.
+/// Removes the tools of `source` but those named in `keep`, and the toolkits it
+/// registered (a toolkit the operator declares of one's name stays, as declared).
 fn remove_source(catalog: &mut Catalog, source: &ToolSource, keep: &HashSet<&str>) {
-    let Some(names) = catalog.names_of(source) else { return };
-    let gone: Vec<Arc<str>> = names.iter().filter(|n| !keep.contains(&***n)).cloned().collect();
-    // A toolkit belongs to the source of its tools; one left without tools is gone too.
-    let mut toolkits = BTreeSet::new();
-    for name in gone {
-        if let Some(toolkit) = catalog.remove(&name).and_then(|t| t.spec.toolkit.clone()) {
-            toolkits.insert(toolkit);
+    if let Some(names) = catalog.names_of(source) {
+        let gone: Vec<Arc<str>> = names.iter().filter(|n| !keep.contains(&***n)).cloned().collect();
+        for name in gone {
+            catalog.remove(&name);
         }
     }
-    for name in toolkits {
-        let empty = catalog
-            .toolkits
-            .get(&name)
-            .is_some_and(|toolkit| !toolkit.tools.iter().any(|t| catalog.contains(t)));
-        if empty {
-            catalog.toolkits.remove(&name);
-        }
+    let owned: Vec<String> = (catalog.registered.iter())
+        .filter(|(_, kit)| kit.source == *source)
+        .map(|(name, _)| name.clone())
+        .collect();
+    for name in owned {
+        catalog.registered.remove(&name);
+        catalog.relist_toolkit(&name);
     }
 }
 
@@ -289,6 +327,7 @@ mod tests {
             source: ToolSource::local("config"),
             tools,
             toolkits: vec![],
+            toolkit: None,
             unchanged: vec![],
         };
         state.replace_source(update(vec![tool("a", "config"), tool("b", "config")])).unwrap();
@@ -327,6 +366,7 @@ mod tests {
             source: ToolSource::local(source),
             tools: vec![],
             toolkits: vec![],
+            toolkit: None,
             unchanged: vec![],
         };
         state.replace_source(empty("one")).unwrap();
@@ -338,6 +378,100 @@ mod tests {
         assert!(state.catalog().is_empty());
     }
 
+    fn stated(name: &str, instructions: Option<&str>, select: &[&str]) -> crate::ToolkitOverride {
+        crate::ToolkitOverride {
+            name: name.into(),
+            description: None,
+            instructions: instructions.map(str::to_owned),
+            select: select.iter().map(|s| toolmesh_config::Selector::parse(s).unwrap()).collect(),
+        }
+    }
+
+    fn members(state: &RegistryState, toolkit: &str) -> Vec<String> {
+        state.catalog().members(toolkit).map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn a_declared_toolkit_gathers_standalone_tools_of_any_source() {
+        let mut state = RegistryState::default();
+        let toolkits = vec![stated("files", Some("Read before you write."), &["file_*"])];
+        state.set_overrides(crate::Overrides { tools: vec![], toolkits });
+        assert_eq!(state.catalog().toolkits["files"].instructions, "Read before you write.");
+        state.register(tool("file_read", "one")).unwrap();
+        state.register(tool("file_write", "two")).unwrap();
+        state.register(tool("other", "two")).unwrap();
+        state.register_toolkit(kit("k"), vec![tool("file_kit", "three")]).unwrap();
+        assert_eq!(members(&state, "files"), ["file_read", "file_write"]);
+        assert_eq!(members(&state, "k"), ["file_kit"], "a toolkit's own member stays in it");
+        assert_eq!(state.catalog().get("other").unwrap().spec.toolkit, None);
+        // The declared toolkit outlives its tools' sources.
+        let empty = |source: &str| SourceUpdate {
+            source: ToolSource::local(source),
+            tools: vec![],
+            toolkits: vec![],
+            toolkit: None,
+            unchanged: vec![],
+        };
+        state.replace_source(empty("one")).unwrap();
+        state.replace_source(empty("two")).unwrap();
+        assert!(members(&state, "files").is_empty());
+        assert!(state.catalog().toolkits.contains_key("files"));
+    }
+
+    #[test]
+    fn a_sources_own_toolkit_takes_its_tools_and_the_operators_word() {
+        let mut state = RegistryState::default();
+        let toolkits = vec![stated("gh", Some("Ours."), &[]), stated("admin", None, &["gh_admin"])];
+        state.set_overrides(crate::Overrides { tools: vec![], toolkits });
+        let source = ToolSource { kind: toolmesh_core::SourceKind::Mcp, name: "gh".into() };
+        let own = |instructions: &str| Toolkit {
+            name: "gh".into(),
+            description: "GitHub".into(),
+            instructions: instructions.into(),
+            tools: vec![],
+        };
+        let update =
+            |tools: Vec<ToolEntry>, toolkit: Option<Toolkit>, unchanged: &[&str]| SourceUpdate {
+                source: source.clone(),
+                tools,
+                toolkits: vec![],
+                toolkit,
+                unchanged: unchanged.iter().map(|&n| n.to_owned()).collect(),
+            };
+        state
+            .replace_source(update(
+                vec![tool("gh_list", "x"), tool("gh_admin", "x")],
+                Some(own("Theirs.")),
+                &[],
+            ))
+            .unwrap();
+        assert_eq!(members(&state, "gh"), ["gh_list"]);
+        assert_eq!(members(&state, "admin"), ["gh_admin"], "the operator's toolkit wins");
+        let listed = &state.catalog().toolkits["gh"];
+        assert_eq!(
+            (listed.description.as_str(), listed.instructions.as_str()),
+            ("GitHub", "Ours.")
+        );
+        // The same tools, the toolkit described anew: the entries stay.
+        let before = state.catalog().get("gh_list").unwrap().clone();
+        state.set_overrides(crate::Overrides::default());
+        state.replace_source(update(vec![], Some(own("New.")), &["gh_list", "gh_admin"])).unwrap();
+        assert!(Arc::ptr_eq(&before, state.catalog().get("gh_list").unwrap()));
+        assert_eq!(state.catalog().toolkits["gh"].instructions, "New.");
+        // Another source cannot take the name; its tools join no toolkit.
+        let other = SourceUpdate {
+            source: ToolSource::local("gh"),
+            ..update(vec![tool("x", "x")], Some(own("")), &[])
+        };
+        state.replace_source(other).unwrap();
+        assert_eq!(state.catalog().get("x").unwrap().spec.toolkit, None);
+        assert_eq!(members(&state, "gh"), ["gh_list"]);
+        // The source gone, its toolkit goes too.
+        state.replace_source(update(vec![], None, &[])).unwrap();
+        assert!(!state.catalog().toolkits.contains_key("gh"));
+        assert!(members(&state, "gh").is_empty());
+    }
+
     #[test]
     fn changes_since_an_older_catalog_are_exactly_the_changed_tools() {
         let mut state = RegistryState::default();
@@ -345,6 +479,7 @@ mod tests {
             source: ToolSource::local("s"),
             tools,
             toolkits: vec![],
+            toolkit: None,
             unchanged: unchanged.iter().map(|&n| n.to_owned()).collect(),
         };
         let many: Vec<ToolEntry> = (0..1000).map(|i| tool(&format!("t{i:04}"), "s")).collect();

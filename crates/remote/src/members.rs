@@ -541,7 +541,7 @@ impl Members {
             return;
         }
         let source = ToolSource { kind: SourceKind::Remote, name: pool.to_owned() };
-        let update = SourceUpdate { source, tools, toolkits: Vec::new(), unchanged };
+        let update = SourceUpdate { source, tools, toolkits: Vec::new(), toolkit: None, unchanged };
         match self.registry.replace_source(update).await {
             Ok(()) => {
                 published.insert(pool.to_owned(), now);

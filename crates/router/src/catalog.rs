@@ -3,12 +3,12 @@
 use serde::Deserialize;
 use toolmesh_config::{ConfigError, Reading, Section, Selector};
 use toolmesh_core::{ToolAnnotations, validate_tool_name};
-use toolmesh_registry::{Overrides, ToolOverride};
+use toolmesh_registry::{Overrides, ToolOverride, ToolkitOverride};
 
 /// `[catalog]`.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct CatalogConfig {
-    /// `[[catalog.tools]]`, in the order written.
+    /// `[[catalog.tools]]` and `[[catalog.toolkits]]`, in the order written.
     pub overrides: Overrides,
 }
 
@@ -17,6 +17,18 @@ pub struct CatalogConfig {
 struct RawCatalog {
     #[serde(default)]
     tools: Vec<RawOverride>,
+    #[serde(default)]
+    toolkits: Vec<RawToolkit>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawToolkit {
+    name: String,
+    description: Option<String>,
+    instructions: Option<String>,
+    #[serde(default)]
+    tools: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -40,7 +52,8 @@ struct RawHints {
     open_world: Option<bool>,
 }
 
-/// Reads `[[catalog.tools]]`: a selector each, a new name only for a selector of one tool.
+/// Reads `[[catalog.tools]]` (a selector each, a new name only for a selector of one tool)
+/// and `[[catalog.toolkits]]` (a unique name each, selectors of their tools).
 impl Section for CatalogConfig {
     const NAME: &'static str = "catalog";
     const DEFAULTS: &'static str = include_str!("catalog.toml");
@@ -85,7 +98,37 @@ impl Section for CatalogConfig {
                 hidden: raw.hidden,
             });
         }
-        Ok(CatalogConfig { overrides: Overrides(overrides) })
+        let mut toolkits: Vec<ToolkitOverride> = Vec::with_capacity(raw.toolkits.len());
+        for (i, raw) in raw.toolkits.into_iter().enumerate() {
+            let key = |field: &str| format!("catalog.toolkits[{i}].{field}");
+            validate_tool_name(&raw.name).map_err(|_| {
+                cx.key_error(
+                    key("name"),
+                    format!("{:?} must match ^[a-zA-Z0-9_-]{{1,64}}$", raw.name),
+                )
+            })?;
+            if toolkits.iter().any(|kit| kit.name == raw.name) {
+                return Err(cx.key_error(key("name"), format!("{:?} is declared twice", raw.name)));
+            }
+            if raw.description.is_none() && raw.instructions.is_none() && raw.tools.is_empty() {
+                return Err(cx.key_error(
+                    format!("catalog.toolkits[{i}]"),
+                    "sets nothing (description, instructions or tools)",
+                ));
+            }
+            let select = (raw.tools.iter().enumerate())
+                .map(|(j, text)| {
+                    Selector::parse(text).map_err(|r| cx.key_error(key(&format!("tools[{j}]")), r))
+                })
+                .collect::<Result<_, _>>()?;
+            toolkits.push(ToolkitOverride {
+                name: raw.name,
+                description: raw.description,
+                instructions: raw.instructions,
+                select,
+            });
+        }
+        Ok(CatalogConfig { overrides: Overrides { tools: overrides, toolkits } })
     }
 }
 
@@ -119,7 +162,7 @@ hidden = true
 "#,
         )
         .unwrap();
-        let [first, second] = &config.overrides.0[..] else { panic!("{config:?}") };
+        let [first, second] = &config.overrides.tools[..] else { panic!("{config:?}") };
         assert_eq!(first.name.as_deref(), Some("delete_repository"));
         assert_eq!(first.annotations.unwrap().destructive, Some(true));
         assert_eq!(first.annotations.unwrap().read_only, None);
@@ -134,5 +177,36 @@ hidden = true
         assert!(error.to_string().contains("sets nothing"), "{error}");
         let error = catalog("[[catalog.tools]]\ntool = \"a\"\nannotations = { readOnly = true }\n");
         assert!(error.unwrap_err().to_string().contains("readOnly"));
+    }
+
+    #[test]
+    fn toolkits_are_declared_once_with_selectors_that_parse() {
+        let config = catalog(
+            r#"
+[[catalog.toolkits]]
+name = "repos"
+instructions = "List before you delete."
+tools = ["gh_*_repo", "source:gitlab"]
+
+[[catalog.toolkits]]
+name = "github"
+description = "GitHub, through its MCP server."
+"#,
+        )
+        .unwrap();
+        let [repos, github] = &config.overrides.toolkits[..] else { panic!("{config:?}") };
+        assert_eq!(repos.select.len(), 2);
+        assert_eq!(repos.instructions.as_deref(), Some("List before you delete."));
+        assert!(github.select.is_empty() && github.instructions.is_none());
+
+        let twice = "[[catalog.toolkits]]\nname = \"a\"\ntools = [\"x\"]\n";
+        let error = catalog(&format!("{twice}{twice}")).unwrap_err();
+        assert!(error.to_string().contains("catalog.toolkits[1].name"), "{error}");
+        let error = catalog("[[catalog.toolkits]]\nname = \"a b\"\ntools = [\"x\"]\n");
+        assert!(error.unwrap_err().to_string().contains("catalog.toolkits[0].name"));
+        let error = catalog("[[catalog.toolkits]]\nname = \"a\"\n").unwrap_err();
+        assert!(error.to_string().contains("sets nothing"), "{error}");
+        let error = catalog("[[catalog.toolkits]]\nname = \"a\"\ntools = [\"colour:red\"]\n");
+        assert!(error.unwrap_err().to_string().contains("catalog.toolkits[0].tools[0]"));
     }
 }

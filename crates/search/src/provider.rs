@@ -445,8 +445,13 @@ mod tests {
             |i| if i == 7 { "Forecasts the weather.".into() } else { format!("Does thing {i}.") };
         let tools = (0..TOOLS).map(|i| tool(&format!("tool_{i}"), &description(i)));
         let source = ToolSource::local("t");
-        let update =
-            SourceUpdate { source, tools: tools.collect(), toolkits: vec![], unchanged: vec![] };
+        let update = SourceUpdate {
+            source,
+            tools: tools.collect(),
+            toolkits: vec![],
+            toolkit: None,
+            unchanged: vec![],
+        };
         registry.replace_source(update).await.unwrap();
         let store = store("upgrade").await;
 
@@ -522,7 +527,8 @@ mod tests {
         tools.push(tool("kept_far", "Readings of a weather balloon, sensors and logs."));
         tools.push(tool("kept_none", "Stock prices."));
         let source = ToolSource::local("t");
-        let update = SourceUpdate { source, tools, toolkits: vec![], unchanged: vec![] };
+        let update =
+            SourceUpdate { source, tools, toolkits: vec![], toolkit: None, unchanged: vec![] };
         registry.replace_source(update).await.unwrap();
         until("indexed", || provider.handle().complete()).await;
         assert_eq!(provider.handle().indexed(), strong + 3);
@@ -555,7 +561,7 @@ mod tests {
                 })
                 .collect();
             let source = ToolSource::local("t");
-            SourceUpdate { source, tools, toolkits: vec![], unchanged: vec![] }
+            SourceUpdate { source, tools, toolkits: vec![], toolkit: None, unchanged: vec![] }
         };
 
         registry.replace_source(catalog("Does the seventh thing.")).await.unwrap();
@@ -598,7 +604,7 @@ mod tests {
                 .map(|i| tool(&format!("tool_{s}_{i}"), &format!("Does thing {i} of set {s}.")))
                 .collect();
             let source = ToolSource::local(format!("s{s}"));
-            SourceUpdate { source, tools, toolkits: vec![], unchanged: vec![] }
+            SourceUpdate { source, tools, toolkits: vec![], toolkit: None, unchanged: vec![] }
         };
         let first_run = registry().await;
         for s in 0..SOURCES {

@@ -230,6 +230,7 @@ mod tests {
             source: ToolSource::local("s"),
             tools,
             toolkits: vec![],
+            toolkit: None,
             unchanged: unchanged.iter().map(|&n| n.to_owned()).collect(),
         };
         let (a, b, c, d) =

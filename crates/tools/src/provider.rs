@@ -99,6 +99,7 @@ impl LocalProvider {
                 .into_iter()
                 .map(|(toolkit, tools)| Ok((toolkit, self.entries(tools)?)))
                 .collect::<Result<_, RegistryError>>()?,
+            toolkit: None,
             unchanged: vec![],
         })
     }

@@ -294,11 +294,15 @@ impl ToolService for ToolServiceImpl {
             .into_iter()
             .filter_map(|name| catalog.toolkits.get(name))
             .map(|toolkit| {
-                let mut toolkit = convert::toolkit(toolkit);
-                toolkit.tools.retain(|member| {
-                    catalog.get(member).is_some_and(|entry| view.sees(&entry.spec))
-                });
-                toolkit
+                let mut listed = convert::toolkit(toolkit);
+                listed.tools = catalog
+                    .members(&toolkit.name)
+                    .filter(|member| {
+                        catalog.get(member).is_some_and(|entry| view.sees(&entry.spec))
+                    })
+                    .map(str::to_owned)
+                    .collect();
+                listed
             })
             .collect();
         view.audit("ListTools");
