@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tonic::Code;
 use toolmesh::AppOptions;
-use toolmesh_e2e::BinaryServer;
+use toolmesh_e2e::{BinaryServer, toolmesh_bin};
 use toolmesh_e2e::{PyHttpServer, TestServer, eventually, process_alive, py_server, python, text};
 use toolmesh_proto::v1::{
     CallToolClientMessage, CallToolRequest, CancelCall, ElicitationAction, ElicitationAnswer,
@@ -529,7 +529,7 @@ tools = ["py_add"]
 /// A tool whose definition changes after toolmesh pinned it. On the defaults the change is
 /// logged once and the changed tool served. With `pin_definitions = "block"` a changed tool
 /// is withheld, also across restarts (the pins are kept in the data directory), until
-/// `accept` names its new digest, which the log gives.
+/// `accept` names its new digest, which the log gives. Each is an audit event.
 #[tokio::test]
 async fn a_changed_tool_definition_is_warned_about_or_withheld_until_accepted() {
     let data = tempfile::tempdir().unwrap();
@@ -539,7 +539,7 @@ async fn a_changed_tool_definition_is_warned_about_or_withheld_until_accepted() 
         std::fs::write(
             &config,
             format!(
-                "[[mcp.servers]]\nname = \"py\"\ntransport = \"stdio\"\ncommand = \"{}\"\nargs = [\"{}\"]\n{extra}\n",
+                "[[mcp.servers]]\nname = \"py\"\ntransport = \"stdio\"\ncommand = \"{}\"\nargs = [\"{}\"]\n{extra}\n\n[policy.audit]\nto = \"stderr\"\n",
                 python(),
                 py_server()
             ),
@@ -588,6 +588,23 @@ async fn a_changed_tool_definition_is_warned_about_or_withheld_until_accepted() 
     .await
     .expect("the changed tool is served");
     assert_eq!(server.logs().matches(CHANGED).count(), 1, "{}", server.logs());
+    // The audit log is written in batches, off the listing's path.
+    async fn audited(server: &BinaryServer, decision: &str) -> bool {
+        let seen = || {
+            server.logs().lines().any(|line| {
+                let Ok(line) = serde_json::from_str::<serde_json::Value>(line) else {
+                    return false;
+                };
+                let event = &line["audit"];
+                event["event"] == "definition_change"
+                    && event["tool"] == "py_add"
+                    && event["decision"] == decision
+                    && event["note"].as_str().is_some_and(|n| n.contains("\"add\""))
+            })
+        };
+        eventually(Duration::from_secs(5), || async { seen().then_some(()) }).await.is_some()
+    }
+    assert!(audited(&server, "warn").await, "audited: {}", server.logs());
     drop(client);
     stopped(server).await;
 
@@ -613,6 +630,7 @@ async fn a_changed_tool_definition_is_warned_about_or_withheld_until_accepted() 
     };
     let withheld = client.call_tool(add.clone()).await.unwrap_err();
     assert_eq!(withheld.code(), Code::NotFound, "{withheld:?}");
+    assert!(audited(&server, "block").await, "audited: {}", server.logs());
     drop(client);
     stopped(server).await;
 
@@ -625,6 +643,45 @@ async fn a_changed_tool_definition_is_warned_about_or_withheld_until_accepted() 
     assert!(accepted.is_some(), "{}", server.logs());
     let mut client = toolmesh::client::connect(&server.addr.to_string(), None).await.unwrap();
     assert_eq!(text(&client.call_tool(add).await.unwrap().into_inner()), "3");
+    assert!(audited(&server, "accept").await, "audited: {}", server.logs());
+
+    // Accepted with the CLI: the changed definition, withheld, is served after a reload.
+    client.call_tool(mutate).await.unwrap();
+    let reported = eventually(Duration::from_secs(30), || async {
+        let logs = server.logs();
+        let at = logs.rfind("\"add@")? + 1;
+        let named = logs[at..].split('"').next()?.to_owned();
+        (named != accept).then_some(named)
+    })
+    .await
+    .expect("the second change is withheld and named");
+    eventually(Duration::from_secs(10), || async {
+        described(&server).await.is_none().then_some(())
+    })
+    .await
+    .expect("the changed tool is withheld");
+    let config = files.path().join("toolmesh.toml");
+    let output = std::process::Command::new(toolmesh_bin())
+        .args(["mcp", "accept", "py", &reported, "--config"])
+        .arg(&config)
+        .arg("--data-dir")
+        .arg(data.path())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    server.signal(nix::sys::signal::Signal::SIGHUP);
+    eventually(Duration::from_secs(30), || async {
+        described(&server).await.filter(|d| d.contains("id_rsa"))
+    })
+    .await
+    .expect("the accepted definition is served after the reload");
+    let refused = std::process::Command::new(toolmesh_bin())
+        .args(["mcp", "accept", "nope", &reported, "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && message.contains("\"nope\""), "{message}");
 }
 
 /// Returns the pids of live processes whose environment holds `marker`.

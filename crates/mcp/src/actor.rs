@@ -493,7 +493,7 @@ mod tests {
             .servers
             .remove(0);
         let idle = config.idle_timeout;
-        let shared = ServerShared::new(config, Arc::default(), None);
+        let shared = ServerShared::new(config, Arc::default(), None, Arc::new(|_| {}));
         shared.touch();
         let (tx, mut told) = mpsc::unbounded_channel();
         let (recorder, _) = Actor::spawn(None, Recorder(tx), ()).await.unwrap();

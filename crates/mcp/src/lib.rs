@@ -54,6 +54,7 @@ pub use http_client::TracingHttpClient;
 pub use manager::{McpError, McpManager, McpSupervisorActor, McpSupervisorMsg, McpSupervisorState};
 pub use messages::McpMsg;
 pub use naming::publish_name;
+pub use pins::{DefinitionAudit, DefinitionChange, accept as accept_definition};
 pub use shared::ServerHealth;
 pub use sse::{SseClientTransport, SseError};
 pub use state::McpClientState;

@@ -1,6 +1,5 @@
 use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
 
-use crate::McpServerConfig;
 use arc_swap::ArcSwap;
 use ractor::{
     Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent, rpc::CallResult,
@@ -10,7 +9,9 @@ use toolmesh_core::ErrorCode;
 use toolmesh_registry::RegistryHandle;
 use tracing::{Instrument, error, info, warn};
 
-use crate::{McpClientActor, McpMsg, ServerHealth, shared::ServerShared};
+use crate::{
+    DefinitionAudit, McpClientActor, McpMsg, McpServerConfig, ServerHealth, shared::ServerShared,
+};
 
 /// Messages of the [`McpSupervisorActor`].
 pub enum McpSupervisorMsg {
@@ -63,6 +64,8 @@ pub struct McpSupervisorActor {
     changed: Arc<Notify>,
     /// Where the servers' last listings are kept.
     remember_in: Option<PathBuf>,
+    /// Where changed tool definitions are reported.
+    audit: DefinitionAudit,
 }
 
 /// The [`McpSupervisorActor`]'s state: the running servers by name. Only the actor
@@ -161,6 +164,16 @@ impl Actor for McpSupervisorActor {
                     .iter()
                     .map(|(n, r)| (n.clone(), r.shared.config.clone()))
                     .collect();
+                // A definition withheld by an unchanged server may have been accepted since
+                // (`toolmesh mcp accept`): its tools are listed again.
+                for (name, server) in &state.servers {
+                    let withholds = (server.shared.pins.lock())
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .withholds();
+                    if withholds && wanted.get(name) == Some(&server.shared.config) {
+                        let _ = server.actor.cast(McpMsg::ToolsChanged);
+                    }
+                }
                 for (name, config) in running {
                     if wanted.get(&name) != Some(&config) {
                         info!(server = %name, "stopping mcp server (removed or changed)");
@@ -187,6 +200,7 @@ impl Actor for McpSupervisorActor {
                                 config,
                                 self.changed.clone(),
                                 self.remember_in.as_deref(),
+                                self.audit.clone(),
                             ),
                         )
                         .await;
@@ -226,6 +240,7 @@ impl Actor for McpSupervisorActor {
                 shared.config.clone(),
                 self.changed.clone(),
                 self.remember_in.as_deref(),
+                self.audit.clone(),
             );
             // The gap shows: the fresh server is Connecting until it has listed its tools.
             self.start_server(&myself, state, fresh).await;
@@ -240,6 +255,8 @@ impl Actor for McpSupervisorActor {
 pub struct McpManager {
     /// Where the servers' last listings are kept.
     remember_in: Option<PathBuf>,
+    /// Where changed tool definitions are reported.
+    audit: DefinitionAudit,
     /// The supervisor; one that restarts it swaps in the new one.
     actor: Arc<ArcSwap<ActorRef<McpSupervisorMsg>>>,
     /// The servers last configured, which a restarted supervisor starts again.
@@ -257,10 +274,12 @@ impl std::fmt::Debug for McpManager {
 
 impl McpManager {
     /// Starts the supervisor; servers start with [`McpManager::reload`]. Their last
-    /// listings are kept in `remember_in` (see `remember_tools`), when given.
+    /// listings are kept in `remember_in` (see `remember_tools`), when given; a tool
+    /// definition that changed since it was pinned is reported to `audit`.
     pub async fn start(
         registry: RegistryHandle,
         remember_in: Option<PathBuf>,
+        audit: DefinitionAudit,
     ) -> Result<Self, ActorProcessingErr> {
         let published = Arc::new(Published::default());
         let changed = Arc::new(Notify::new());
@@ -269,10 +288,12 @@ impl McpManager {
             published: published.clone(),
             changed: changed.clone(),
             remember_in: remember_in.clone(),
+            audit: audit.clone(),
         };
         let (actor, _) = Actor::spawn(None, supervisor, ()).await?;
         Ok(McpManager {
             remember_in,
+            audit,
             actor: Arc::new(ArcSwap::from_pointee(actor)),
             configured: Arc::default(),
             registry,
@@ -295,6 +316,7 @@ impl McpManager {
             published: self.published.clone(),
             changed: self.changed.clone(),
             remember_in: self.remember_in.clone(),
+            audit: self.audit.clone(),
         };
         let (actor, _) = Actor::spawn_linked(None, supervisor, (), above).await?;
         self.actor.store(Arc::new(actor.clone()));

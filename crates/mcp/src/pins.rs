@@ -36,6 +36,8 @@ pub(crate) struct Pins {
     reported: HashSet<(String, String)>,
     /// Where they are kept; `None`: in memory only.
     path: Option<PathBuf>,
+    /// When the file was last read or written here.
+    read_at: Option<std::time::SystemTime>,
 }
 
 /// What checking a listing found.
@@ -44,6 +46,90 @@ pub(crate) struct Checked {
     pub(crate) tools: Vec<Tool>,
     /// Whether a digest was added or replaced, so the file is to be written.
     pub(crate) changed: bool,
+    /// The definitions that differ from their pins (a withheld one once), for the audit log.
+    pub(crate) changes: Vec<DefinitionChange>,
+}
+
+/// A tool definition that differs from its pin, and what toolmesh did about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DefinitionChange {
+    /// The server.
+    pub server: String,
+    /// The tool's name on the server.
+    pub tool: String,
+    /// The name the catalog lists it under.
+    pub published: String,
+    /// The first hex digits of the pinned digest (empty for a definition accepted with
+    /// `toolmesh mcp accept`, which replaced the pin).
+    pub was: String,
+    /// The first hex digits of the new one, as `accept` names it.
+    pub now: String,
+    /// `warn` (served as changed), `block` (withheld until accepted) or `accept` (served:
+    /// accepted in the configuration or with `toolmesh mcp accept`).
+    pub action: &'static str,
+}
+
+/// Where definition changes are reported (the audit log).
+pub type DefinitionAudit = std::sync::Arc<dyn Fn(&DefinitionChange) + Send + Sync>;
+
+/// The file that keeps the pins of the server `server` in `dir`.
+fn file_of(dir: &Path, server: &str) -> PathBuf {
+    dir.join(format!("{}.pins.json", crate::remembered::file_name(server)))
+}
+
+/// Reads the pins kept in `path`: none when there is no file; an error when it cannot be
+/// read or is not a pins file of this format.
+fn read(path: &Path) -> io::Result<HashMap<String, String>> {
+    let bytes = match fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(HashMap::new()),
+        Err(e) => return Err(e),
+    };
+    let file: Value = serde_json::from_slice(&bytes)?;
+    if file["format"].as_u64() != Some(FORMAT) {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "not a pins file of format 1"));
+    }
+    let pins = file["pins"].as_object().into_iter().flatten();
+    Ok(pins.filter_map(|(name, d)| Some((name.clone(), d.as_str()?.to_owned()))).collect())
+}
+
+/// Writes `digests` to `path`, replacing the file whole (written beside it, then renamed).
+fn write(path: &Path, digests: &HashMap<String, String>) -> io::Result<()> {
+    let pins: Map<String, Value> =
+        digests.iter().map(|(n, d)| (n.clone(), Value::String(d.clone()))).collect();
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    let temporary = path.with_extension("json.tmp");
+    let mut file = io::BufWriter::new(fs::File::create(&temporary)?);
+    serde_json::to_writer(&mut file, &json!({"format": FORMAT, "pins": pins}))?;
+    file.flush()?;
+    file.into_inner().map_err(io::IntoInnerError::into_error)?.sync_all()?;
+    fs::rename(&temporary, path)
+}
+
+/// When `path` was last modified, if it exists.
+fn modified(path: &Path) -> Option<std::time::SystemTime> {
+    fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+/// Accepts the definition of `tool` (its name on the server) whose digest begins with
+/// `digest` (at least 8 hex digits, as the log gives them), for the server `server` whose
+/// pins are kept in `dir` (`<data-dir>/mcp`): `toolmesh mcp accept`. A running toolmesh
+/// reads it at its next reload or listing of that server.
+pub fn accept(dir: &Path, server: &str, tool: &str, digest: &str) -> io::Result<PathBuf> {
+    let valid = digest.len() >= 8 && digest.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    if !valid {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{digest:?} is not a digest: at least 8 lowercase hex digits"),
+        ));
+    }
+    let path = file_of(dir, server);
+    let mut digests = read(&path)?;
+    digests.insert(tool.to_owned(), digest.to_owned());
+    write(&path, &digests)?;
+    Ok(path)
 }
 
 impl Pins {
@@ -51,30 +137,37 @@ impl Pins {
     /// they cannot be read (logged).
     pub(crate) fn load(dir: Option<&Path>, config: &McpServerConfig) -> Self {
         let Some(dir) = dir else { return Pins::default() };
-        let path = dir.join(format!("{}.pins.json", crate::remembered::file_name(&config.name)));
-        let digests = match fs::read(&path) {
-            Ok(bytes) => match serde_json::from_slice::<Value>(&bytes) {
-                Ok(file) if file["format"].as_u64() == Some(FORMAT) => file["pins"]
-                    .as_object()
-                    .map(|pins| {
-                        pins.iter()
-                            .filter_map(|(name, d)| Some((name.clone(), d.as_str()?.to_owned())))
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-                Ok(_) => HashMap::new(),
-                Err(reason) => {
-                    warn!(server = %config.name, path = %path.display(), %reason, "the pinned tool definitions cannot be read; pinning anew");
-                    HashMap::new()
-                }
-            },
-            Err(e) if e.kind() == io::ErrorKind::NotFound => HashMap::new(),
-            Err(reason) => {
-                warn!(server = %config.name, path = %path.display(), %reason, "the pinned tool definitions cannot be read; pinning anew");
-                HashMap::new()
+        let path = file_of(dir, &config.name);
+        let read_at = modified(&path);
+        let digests = read(&path).unwrap_or_else(|reason| {
+            warn!(server = %config.name, path = %path.display(), %reason, "the pinned tool definitions cannot be read; pinning anew");
+            HashMap::new()
+        });
+        Pins { digests, reported: HashSet::new(), path: Some(path), read_at }
+    }
+
+    /// Reads the file again when something else changed it (`toolmesh mcp accept`).
+    fn refresh(&mut self, server: &str) {
+        let Some(path) = &self.path else { return };
+        let now = modified(path);
+        if now == self.read_at {
+            return;
+        }
+        match read(path) {
+            Ok(digests) => {
+                info!(server, path = %path.display(), "the pinned tool definitions changed on disk; read again");
+                self.digests = digests;
+                self.read_at = now;
             }
-        };
-        Pins { digests, reported: HashSet::new(), path: Some(path) }
+            Err(reason) => {
+                warn!(server, path = %path.display(), %reason, "the pinned tool definitions cannot be read; the ones read before stay");
+            }
+        }
+    }
+
+    /// Whether a changed definition is being withheld (until accepted).
+    pub(crate) fn withholds(&self) -> bool {
+        !self.reported.is_empty()
     }
 
     /// Checks a listing from the server against the pins: a tool seen for the first time is
@@ -82,7 +175,9 @@ impl Pins {
     /// about and pinned anew, or withheld, as the server's `pin_definitions` says.
     pub(crate) fn check(&mut self, config: &McpServerConfig, tools: Vec<Tool>) -> Checked {
         let server = config.name.as_str();
+        self.refresh(server);
         let mut changed = false;
+        let mut changes = Vec::new();
         let mut kept = Vec::with_capacity(tools.len());
         for tool in tools {
             let name = tool.name.to_string();
@@ -93,16 +188,40 @@ impl Pins {
                 kept.push(tool);
                 continue;
             };
-            if *pinned == digest {
+            // A pin is a whole digest, or the first digits `toolmesh mcp accept` wrote.
+            if digest.starts_with(pinned.as_str()) && pinned.len() >= 8 {
+                if pinned.len() < digest.len() {
+                    info!(server, tool = %name, now = &digest[..SHOWN], "changed tool definition accepted (toolmesh mcp accept)");
+                    crate::metrics::definition_changed(server, "accepted");
+                    changes.push(DefinitionChange {
+                        server: server.to_owned(),
+                        tool: name.clone(),
+                        published: crate::publish_name(config.prefix, server, &name),
+                        was: String::new(),
+                        now: digest[..SHOWN].to_owned(),
+                        action: "accept",
+                    });
+                    self.digests.insert(name, digest);
+                    changed = true;
+                }
                 kept.push(tool);
                 continue;
             }
             let (was, now) = (&pinned[..SHOWN], &digest[..SHOWN]);
+            let change = |action| DefinitionChange {
+                server: server.to_owned(),
+                tool: name.clone(),
+                published: crate::publish_name(config.prefix, server, &name),
+                was: was.to_owned(),
+                now: now.to_owned(),
+                action,
+            };
             let accepted =
                 config.accept.iter().any(|(n, prefix)| *n == name && digest.starts_with(prefix));
             if accepted {
                 info!(server, tool = %name, was, now, "changed tool definition accepted (accept)");
                 crate::metrics::definition_changed(server, "accepted");
+                changes.push(change("accept"));
             } else if config.pin_definitions == PinMode::Block {
                 if self.reported.insert((name.clone(), digest.clone())) {
                     error!(
@@ -111,9 +230,11 @@ impl Pins {
                          accepted: add \"{name}@{now}\" to `accept` of this server"
                     );
                     crate::metrics::definition_changed(server, "block");
+                    changes.push(change("block"));
                 }
                 continue;
             } else {
+                changes.push(change("warn"));
                 warn!(
                     server, tool = %name, was, now,
                     "the tool's definition changed since it was pinned; served as changed \
@@ -125,23 +246,20 @@ impl Pins {
             changed = true;
             kept.push(tool);
         }
-        Checked { tools: kept, changed }
+        // A withheld definition that is served now (accepted) is reported again if it recurs.
+        if !self.reported.is_empty() {
+            let served: HashSet<&str> = kept.iter().map(|t| t.name.as_ref()).collect();
+            self.reported.retain(|(name, _)| !served.contains(name.as_str()));
+        }
+        Checked { tools: kept, changed, changes }
     }
 
     /// Writes the pins, replacing the file whole (written beside it, then renamed).
-    pub(crate) fn store(&self) -> io::Result<()> {
+    pub(crate) fn store(&mut self) -> io::Result<()> {
         let Some(path) = &self.path else { return Ok(()) };
-        let pins: Map<String, Value> =
-            self.digests.iter().map(|(n, d)| (n.clone(), Value::String(d.clone()))).collect();
-        if let Some(dir) = path.parent() {
-            fs::create_dir_all(dir)?;
-        }
-        let temporary = path.with_extension("json.tmp");
-        let mut file = io::BufWriter::new(fs::File::create(&temporary)?);
-        serde_json::to_writer(&mut file, &json!({"format": FORMAT, "pins": pins}))?;
-        file.flush()?;
-        file.into_inner().map_err(io::IntoInnerError::into_error)?.sync_all()?;
-        fs::rename(&temporary, path)
+        write(path, &self.digests)?;
+        self.read_at = modified(path);
+        Ok(())
     }
 
     /// Forgets the pins: the server was removed from the configuration.
@@ -261,5 +379,29 @@ mod tests {
         let accepted = pins.check(&accepting, vec![rug.clone()]);
         assert!(accepted.changed && names(&accepted) == ["a"]);
         assert_eq!(names(&pins.check(&block, vec![rug])), ["a"], "pinned anew");
+    }
+
+    #[test]
+    fn a_definition_accepted_in_the_file_is_read_by_the_running_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let block = config(PinMode::Block, &[]);
+        let mut pins = Pins::load(Some(dir.path()), &block);
+        pins.check(&block, vec![tool("a", "adds")]);
+        pins.store().unwrap();
+        let rug = tool("a", "adds; and deletes your files");
+        assert!(names(&pins.check(&block, vec![rug.clone()])).is_empty());
+        assert!(pins.withholds());
+
+        let now = digest(&rug);
+        let refused = accept(dir.path(), "s", "a", "xyz").unwrap_err();
+        assert_eq!(refused.kind(), io::ErrorKind::InvalidInput);
+        accept(dir.path(), "s", "a", &now[..SHOWN]).unwrap();
+        let accepted = pins.check(&block, vec![rug.clone()]);
+        assert_eq!(names(&accepted), ["a"]);
+        assert!(accepted.changed, "the whole digest replaces the accepted digits");
+        assert_eq!(accepted.changes[0].action, "accept");
+        assert!(!pins.withholds());
+        pins.store().unwrap();
+        assert_eq!(Pins::load(Some(dir.path()), &block).digests["a"], now);
     }
 }

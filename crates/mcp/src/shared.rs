@@ -116,6 +116,8 @@ pub(crate) struct ServerShared {
     pub(crate) remembered: Option<Arc<crate::remembered::Remembered>>,
     /// The tools' pinned definitions, kept beside the remembered listing.
     pub(crate) pins: Mutex<crate::pins::Pins>,
+    /// Where a changed definition is reported.
+    audit: crate::DefinitionAudit,
     /// The headers of each call's own (its caller's upstream credentials), by ticket.
     pub(crate) call_headers: crate::http_client::CallHeaders,
     /// The HTTP client of the server's connections, made at the first and kept across
@@ -138,6 +140,9 @@ impl ServerShared {
         {
             warn!(server = self.name(), %error, "cannot keep the pinned tool definitions");
         }
+        for change in &checked.changes {
+            (self.audit)(change);
+        }
         checked.tools
     }
 
@@ -147,6 +152,7 @@ impl ServerShared {
         config: McpServerConfig,
         changed: Arc<Notify>,
         remember_in: Option<&std::path::Path>,
+        audit: crate::DefinitionAudit,
     ) -> Arc<Self> {
         let remember_in = remember_in.filter(|_| config.remember_tools);
         let remembered =
@@ -154,6 +160,7 @@ impl ServerShared {
         Arc::new(ServerShared {
             remembered,
             pins: Mutex::new(crate::pins::Pins::load(remember_in, &config)),
+            audit,
             call_headers: Default::default(),
             http: OnceLock::new(),
             initialize_only: AtomicBool::new(false),

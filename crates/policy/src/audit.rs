@@ -17,7 +17,8 @@ use crate::{PolicyError, config::AuditTarget};
 /// only when set>}}`.
 #[derive(Debug, Clone)]
 pub struct AuditEvent<'a> {
-    /// `call`, `discovery` or `approval`.
+    /// `call`, `discovery`, `approval` or `definition_change` (an MCP tool definition that
+    /// differs from its pin).
     pub event: &'a str,
     /// The principal's name.
     pub principal: &'a str,

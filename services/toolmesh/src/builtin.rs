@@ -83,12 +83,57 @@ impl Plugin for Mcp {
     async fn build(&self, assembly: &mut Assembly<'_>) -> anyhow::Result<Parts> {
         // MCP servers' last listings live beside the vector store, in the data directory.
         let remember_in = assembly.config.server.data_dir.as_ref().map(|dir| dir.join("mcp"));
-        let mcp = McpManager::start(assembly.registry.clone(), remember_in)
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot start the mcp supervisor: {e}"))?;
+        let mcp = McpManager::start(
+            assembly.registry.clone(),
+            remember_in,
+            definition_audit(assembly.router.clone()),
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot start the mcp supervisor: {e}"))?;
         assembly.handles.mcp = Some(mcp.clone());
         Ok(Parts::provider(Arc::new(mcp.clone())).actor("mcp", Arc::new(mcp)))
     }
+}
+
+/// Writes a changed MCP tool definition to the audit log of the policy in force: event
+/// `definition_change`, by the principal `toolmesh`, the action (`warn`, `block`,
+/// `accept`) as the decision, `pin_definitions` as the rule, the digests in the note.
+fn definition_audit(router: toolmesh_router::Router) -> toolmesh_mcp::DefinitionAudit {
+    Arc::new(move |change: &toolmesh_mcp::DefinitionChange| {
+        let admission = router.admission();
+        let policy = admission.policy();
+        if !policy.audit().is_on() {
+            return;
+        }
+        let note = match change.was.as_str() {
+            "" => format!(
+                "server {:?}, tool {:?}: definition {}",
+                change.server, change.tool, change.now
+            ),
+            was => format!(
+                "server {:?}, tool {:?}: definition {was} changed to {}",
+                change.server, change.tool, change.now
+            ),
+        };
+        policy.audit().record(&toolmesh_policy::AuditEvent {
+            event: "definition_change",
+            principal: "toolmesh",
+            principal_kind: "system",
+            issuer: None,
+            agent: None,
+            tool: &change.published,
+            call_id: "",
+            decision: change.action,
+            rule: "pin_definitions",
+            hidden: None,
+            outcome: if change.action == "block" { "withheld" } else { "served" },
+            duration: std::time::Duration::ZERO,
+            at: std::time::Instant::now(),
+            trace_id: "",
+            policy: policy.version(),
+            note: Some(&note),
+        });
+    })
 }
 
 /// The vector stores (`[vector]`): the embedded engine under the data directory, or a

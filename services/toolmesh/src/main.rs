@@ -77,6 +77,33 @@ enum Command {
         #[command(subcommand)]
         command: AuthCommand,
     },
+    /// Works with the configured MCP servers.
+    Mcp {
+        #[command(subcommand)]
+        command: McpCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum McpCommand {
+    /// Accepts a changed tool definition that a server with pin_definitions = "block"
+    /// withholds, as the log names it. It is written to the server's pins in the data
+    /// directory; a running toolmesh serves the tool after a reload (SIGHUP) or a restart.
+    /// Routers that each keep a data directory of their own are told through the server's
+    /// `accept` list instead.
+    Accept {
+        /// The server, as named in [[mcp.servers]].
+        server: String,
+        /// TOOL@DIGEST: the tool's name on the server and the first hex digits of its new
+        /// definition's digest, as the log gives them.
+        definition: String,
+        /// The TOML config file of the server.
+        #[arg(long, short, env = "TOOLMESH_CONFIG")]
+        config: Option<PathBuf>,
+        /// The server's data directory (overrides server.data_dir).
+        #[arg(long, env = "TOOLMESH_DATA_DIR")]
+        data_dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -325,6 +352,35 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             out!("sha256 = \"{}\"", toolmesh_identity::key_digest(&key));
             let roles: Vec<String> = roles.iter().map(|r| toml_string(r)).collect();
             out!("roles = [{}]", roles.join(", "));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Mcp { command: McpCommand::Accept { server, definition, config, data_dir } } => {
+            let config = load_config(config.as_deref())?;
+            let mcp: toolmesh_mcp::McpConfig = config.get()?;
+            let Some(configured) = mcp.servers.iter().find(|s| s.name == server) else {
+                anyhow::bail!("no [[mcp.servers]] is named {server:?}");
+            };
+            if !configured.remember_tools {
+                anyhow::bail!(
+                    "server {server:?} has remember_tools = false: its pins are kept in memory \
+                     only; accept the definition in its `accept` list"
+                );
+            }
+            let Some((tool, digest)) = definition.split_once('@') else {
+                anyhow::bail!("{definition:?}: expected TOOL@DIGEST, as the log names it");
+            };
+            let Some(data) = data_dir.or(config.server.data_dir) else {
+                anyhow::bail!(
+                    "no data directory: set --data-dir, server.data_dir, XDG_DATA_HOME or HOME"
+                );
+            };
+            let path = toolmesh_mcp::accept_definition(&data.join("mcp"), &server, tool, digest)
+                .with_context(|| format!("accepting {definition:?} of server {server:?}"))?;
+            eprintln!(
+                "accepted {tool}@{digest} of server {server:?} in {}; a running toolmesh serves \
+                 it after a reload (SIGHUP) or a restart",
+                path.display()
+            );
             Ok(ExitCode::SUCCESS)
         }
         Command::Config { command: ConfigCommand::Defaults } => {
