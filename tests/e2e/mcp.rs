@@ -526,6 +526,91 @@ tools = ["py_add"]
     server.stop().await.unwrap();
 }
 
+/// An MCP server's resources, resource templates and prompts, through gRPC: listed with
+/// their `_meta` (an MCP App's `ui://` resource too), read by URI (listed or matched by a
+/// template), a prompt got with its arguments; a policy rule that selects a template hides
+/// it from the list and its resources from reading.
+#[tokio::test]
+async fn resources_and_prompts_are_listed_read_and_got_under_policy() {
+    use toolmesh_proto::v1::{
+        GetPromptRequest, ListPromptsRequest, ListResourcesRequest, ReadResourceRequest,
+        content_part::Part, resource_contents::Body,
+    };
+    let config = format!(
+        r#"
+[[mcp.servers]]
+name = "py"
+transport = "stdio"
+command = "{}"
+args = ["{}"]
+
+[[policy.rules]]
+name = "no-topics"
+effect = "deny"
+tools = ["py_notes_on"]
+"#,
+        python(),
+        py_server()
+    );
+    let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
+    let mut client = server.client().await;
+    let listed = eventually(Duration::from_secs(30), || {
+        let mut client = client.clone();
+        async move {
+            let listed = client.list_resources(ListResourcesRequest::default()).await.ok()?;
+            let listed = listed.into_inner();
+            (!listed.resources.is_empty()).then_some(listed)
+        }
+    })
+    .await
+    .expect("the server's resources are listed");
+    let uris: Vec<&str> = listed.resources.iter().map(|r| r.uri.as_str()).collect();
+    assert_eq!(uris, ["py://notes", "ui://py/widget"], "{listed:?}");
+    let notes = &listed.resources[0];
+    assert_eq!((notes.server.as_str(), notes.name.as_str()), ("py", "notes"));
+    assert_eq!(notes.mime_type, "text/plain");
+    let widget: Value = serde_json::from_str(&listed.resources[1].meta_json).unwrap();
+    assert_eq!(widget["ui"]["prefersBorder"], true, "an MCP App's metadata is kept");
+    assert!(listed.templates.is_empty(), "the template is hidden by policy: {listed:?}");
+
+    let read = |uri: &str| ReadResourceRequest { uri: uri.into(), ..Default::default() };
+    let text = |response: toolmesh_proto::v1::ReadResourceResponse| match &response.contents[0].body
+    {
+        Some(Body::Text(text)) => text.clone(),
+        other => panic!("{other:?}"),
+    };
+    let notes = client.read_resource(read("py://notes")).await.unwrap().into_inner();
+    assert_eq!((text(notes.clone()), notes.server.as_str()), ("Ship on Friday.".into(), "py"));
+    let widget = client.read_resource(read("ui://py/widget")).await.unwrap().into_inner();
+    assert_eq!(widget.contents[0].mime_type, "text/html;profile=mcp-app");
+    assert_eq!(text(widget), "<p>a widget</p>");
+    let hidden = client.read_resource(read("py://notes/rust")).await.unwrap_err();
+    assert_eq!(hidden.code(), Code::NotFound, "{hidden:?}");
+    let missing = client.read_resource(read("py://nowhere")).await.unwrap_err();
+    assert!(missing.message().contains("py"), "the server's refusal, named: {missing:?}");
+    let unnamed = client
+        .read_resource(ReadResourceRequest { uri: "py://notes".into(), server: "nope".into() })
+        .await
+        .unwrap_err();
+    assert_eq!(unnamed.code(), Code::NotFound, "{unnamed:?}");
+
+    let prompts = client.list_prompts(ListPromptsRequest::default()).await.unwrap().into_inner();
+    let greet = prompts.prompts.iter().find(|p| p.name == "py_greet").expect("the prompt");
+    assert_eq!(greet.description, "Greets someone by name.");
+    assert!(greet.arguments.iter().any(|a| a.name == "name" && a.required), "{greet:?}");
+    let request = GetPromptRequest {
+        name: "py_greet".into(),
+        arguments: [("name".to_owned(), "Ada".to_owned())].into(),
+    };
+    let got = client.get_prompt(request).await.unwrap().into_inner();
+    assert_eq!(got.messages[0].role, "user");
+    let said = got.messages[0].content.as_ref().and_then(|c| c.part.clone());
+    assert_eq!(said, Some(Part::Text("Say hello to Ada.".into())));
+    let unknown = GetPromptRequest { name: "py_nope".into(), ..Default::default() };
+    assert_eq!(client.get_prompt(unknown).await.unwrap_err().code(), Code::NotFound);
+    server.stop().await.unwrap();
+}
+
 /// A tool whose definition changes after toolmesh pinned it. On the defaults the change is
 /// logged once and the changed tool served. With `pin_definitions = "block"` a changed tool
 /// is withheld, also across restarts (the pins are kept in the data directory), until

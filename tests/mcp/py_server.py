@@ -146,6 +146,26 @@ def fail() -> str:
     raise ValueError("this tool always fails")
 
 
+@server.resource("py://notes", mime_type="text/plain", description="The team's notes.")
+def notes() -> str:
+    return "Ship on Friday."
+
+
+@server.resource("py://notes/{topic}", description="The notes on one topic.")
+def notes_on(topic: str) -> str:
+    return f"Notes on {topic}."
+
+
+@server.resource("ui://py/widget", mime_type="text/html;profile=mcp-app", meta={"ui": {"prefersBorder": True}})
+def widget() -> str:
+    return "<p>a widget</p>"
+
+
+@server.prompt(description="Greets someone by name.")
+def greet(name: str) -> str:
+    return f"Say hello to {name}."
+
+
 if __name__ == "__main__":
     # `python3 py_server.py http PORT` serves streamable HTTP at /mcp; stdio otherwise.
     if len(sys.argv) > 2 and sys.argv[1] == "http":

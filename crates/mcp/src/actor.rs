@@ -116,6 +116,28 @@ impl McpClientActor {
         }
     }
 
+    /// Lists the server's resources, resource templates and prompts again, off the actor.
+    fn list_offers(&self) {
+        let Some(peer) = self.shared.peer.load_full() else { return };
+        let shared = self.shared.clone();
+        self.spawn("offers", async move {
+            match crate::offers::list(&peer).await {
+                Ok(offers) => {
+                    debug!(
+                        resources = offers.resources.len(),
+                        templates = offers.templates.len(),
+                        prompts = offers.prompts.len(),
+                        "resources and prompts listed"
+                    );
+                    shared.offers.store(Arc::new(offers));
+                }
+                Err(error) => {
+                    warn!(%error, "listing the server's resources and prompts failed; the last listing stays");
+                }
+            }
+        });
+    }
+
     /// The server's own toolkit: named after the server, with the description and the
     /// instructions it gave when it was connected to (none before).
     fn toolkit(&self) -> Toolkit {
@@ -237,6 +259,7 @@ impl Actor for McpClientActor {
             }
             McpMsg::Remembered { tools } => self.remembered(&myself, state, tools).await?,
             McpMsg::ToolsChanged => self.relist(&myself, state),
+            McpMsg::OffersChanged => self.list_offers(),
             McpMsg::ToolsListed { generation, tools } => {
                 if generation == state.generation {
                     let started = std::time::Instant::now();
@@ -344,6 +367,7 @@ impl McpClientActor {
         // listed.
         self.shared.set_health(ServerHealth::Healthy);
         self.publish(tools, state, Origin::Server).await;
+        self.list_offers();
         self.shared.touch();
         self.shared.attempts.send_modify(|n| *n += 1);
         if self.shared.config.connect == crate::ConnectMode::Lazy {

@@ -66,6 +66,16 @@ impl ClientHandler for McpClientHandler {
         let _ = self.actor.cast(McpMsg::ToolsChanged);
     }
 
+    async fn on_resource_list_changed(&self, _: NotificationContext<RoleClient>) {
+        debug!(server = self.shared.name(), "resources/list_changed");
+        let _ = self.actor.cast(McpMsg::OffersChanged);
+    }
+
+    async fn on_prompt_list_changed(&self, _: NotificationContext<RoleClient>) {
+        debug!(server = self.shared.name(), "prompts/list_changed");
+        let _ = self.actor.cast(McpMsg::OffersChanged);
+    }
+
     /// Forwards the question to the caller of the call it belongs to. Over streamable HTTP
     /// the transport says which request's stream it arrived on; over stdio and SSE the
     /// protocol carries no such link, so it goes to the only running call that can answer,

@@ -36,6 +36,7 @@ mod manager;
 mod messages;
 mod metrics;
 mod naming;
+mod offers;
 mod parallel;
 mod pins;
 mod provider;
@@ -51,9 +52,18 @@ pub use front::{Caller, Endpoint, EndpointBody, McpEndpointConfig, Mesh, Page};
 pub use group::ProcessGroupGuard;
 pub use handler::McpClientHandler;
 pub use http_client::TracingHttpClient;
-pub use manager::{McpError, McpManager, McpSupervisorActor, McpSupervisorMsg, McpSupervisorState};
+pub use manager::{
+    McpError, McpManager, McpSupervisorActor, McpSupervisorMsg, McpSupervisorState, OfferError,
+    ServerOffers,
+};
 pub use messages::McpMsg;
 pub use naming::publish_name;
+pub use offers::{Offers, template_matches};
+
+/// The toolmesh form of one MCP content block (of a prompt message, say).
+pub fn content_part(block: rmcp::model::ContentBlock) -> toolmesh_core::ContentPart {
+    convert::content(block)
+}
 pub use pins::{DefinitionAudit, DefinitionChange, accept as accept_definition};
 pub use shared::ServerHealth;
 pub use sse::{SseClientTransport, SseError};

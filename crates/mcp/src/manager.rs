@@ -46,6 +46,70 @@ impl McpError {
     }
 }
 
+/// Why a resource could not be read or a prompt got.
+#[derive(Debug, thiserror::Error)]
+pub enum OfferError {
+    /// No server offers it.
+    #[error("{0}")]
+    NotFound(String),
+    /// The server that offers it cannot be reached.
+    #[error("mcp server {server}: {reason}")]
+    Unavailable {
+        /// The server.
+        server: String,
+        /// Why.
+        reason: String,
+    },
+    /// The server did not answer in time.
+    #[error("mcp server {server} did not answer within {timeout:?}")]
+    Timeout {
+        /// The server.
+        server: String,
+        /// Its `timeout_ms`.
+        timeout: Duration,
+    },
+    /// The server answered with an error.
+    #[error("mcp server {server}: {message}")]
+    Failed {
+        /// The server.
+        server: String,
+        /// Its error.
+        message: String,
+        /// What kind of failure it was.
+        code: ErrorCode,
+    },
+}
+
+impl OfferError {
+    /// The failure kind a caller sees.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            OfferError::NotFound(_) => ErrorCode::NotFound,
+            OfferError::Unavailable { .. } => ErrorCode::Unavailable,
+            OfferError::Timeout { .. } => ErrorCode::DeadlineExceeded,
+            OfferError::Failed { code, .. } => *code,
+        }
+    }
+}
+
+/// What one server offers besides tools, with the names the catalog gives it.
+#[derive(Debug, Clone)]
+pub struct ServerOffers {
+    /// The server.
+    pub server: String,
+    /// Its resources, templates and prompts, as it lists them.
+    pub offers: Arc<crate::Offers>,
+    prefix: crate::PrefixMode,
+}
+
+impl ServerOffers {
+    /// The name the catalog gives a prompt or a resource of the server named `name` there:
+    /// prefixed as the server's tools are.
+    pub fn published(&self, name: &str) -> String {
+        crate::publish_name(self.prefix, &self.server, name)
+    }
+}
+
 /// One running server, as the supervisor publishes it.
 #[derive(Clone)]
 struct Running {
@@ -350,6 +414,124 @@ impl McpManager {
             Ok(CallResult::Success(())) => Ok(()),
             Ok(CallResult::Timeout) => Err(McpError::Timeout(timeout)),
             Ok(CallResult::SenderError) | Err(_) => Err(McpError::Stopped),
+        }
+    }
+
+    /// Returns what each running server offers besides tools, in server name order.
+    pub fn offers(&self) -> Vec<ServerOffers> {
+        (self.published.load().values())
+            .map(|running| ServerOffers {
+                server: running.shared.name().to_owned(),
+                offers: running.shared.offers.load_full(),
+                prefix: running.shared.config.prefix,
+            })
+            .collect()
+    }
+
+    /// Returns the server that serves the resource `uri`: `server` when given; else the
+    /// first (by name) that lists it, else the first with a template that matches it,
+    /// else the only server that offers resources.
+    pub fn resource_server(&self, uri: &str, server: Option<&str>) -> Result<String, OfferError> {
+        let published = self.published.load();
+        if let Some(server) = server.filter(|s| !s.is_empty()) {
+            return match published.contains_key(server) {
+                true => Ok(server.to_owned()),
+                false => Err(OfferError::NotFound(format!("no mcp server is named {server:?}"))),
+            };
+        }
+        let offers: Vec<(&String, Arc<crate::Offers>)> =
+            published.iter().map(|(name, r)| (name, r.shared.offers.load_full())).collect();
+        let listed = offers.iter().find(|(_, o)| o.resources.iter().any(|r| r.uri == uri));
+        let serving = listed.or_else(|| offers.iter().find(|(_, o)| o.serves(uri)));
+        if let Some((name, _)) = serving {
+            return Ok((*name).clone());
+        }
+        let mut with_resources = offers.iter().filter(|(_, o)| !o.resources.is_empty());
+        match (with_resources.next(), with_resources.next()) {
+            (Some((name, _)), None) => Ok((*name).clone()),
+            _ => Err(OfferError::NotFound(format!(
+                "no mcp server lists the resource {uri:?} or has a template that matches it; \
+                 name the server that returned it"
+            ))),
+        }
+    }
+
+    /// Reads the resource `uri` from `server`.
+    pub async fn read_resource(
+        &self,
+        server: &str,
+        uri: &str,
+    ) -> Result<rmcp::model::ReadResourceResult, OfferError> {
+        let shared = self.server(server)?;
+        let peer = self.connection_of(&shared).await?;
+        let request = crate::offers::read(&peer, uri);
+        self.answer(&shared, request).await
+    }
+
+    /// Returns the server of the prompt the catalog names `name`, and its name there.
+    pub fn prompt(&self, name: &str) -> Result<(String, String), OfferError> {
+        self.offers()
+            .into_iter()
+            .find_map(|server| {
+                let prompt =
+                    server.offers.prompts.iter().find(|p| server.published(&p.name) == name)?;
+                Some((server.server.clone(), prompt.name.clone()))
+            })
+            .ok_or_else(|| {
+                OfferError::NotFound(format!("no mcp server offers the prompt {name:?}"))
+            })
+    }
+
+    /// Gets the prompt `name` (its name on `server`) with `arguments`.
+    pub async fn get_prompt(
+        &self,
+        server: &str,
+        name: &str,
+        arguments: Option<rmcp::model::JsonObject>,
+    ) -> Result<rmcp::model::GetPromptResult, OfferError> {
+        let shared = self.server(server)?;
+        let peer = self.connection_of(&shared).await?;
+        let request = crate::offers::get_prompt(&peer, name, arguments);
+        self.answer(&shared, request).await
+    }
+
+    fn server(&self, server: &str) -> Result<Arc<ServerShared>, OfferError> {
+        (self.published.load().get(server))
+            .map(|running| running.shared.clone())
+            .ok_or_else(|| OfferError::NotFound(format!("no mcp server is named {server:?}")))
+    }
+
+    async fn connection_of(
+        &self,
+        shared: &ServerShared,
+    ) -> Result<Arc<rmcp::service::Peer<rmcp::RoleClient>>, OfferError> {
+        let deadline = tokio::time::Instant::now() + shared.config.timeout;
+        shared
+            .connection(deadline)
+            .await
+            .map_err(|reason| OfferError::Unavailable { server: shared.name().to_owned(), reason })
+    }
+
+    /// The server's answer to `request`, within its `timeout_ms`.
+    async fn answer<T>(
+        &self,
+        shared: &ServerShared,
+        request: impl std::future::Future<Output = Result<T, rmcp::service::ServiceError>>,
+    ) -> Result<T, OfferError> {
+        let server = shared.name().to_owned();
+        let timeout = shared.config.timeout;
+        match tokio::time::timeout(timeout, request).await {
+            Err(_) => Err(OfferError::Timeout { server, timeout }),
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(rmcp::service::ServiceError::McpError(error))) => {
+                let code = match error.code {
+                    rmcp::model::ErrorCode::RESOURCE_NOT_FOUND => ErrorCode::NotFound,
+                    rmcp::model::ErrorCode::INVALID_PARAMS => ErrorCode::InvalidArgument,
+                    _ => ErrorCode::Internal,
+                };
+                Err(OfferError::Failed { server, message: error.message.to_string(), code })
+            }
+            Ok(Err(error)) => Err(OfferError::Unavailable { server, reason: error.to_string() }),
         }
     }
 

@@ -33,6 +33,8 @@ pub enum McpMsg {
     },
     /// The server said its tool list changed.
     ToolsChanged,
+    /// The server said its resources, resource templates or prompts changed.
+    OffersChanged,
     /// The listing remembered from the last run was read (`None`: there is none).
     Remembered {
         /// Its tools.

@@ -114,6 +114,8 @@ pub(crate) struct ServerShared {
     /// Where the server's last listing is kept, unless it is not (`remember_tools = false`,
     /// or no data directory).
     pub(crate) remembered: Option<Arc<crate::remembered::Remembered>>,
+    /// The server's resources, resource templates and prompts, as last listed.
+    pub(crate) offers: ArcSwap<crate::Offers>,
     /// The tools' pinned definitions, kept beside the remembered listing.
     pub(crate) pins: Mutex<crate::pins::Pins>,
     /// Where a changed definition is reported.
@@ -161,6 +163,7 @@ impl ServerShared {
             remembered,
             pins: Mutex::new(crate::pins::Pins::load(remember_in, &config)),
             audit,
+            offers: ArcSwap::default(),
             call_headers: Default::default(),
             http: OnceLock::new(),
             initialize_only: AtomicBool::new(false),
@@ -193,6 +196,44 @@ impl ServerShared {
     }
 
     /// Notes that a call uses the connection now.
+    /// Returns the connection for a request other than a call: an idle lazy server is
+    /// opened, and a server still connecting waited for, until `deadline`.
+    pub(crate) async fn connection(
+        &self,
+        deadline: tokio::time::Instant,
+    ) -> Result<Arc<Peer<RoleClient>>, String> {
+        let mut attempts = self.attempts.subscribe();
+        let mut asked = false;
+        loop {
+            if let Some(peer) = self.peer.load_full()
+                && !self.lost.load().is_cancelled()
+            {
+                self.touch();
+                return Ok(peer);
+            }
+            match &**self.health.load() {
+                ServerHealth::Unhealthy { reason } => return Err(reason.clone()),
+                ServerHealth::Idle | ServerHealth::Connecting if !asked => {
+                    if let Some(actor) = self.actor.load_full() {
+                        let _ = actor.cast(crate::McpMsg::Connect);
+                    }
+                    asked = true;
+                }
+                _ => {}
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline) => {
+                    return Err("the server did not connect in time".into());
+                }
+                changed = attempts.changed() => {
+                    if changed.is_err() {
+                        return Err("the server is stopping".into());
+                    }
+                }
+            }
+        }
+    }
+
     pub(crate) fn touch(&self) {
         self.last_used.store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
     }

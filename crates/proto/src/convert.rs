@@ -206,6 +206,14 @@ pub fn part(part: v1::ContentPart) -> Option<ContentPart> {
             description: link.description,
             mime_type: link.mime_type,
         },
+        Part::Resource(resource) => match resource.body? {
+            v1::resource_contents::Body::Text(text) => ContentPart::Json(serde_json::json!({
+                "type": "resource", "uri": resource.uri, "mimeType": resource.mime_type, "text": text
+            })),
+            v1::resource_contents::Body::Blob(blob) => {
+                ContentPart::Media { mime_type: resource.mime_type, data: blob.into() }
+            }
+        },
     })
 }
 

@@ -1407,6 +1407,34 @@ impl ToolService for EchoService {
         Err(Status::unimplemented("the bench echo server answers CallTool only"))
     }
 
+    async fn list_resources(
+        &self,
+        _: Request<toolmesh_proto::v1::ListResourcesRequest>,
+    ) -> Result<Response<toolmesh_proto::v1::ListResourcesResponse>, Status> {
+        Ok(Response::new(Default::default()))
+    }
+
+    async fn read_resource(
+        &self,
+        _: Request<toolmesh_proto::v1::ReadResourceRequest>,
+    ) -> Result<Response<toolmesh_proto::v1::ReadResourceResponse>, Status> {
+        Err(Status::not_found("the bench echo server has no resources"))
+    }
+
+    async fn list_prompts(
+        &self,
+        _: Request<toolmesh_proto::v1::ListPromptsRequest>,
+    ) -> Result<Response<toolmesh_proto::v1::ListPromptsResponse>, Status> {
+        Ok(Response::new(Default::default()))
+    }
+
+    async fn get_prompt(
+        &self,
+        _: Request<toolmesh_proto::v1::GetPromptRequest>,
+    ) -> Result<Response<toolmesh_proto::v1::GetPromptResponse>, Status> {
+        Err(Status::not_found("the bench echo server has no prompts"))
+    }
+
     type StreamCallToolStream = EchoStream;
 
     async fn stream_call_tool(

@@ -230,8 +230,14 @@ impl App {
         let built_in = BuiltIn::from(assembly.handles)?;
         let meta = MetaTools::new(router.clone(), built_in.search.clone(), &routing);
         let mcp = Some(config.get::<toolmesh_mcp::McpEndpointConfig>()?).filter(|c| c.enabled);
-        let api =
-            Api { router, meta, health: HealthBoard::default(), services: Arc::new(services), mcp };
+        let api = Api {
+            router,
+            meta,
+            health: HealthBoard::default(),
+            services: Arc::new(services),
+            mcp,
+            servers: built_in.mcp.clone(),
+        };
         let served = Front { api, identity, sessions: crate::auth::Sessions::default(), tls };
         let front =
             FrontDoor::start(served.clone(), routing).await.context("starting the front door")?;

@@ -315,6 +315,13 @@ pub fn render_part(part: &Option<Part>) -> String {
             .unwrap_or_else(|_| json.clone()),
         Some(Part::Media(media)) => format!("[{} · {} bytes]", media.mime_type, media.data.len()),
         Some(Part::ResourceLink(link)) => format!("[resource {} {}]", link.name, link.uri),
+        Some(Part::Resource(resource)) => match &resource.body {
+            Some(toolmesh_proto::v1::resource_contents::Body::Text(text)) => text.clone(),
+            Some(toolmesh_proto::v1::resource_contents::Body::Blob(blob)) => {
+                format!("[{} {} · {} bytes]", resource.uri, resource.mime_type, blob.len())
+            }
+            None => format!("[resource {}]", resource.uri),
+        },
         None => String::new(),
     }
 }

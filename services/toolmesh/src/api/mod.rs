@@ -5,7 +5,8 @@
 //! - [`ToolServiceImpl`] is `toolmesh.v1.ToolService`: paging and filters for `ListTools`,
 //!   `SearchTools` through the meta-tools' search, `CallTool`, and the `StreamCallTool`
 //!   stream of progress, partial outputs, approvals, elicitations and the result, every
-//!   call through the router's call path.
+//!   call through the router's call path; and the MCP servers' resources and prompts
+//!   (`offers`), under policy.
 //! - [`KnowledgeServiceImpl`] is `toolmesh.v1.KnowledgeService`, served by the knowledge
 //!   plug-in; `toolmesh.v1.WorkerService` is served by the remote plug-in.
 //! - [`McpMesh`] is the MCP endpoint's view of the router: at [`MCP_PATH`] (and
@@ -17,6 +18,7 @@
 pub(crate) mod health;
 mod knowledge;
 mod mcp;
+mod offers;
 mod tools;
 mod view;
 
@@ -43,6 +45,8 @@ pub(crate) struct Api {
     pub(crate) services: Arc<Vec<GrpcService>>,
     /// The MCP endpoint's settings; `None` where it is off.
     pub(crate) mcp: Option<toolmesh_mcp::McpEndpointConfig>,
+    /// The MCP servers, for their resources and prompts.
+    pub(crate) servers: toolmesh_mcp::McpManager,
 }
 
 /// The path of the MCP endpoint; `<MCP_PATH>/<profile>` serves a named routing profile.
@@ -73,7 +77,8 @@ where
         .register_encoded_file_descriptor_set(toolmesh_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
-    let tools = ToolServiceImpl::new(api.router.clone(), api.meta.clone(), api.health.clone());
+    let tools = ToolServiceImpl::new(api.router.clone(), api.meta.clone(), api.health.clone())
+        .with_offers(api.servers.clone());
     let mut routes = tonic::service::RoutesBuilder::default();
     routes
         .add_service(health)

@@ -48,6 +48,8 @@ pub struct ToolServiceImpl {
     router: Router,
     meta: MetaTools,
     health: HealthBoard,
+    /// The MCP servers whose resources and prompts are served; none without.
+    servers: Option<toolmesh_mcp::McpManager>,
 }
 
 impl std::fmt::Debug for ToolServiceImpl {
@@ -60,7 +62,17 @@ impl ToolServiceImpl {
     /// Returns the service over `router`, finding and describing tools with the
     /// meta-tools' search; a tool's source is available as `health` says.
     pub fn new(router: Router, meta: MetaTools, health: HealthBoard) -> Self {
-        ToolServiceImpl { router, meta, health }
+        ToolServiceImpl { router, meta, health, servers: None }
+    }
+
+    /// Serves the resources and prompts of `servers` too.
+    pub fn with_offers(mut self, servers: toolmesh_mcp::McpManager) -> Self {
+        self.servers = Some(servers);
+        self
+    }
+
+    fn servers(&self) -> Result<&toolmesh_mcp::McpManager, Status> {
+        self.servers.as_ref().ok_or_else(|| Status::unimplemented("no MCP servers are served here"))
     }
 }
 
@@ -336,6 +348,66 @@ impl ToolService for ToolServiceImpl {
         let span = rpc_span("SearchTools", &request);
         let principal = principal(&request)?;
         self.search(request.into_inner(), principal).instrument(span).await
+    }
+
+    async fn list_resources(
+        &self,
+        request: Request<v1::ListResourcesRequest>,
+    ) -> Result<Response<v1::ListResourcesResponse>, Status> {
+        let _span = rpc_span("ListResources", &request).entered();
+        let principal = principal(&request)?;
+        let listed = super::offers::list_resources(
+            &self.router,
+            self.servers()?,
+            principal,
+            request.into_inner(),
+        );
+        Ok(Response::new(listed))
+    }
+
+    async fn read_resource(
+        &self,
+        request: Request<v1::ReadResourceRequest>,
+    ) -> Result<Response<v1::ReadResourceResponse>, Status> {
+        let span = rpc_span("ReadResource", &request);
+        let principal = principal(&request)?;
+        let read = super::offers::read_resource(
+            &self.router,
+            self.servers()?,
+            principal,
+            request.into_inner(),
+        );
+        read.instrument(span).await.map(Response::new)
+    }
+
+    async fn list_prompts(
+        &self,
+        request: Request<v1::ListPromptsRequest>,
+    ) -> Result<Response<v1::ListPromptsResponse>, Status> {
+        let _span = rpc_span("ListPrompts", &request).entered();
+        let principal = principal(&request)?;
+        let listed = super::offers::list_prompts(
+            &self.router,
+            self.servers()?,
+            principal,
+            request.into_inner(),
+        );
+        Ok(Response::new(listed))
+    }
+
+    async fn get_prompt(
+        &self,
+        request: Request<v1::GetPromptRequest>,
+    ) -> Result<Response<v1::GetPromptResponse>, Status> {
+        let span = rpc_span("GetPrompt", &request);
+        let principal = principal(&request)?;
+        let got = super::offers::get_prompt(
+            &self.router,
+            self.servers()?,
+            principal,
+            request.into_inner(),
+        );
+        got.instrument(span).await.map(Response::new)
     }
 
     type StreamCallToolStream = ServerStream;
