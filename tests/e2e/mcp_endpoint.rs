@@ -150,6 +150,8 @@ async fn mcp_clients_list_and_call_local_and_upstream_tools() {
             {"op": "call", "name": "progress", "arguments": {"steps": 3}, "progress": true},
             {"op": "call", "name": "progress", "arguments": {"steps": 0}},
             {"op": "call", "name": "everything_echo", "arguments": {"message": "upstream"}},
+            {"op": "resources", "uri": "demo://resource/dynamic/text/7"},
+            {"op": "prompt", "name": "everything_args-prompt", "arguments": {"city": "Lisbon"}},
         ]);
         let got = client.run(&url, plan, &[]).await;
         let names: Vec<&str> =
@@ -170,6 +172,20 @@ async fn mcp_clients_list_and_call_local_and_upstream_tools() {
         assert!(text_of(&got[4]).contains("steps"), "{client:?}: {}", got[4]);
         assert_eq!(got[5]["is_error"], false, "{client:?}: {}", got[5]);
         assert_eq!(text_of(&got[5]), "Echo: upstream", "{client:?}: {}", got[5]);
+        // The upstream server's resources keep their URIs; a template's resource is read.
+        let architecture =
+            json!(["demo://resource/static/document/architecture.md", "architecture.md"]);
+        let resources = got[6]["resources"].as_array().unwrap();
+        assert!(resources.contains(&architecture), "{client:?}: {}", got[6]);
+        let templates = got[6]["templates"].as_array().unwrap();
+        assert!(templates.contains(&json!("demo://resource/dynamic/text/{resourceId}")));
+        let read = got[6]["read"][0].as_str().unwrap_or_default();
+        assert!(read.contains('7'), "{client:?}: {}", got[6]);
+        let prompts = got[7]["prompts"].as_array().unwrap();
+        assert!(prompts.contains(&json!("everything_args-prompt")), "{client:?}: {}", got[7]);
+        assert_eq!(got[7]["messages"][0][0], "user", "{client:?}: {}", got[7]);
+        let said = got[7]["messages"][0][1].as_str().unwrap_or_default();
+        assert!(said.contains("Lisbon"), "{client:?}: {}", got[7]);
     }
     for client in [Client::Python("2025-11-25"), Client::TypeScript] {
         let plan = json!([{"op": "call", "name": "mini_form"}]);

@@ -129,6 +129,18 @@ async def run_step(session, step):
         with anyio.move_on_after(step["timeout_s"]):
             await LIST_CHANGED[0].wait()
         return {"changed": LIST_CHANGED[0].is_set()}
+    if op == "resources":
+        listed = await session.list_resources()
+        templates = await session.list_resource_templates()
+        read = await session.read_resource(step["uri"])
+        return {"resources": [[r.uri, r.name] for r in listed.resources],
+                "templates": [t.uri_template for t in templates.resource_templates],
+                "read": [getattr(c, "text", None) for c in read.contents]}
+    if op == "prompt":
+        listed = await session.list_prompts()
+        got = await session.get_prompt(step["name"], step.get("arguments", {}))
+        return {"prompts": [p.name for p in listed.prompts],
+                "messages": [[m.role, m.content.text] for m in got.messages]}
     if op == "sleep":
         await anyio.sleep(step["s"])
         return {}

@@ -129,7 +129,10 @@ impl McpClientActor {
                         prompts = offers.prompts.len(),
                         "resources and prompts listed"
                     );
-                    shared.offers.store(Arc::new(offers));
+                    if **shared.offers.load() != offers {
+                        shared.offers.store(Arc::new(offers));
+                        shared.offers_changed.send_modify(|version| *version += 1);
+                    }
                 }
                 Err(error) => {
                     warn!(%error, "listing the server's resources and prompts failed; the last listing stays");
@@ -517,7 +520,13 @@ mod tests {
             .servers
             .remove(0);
         let idle = config.idle_timeout;
-        let shared = ServerShared::new(config, Arc::default(), None, Arc::new(|_| {}));
+        let shared = ServerShared::new(
+            config,
+            Arc::default(),
+            Arc::new(tokio::sync::watch::channel(0).0),
+            None,
+            Arc::new(|_| {}),
+        );
         shared.touch();
         let (tx, mut told) = mpsc::unbounded_channel();
         let (recorder, _) = Actor::spawn(None, Recorder(tx), ()).await.unwrap();

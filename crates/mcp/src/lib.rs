@@ -48,7 +48,7 @@ mod state;
 
 pub use actor::McpClientActor;
 pub use config::{ConnectMode, McpConfig, McpServerConfig, McpTransport, PinMode, PrefixMode};
-pub use front::{Caller, Endpoint, EndpointBody, McpEndpointConfig, Mesh, Page};
+pub use front::{Caller, Endpoint, EndpointBody, McpEndpointConfig, Mesh, Offered, Page};
 pub use group::ProcessGroupGuard;
 pub use handler::McpClientHandler;
 pub use http_client::TracingHttpClient;

@@ -126,6 +126,8 @@ pub struct McpSupervisorActor {
     registry: RegistryHandle,
     published: Arc<Published>,
     changed: Arc<Notify>,
+    /// Told whenever a server's resources or prompts change, or servers come and go.
+    offers_changed: Arc<tokio::sync::watch::Sender<u64>>,
     /// Where the servers' last listings are kept.
     remember_in: Option<PathBuf>,
     /// Where changed tool definitions are reported.
@@ -143,6 +145,7 @@ impl McpSupervisorActor {
     fn publish(&self, state: &McpSupervisorState) {
         self.published.store(Arc::new(state.servers.clone()));
         self.changed.notify_one();
+        self.offers_changed.send_modify(|version| *version += 1);
     }
 
     async fn start_server(
@@ -263,6 +266,7 @@ impl Actor for McpSupervisorActor {
                             ServerShared::new(
                                 config,
                                 self.changed.clone(),
+                                self.offers_changed.clone(),
                                 self.remember_in.as_deref(),
                                 self.audit.clone(),
                             ),
@@ -303,6 +307,7 @@ impl Actor for McpSupervisorActor {
             let fresh = ServerShared::new(
                 shared.config.clone(),
                 self.changed.clone(),
+                self.offers_changed.clone(),
                 self.remember_in.as_deref(),
                 self.audit.clone(),
             );
@@ -328,6 +333,7 @@ pub struct McpManager {
     registry: RegistryHandle,
     published: Arc<Published>,
     changed: Arc<Notify>,
+    offers_changed: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl std::fmt::Debug for McpManager {
@@ -347,10 +353,12 @@ impl McpManager {
     ) -> Result<Self, ActorProcessingErr> {
         let published = Arc::new(Published::default());
         let changed = Arc::new(Notify::new());
+        let offers_changed = Arc::new(tokio::sync::watch::channel(0).0);
         let supervisor = McpSupervisorActor {
             registry: registry.clone(),
             published: published.clone(),
             changed: changed.clone(),
+            offers_changed: offers_changed.clone(),
             remember_in: remember_in.clone(),
             audit: audit.clone(),
         };
@@ -363,7 +371,14 @@ impl McpManager {
             registry,
             published,
             changed,
+            offers_changed,
         })
+    }
+
+    /// A receiver that sees every change of the servers' resources and prompts (servers
+    /// started and stopped, listings that changed).
+    pub fn offer_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.offers_changed.subscribe()
     }
 
     /// Returns the supervisor's actor, for a supervisor above it to link.
@@ -379,6 +394,7 @@ impl McpManager {
             registry: self.registry.clone(),
             published: self.published.clone(),
             changed: self.changed.clone(),
+            offers_changed: self.offers_changed.clone(),
             remember_in: self.remember_in.clone(),
             audit: self.audit.clone(),
         };

@@ -116,6 +116,8 @@ pub(crate) struct ServerShared {
     pub(crate) remembered: Option<Arc<crate::remembered::Remembered>>,
     /// The server's resources, resource templates and prompts, as last listed.
     pub(crate) offers: ArcSwap<crate::Offers>,
+    /// Told when they change (shared by every server).
+    pub(crate) offers_changed: Arc<watch::Sender<u64>>,
     /// The tools' pinned definitions, kept beside the remembered listing.
     pub(crate) pins: Mutex<crate::pins::Pins>,
     /// Where a changed definition is reported.
@@ -153,6 +155,7 @@ impl ServerShared {
     pub(crate) fn new(
         config: McpServerConfig,
         changed: Arc<Notify>,
+        offers_changed: Arc<watch::Sender<u64>>,
         remember_in: Option<&std::path::Path>,
         audit: crate::DefinitionAudit,
     ) -> Arc<Self> {
@@ -164,6 +167,7 @@ impl ServerShared {
             pins: Mutex::new(crate::pins::Pins::load(remember_in, &config)),
             audit,
             offers: ArcSwap::default(),
+            offers_changed,
             call_headers: Default::default(),
             http: OnceLock::new(),
             initialize_only: AtomicBool::new(false),

@@ -110,6 +110,24 @@ async function runStep(step) {
         },
       };
     }
+    case "resources": {
+      const listed = await client.listResources();
+      const templates = await client.listResourceTemplates();
+      const read = await client.readResource({ uri: step.uri });
+      return {
+        resources: listed.resources.map((r) => [r.uri, r.name]),
+        templates: templates.resourceTemplates.map((t) => t.uriTemplate),
+        read: read.contents.map((c) => c.text ?? null),
+      };
+    }
+    case "prompt": {
+      const listed = await client.listPrompts();
+      const got = await client.getPrompt({ name: step.name, arguments: step.arguments ?? {} });
+      return {
+        prompts: listed.prompts.map((p) => p.name),
+        messages: got.messages.map((m) => [m.role, m.content.text]),
+      };
+    }
     case "call_error": {
       try {
         await client.callTool({ name: step.name, arguments: step.arguments ?? {} });

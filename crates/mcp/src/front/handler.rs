@@ -7,9 +7,13 @@ use rmcp::{
     ErrorData, RoleServer, ServerHandler,
     model::{
         CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ElicitRequestParams,
-        ElicitationAction, ErrorCode as McpCode, Implementation, ListToolsResult,
-        PaginatedRequestParams, ProgressNotificationParam, ProgressToken, ServerCapabilities,
-        ServerConfig, Tool, ToolsCapability,
+        ElicitationAction, ErrorCode as McpCode, GetPromptRequestParams, GetPromptResponse,
+        GetPromptResult, Implementation, JsonObject, ListPromptsResult,
+        ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
+        ProgressNotificationParam, ProgressToken, Prompt, PromptsCapability,
+        ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
+        ResourceTemplate, ResourcesCapability, ResultType, ServerCapabilities, ServerConfig, Tool,
+        ToolsCapability,
     },
     service::{NotificationContext, Peer, RequestContext},
 };
@@ -43,6 +47,39 @@ pub trait Mesh: Send + Sync + 'static {
 
     /// The catalog's version, which changes with every change of the catalog.
     fn changes(&self) -> tokio::sync::watch::Receiver<u64>;
+
+    /// The resources, resource templates and prompts of the MCP servers that `caller`
+    /// sees, under the names the catalog gives them.
+    fn offers(&self, caller: &Caller) -> Offered;
+
+    /// Reads the resource `uri` for `caller` from the server that offers it.
+    async fn read_resource(
+        &self,
+        caller: &Caller,
+        uri: &str,
+    ) -> Result<ReadResourceResult, crate::OfferError>;
+
+    /// Gets the prompt the catalog names `name` for `caller`.
+    async fn get_prompt(
+        &self,
+        caller: &Caller,
+        name: &str,
+        arguments: Option<JsonObject>,
+    ) -> Result<GetPromptResult, crate::OfferError>;
+
+    /// A version that changes whenever what the servers offer changes.
+    fn offer_changes(&self) -> tokio::sync::watch::Receiver<u64>;
+}
+
+/// What the MCP servers offer besides tools, as one caller sees it.
+#[derive(Debug, Default)]
+pub struct Offered {
+    /// Resources.
+    pub resources: Vec<Resource>,
+    /// Resource templates.
+    pub templates: Vec<ResourceTemplate>,
+    /// Prompts.
+    pub prompts: Vec<Prompt>,
 }
 
 /// How long a burst of catalog changes is gathered into one `list_changed` notification.
@@ -192,6 +229,12 @@ impl ServerHandler for Front {
         tools.list_changed = Some(true);
         let mut capabilities = ServerCapabilities::default();
         capabilities.tools = Some(tools);
+        let mut resources = ResourcesCapability::default();
+        resources.list_changed = Some(true);
+        capabilities.resources = Some(resources);
+        let mut prompts = PromptsCapability::default();
+        prompts.list_changed = Some(true);
+        capabilities.prompts = Some(prompts);
         let mut info = ServerConfig::new(capabilities);
         info.server_info = Implementation::new("toolmesh", env!("CARGO_PKG_VERSION"));
         info.instructions = Some(
@@ -207,10 +250,14 @@ impl ServerHandler for Front {
     }
 
     /// Tells the client of a session `notifications/tools/list_changed` whenever the catalog
-    /// changes (a burst of changes once), until the client has gone.
+    /// changes, and `notifications/resources/list_changed` and `prompts/list_changed`
+    /// whenever what the servers offer changes (a burst of changes once), until the client
+    /// has gone.
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
         let mut changes = self.mesh.changes();
         changes.mark_unchanged();
+        let mut offers = self.mesh.offer_changes();
+        offers.mark_unchanged();
         let peer = context.peer;
         tokio::spawn(async move {
             loop {
@@ -222,6 +269,18 @@ impl ServerHandler for Front {
                         tokio::time::sleep(CHANGES_SETTLE).await;
                         changes.mark_unchanged();
                         if peer.notify_tool_list_changed().await.is_err() {
+                            return;
+                        }
+                    }
+                    changed = offers.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        tokio::time::sleep(CHANGES_SETTLE).await;
+                        offers.mark_unchanged();
+                        if peer.notify_resource_list_changed().await.is_err()
+                            || peer.notify_prompt_list_changed().await.is_err()
+                        {
                             return;
                         }
                     }
@@ -256,6 +315,95 @@ impl ServerHandler for Front {
         let mut result = ListToolsResult::with_all_items(page.tools.iter().map(tool).collect());
         result.next_cursor = page.next;
         Ok(result)
+    }
+
+    async fn list_resources(
+        &self,
+        _: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        let caller = self.caller(&context)?;
+        let _span = server_span("resources/list", None, &caller, &context).entered();
+        let started = std::time::Instant::now();
+        let offered = self.mesh.offers(&caller);
+        served("resources/list", &context, None, started);
+        Ok(ListResourcesResult::with_all_items(offered.resources))
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        let caller = self.caller(&context)?;
+        let _span = server_span("resources/templates/list", None, &caller, &context).entered();
+        let started = std::time::Instant::now();
+        let offered = self.mesh.offers(&caller);
+        served("resources/templates/list", &context, None, started);
+        Ok(ListResourceTemplatesResult::with_all_items(offered.templates))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        let caller = self.caller(&context)?;
+        let span = server_span("resources/read", None, &caller, &context);
+        let started = std::time::Instant::now();
+        let read = self.mesh.read_resource(&caller, &request.uri).instrument(span).await;
+        let error = read.as_ref().err().map(offer_error_type);
+        served("resources/read", &context, error, started);
+        match read {
+            // An upstream server of an earlier revision sends no `resultType`; a client of
+            // 2026-07-28 needs it (rmcp leaves it out again for earlier ones).
+            Ok(mut result) => {
+                result.result_type.get_or_insert(ResultType::COMPLETE);
+                Ok(ReadResourceResponse::Complete(result))
+            }
+            Err(crate::OfferError::NotFound(message)) => {
+                Err(ErrorData::resource_not_found(message, Some(json!({"uri": request.uri}))))
+            }
+            Err(error) => Err(offer_failure(error)),
+        }
+    }
+
+    async fn list_prompts(
+        &self,
+        _: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, ErrorData> {
+        let caller = self.caller(&context)?;
+        let _span = server_span("prompts/list", None, &caller, &context).entered();
+        let started = std::time::Instant::now();
+        let offered = self.mesh.offers(&caller);
+        served("prompts/list", &context, None, started);
+        Ok(ListPromptsResult::with_all_items(offered.prompts))
+    }
+
+    async fn get_prompt(
+        &self,
+        request: GetPromptRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, ErrorData> {
+        let caller = self.caller(&context)?;
+        let span = server_span("prompts/get", None, &caller, &context);
+        let started = std::time::Instant::now();
+        let got = (self.mesh.get_prompt(&caller, &request.name, request.arguments))
+            .instrument(span)
+            .await;
+        let error = got.as_ref().err().map(offer_error_type);
+        served("prompts/get", &context, error, started);
+        match got {
+            Ok(mut result) => {
+                result.result_type.get_or_insert(ResultType::COMPLETE);
+                Ok(GetPromptResponse::Complete(result))
+            }
+            Err(crate::OfferError::NotFound(message)) => {
+                Err(ErrorData::new(McpCode::INVALID_PARAMS, message, None))
+            }
+            Err(error) => Err(offer_failure(error)),
+        }
     }
 
     async fn call_tool(
@@ -388,6 +536,36 @@ fn uuid_like() -> String {
 }
 
 /// A refusal of the request itself: a JSON-RPC error (a tool the caller cannot see).
+/// Records one served request other than a call in `mcp.server.operation.duration`.
+fn served(
+    method: &'static str,
+    context: &RequestContext<RoleServer>,
+    error: Option<&'static str>,
+    started: std::time::Instant,
+) {
+    let operation =
+        Operation { method, tool: None, protocol_version: protocol_version(context), error };
+    operation.served(started.elapsed().as_secs_f64());
+}
+
+/// `error.type` of a failed read or prompt.
+fn offer_error_type(error: &crate::OfferError) -> &'static str {
+    match error {
+        crate::OfferError::NotFound(_) => "not_found",
+        crate::OfferError::Unavailable { .. } => "unavailable",
+        crate::OfferError::Timeout { .. } => "timeout",
+        crate::OfferError::Failed { .. } => "upstream_error",
+    }
+}
+
+fn offer_failure(error: crate::OfferError) -> ErrorData {
+    let code = match error.code() {
+        ErrorCode::InvalidArgument => McpCode::INVALID_PARAMS,
+        _ => McpCode::INTERNAL_ERROR,
+    };
+    ErrorData::new(code, error.to_string(), Some(json!({"kind": offer_error_type(&error)})))
+}
+
 fn protocol_error(failure: CallFailure) -> ErrorData {
     let code = match failure.code {
         ErrorCode::NotFound | ErrorCode::InvalidArgument => McpCode::INVALID_PARAMS,

@@ -32,7 +32,7 @@ use toolmesh_core::Principal;
 use tracing::debug;
 
 pub use config::McpEndpointConfig;
-pub use handler::{Caller, Mesh, Page};
+pub use handler::{Caller, Mesh, Offered, Page};
 
 use handler::{ClientSession, Front, SESSION_HEADER};
 use session::SignedSessions;

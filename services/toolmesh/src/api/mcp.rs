@@ -2,10 +2,11 @@
 //! `tools/call` takes the path `CallTool` takes (admission, validation, policy, limits,
 //! retries, audit, spans), with the call's events relayed to the MCP client.
 
+use rmcp::model::{GetPromptResult, JsonObject, ReadResourceResult};
 use serde_json::{Map, Value};
 use tokio_util::sync::CancellationToken;
 use toolmesh_core::{CallFailure, EventSink, MAX_LISTING_BYTES, ToolOutput};
-use toolmesh_mcp::{Caller, Mesh, Page};
+use toolmesh_mcp::{Caller, McpManager, Mesh, OfferError, Offered, Page};
 use toolmesh_meta::MetaTools;
 use toolmesh_router::{CallRequest, Router};
 
@@ -14,10 +15,12 @@ use super::view::View;
 /// Most tools one `tools/list` page holds (a page is also bounded in bytes).
 const PAGE_SIZE: usize = 1000;
 
-/// The router and the meta-tools, as the MCP endpoint calls them.
+/// The router and the meta-tools, as the MCP endpoint calls them, and the MCP servers'
+/// resources and prompts.
 pub(crate) struct McpMesh {
     pub(crate) router: Router,
     pub(crate) meta: MetaTools,
+    pub(crate) servers: McpManager,
 }
 
 #[async_trait::async_trait]
@@ -75,5 +78,47 @@ impl Mesh for McpMesh {
 
     fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
         self.router.registry().subscribe()
+    }
+
+    /// Resources keep their servers' URIs and names (the URI is what a client asks for);
+    /// prompts are named as the servers' tools are, so that two servers' prompts differ.
+    fn offers(&self, caller: &Caller) -> Offered {
+        let mut offered = Offered::default();
+        let visible =
+            super::offers::visible(&self.router, &self.servers, caller.principal.clone(), "");
+        for visible in visible {
+            let server = &visible.server;
+            offered.resources.extend(visible.resources);
+            offered.templates.extend(visible.templates);
+            offered.prompts.extend(visible.prompts.into_iter().map(|mut prompt| {
+                prompt.name = server.published(&prompt.name);
+                prompt
+            }));
+        }
+        offered
+    }
+
+    async fn read_resource(
+        &self,
+        caller: &Caller,
+        uri: &str,
+    ) -> Result<ReadResourceResult, OfferError> {
+        let principal = caller.principal.clone();
+        let read = super::offers::read(&self.router, &self.servers, principal, uri, None).await;
+        read.map(|(_, result)| result)
+    }
+
+    async fn get_prompt(
+        &self,
+        caller: &Caller,
+        name: &str,
+        arguments: Option<JsonObject>,
+    ) -> Result<GetPromptResult, OfferError> {
+        let principal = caller.principal.clone();
+        super::offers::get(&self.router, &self.servers, principal, name, arguments).await
+    }
+
+    fn offer_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.servers.offer_changes()
     }
 }

@@ -92,7 +92,11 @@ where
     }
     let mut routes = routes.routes();
     if let Some(config) = &api.mcp {
-        let mesh = Arc::new(McpMesh { router: api.router.clone(), meta: api.meta.clone() });
+        let mesh = Arc::new(McpMesh {
+            router: api.router.clone(),
+            meta: api.meta.clone(),
+            servers: api.servers.clone(),
+        });
         let endpoint = toolmesh_mcp::Endpoint::new(
             mesh,
             MCP_PATH,

@@ -5,7 +5,10 @@
 
 use std::sync::Arc;
 
-use rmcp::model::{ContentBlock, Prompt, ResourceContents, Role};
+use rmcp::model::{
+    ContentBlock, GetPromptResult, Prompt, ReadResourceResult, Resource, ResourceContents,
+    ResourceTemplate, Role,
+};
 use serde_json::{Map, Value, json};
 use tonic::Status;
 use toolmesh_core::{Principal, SourceKind, ToolSource, ToolSpec};
@@ -40,9 +43,45 @@ fn json_or_empty<T: serde::Serialize>(value: Option<&T>) -> String {
     value.and_then(|v| serde_json::to_string(v).ok()).unwrap_or_default()
 }
 
-/// The servers a request names (`server`, or every one).
-fn servers(mcp: &McpManager, server: &str) -> Vec<ServerOffers> {
-    mcp.offers().into_iter().filter(|s| server.is_empty() || s.server == server).collect()
+/// What one server offers that a caller sees.
+pub(crate) struct Visible {
+    pub(crate) server: ServerOffers,
+    pub(crate) resources: Vec<Resource>,
+    pub(crate) templates: Vec<ResourceTemplate>,
+    pub(crate) prompts: Vec<Prompt>,
+}
+
+/// What the servers (`server`, or every one) offer that `principal` sees.
+pub(crate) fn visible(
+    router: &Router,
+    mcp: &McpManager,
+    principal: Arc<Principal>,
+    server: &str,
+) -> Vec<Visible> {
+    let scope = scope(router, principal);
+    let servers = mcp.offers().into_iter().filter(|s| server.is_empty() || s.server == server);
+    servers
+        .map(|server| {
+            let sees = |name: &str, description: Option<&str>, tag: &str| {
+                let spec = spec(&server.server, &server.published(name), description, tag);
+                scope.hidden_by(&spec).is_none()
+            };
+            let offers = &server.offers;
+            let resources = (offers.resources.iter())
+                .filter(|r| sees(&r.name, r.description.as_deref(), RESOURCE_TAG))
+                .cloned()
+                .collect();
+            let templates = (offers.templates.iter())
+                .filter(|t| sees(&t.name, t.description.as_deref(), RESOURCE_TAG))
+                .cloned()
+                .collect();
+            let prompts = (offers.prompts.iter())
+                .filter(|p| sees(&p.name, p.description.as_deref(), PROMPT_TAG))
+                .cloned()
+                .collect();
+            Visible { resources, templates, prompts, server }
+        })
+        .collect()
 }
 
 /// `ListResources`.
@@ -52,49 +91,69 @@ pub(crate) fn list_resources(
     principal: Arc<Principal>,
     request: v1::ListResourcesRequest,
 ) -> v1::ListResourcesResponse {
-    let scope = scope(router, principal);
     let mut listed = v1::ListResourcesResponse::default();
-    for server in servers(mcp, &request.server) {
-        let sees = |name: &str, description: Option<&str>| {
-            let spec = spec(&server.server, &server.published(name), description, RESOURCE_TAG);
-            scope.hidden_by(&spec).is_none()
-        };
-        for resource in &server.offers.resources {
-            if !sees(&resource.name, resource.description.as_deref()) {
-                continue;
-            }
-            listed.resources.push(v1::Resource {
-                uri: resource.uri.clone(),
-                name: resource.name.clone(),
-                title: resource.title.clone().unwrap_or_default(),
-                description: resource.description.clone().unwrap_or_default(),
-                mime_type: resource.mime_type.clone().unwrap_or_default(),
-                size: resource.size,
-                server: server.server.clone(),
-                meta_json: json_or_empty(resource.meta.as_ref()),
-                annotations_json: json_or_empty(resource.annotations.as_ref()),
-            });
-        }
-        for template in &server.offers.templates {
-            if !sees(&template.name, template.description.as_deref()) {
-                continue;
-            }
-            listed.templates.push(v1::ResourceTemplate {
-                uri_template: template.uri_template.clone(),
-                name: template.name.clone(),
-                title: template.title.clone().unwrap_or_default(),
-                description: template.description.clone().unwrap_or_default(),
-                mime_type: template.mime_type.clone().unwrap_or_default(),
-                server: server.server.clone(),
+    for visible in visible(router, mcp, principal, &request.server) {
+        let server = &visible.server.server;
+        listed.resources.extend(visible.resources.into_iter().map(|resource| v1::Resource {
+            meta_json: json_or_empty(resource.meta.as_ref()),
+            annotations_json: json_or_empty(resource.annotations.as_ref()),
+            uri: resource.uri,
+            name: resource.name,
+            title: resource.title.unwrap_or_default(),
+            description: resource.description.unwrap_or_default(),
+            mime_type: resource.mime_type.unwrap_or_default(),
+            size: resource.size,
+            server: server.clone(),
+        }));
+        listed.templates.extend(visible.templates.into_iter().map(|template| {
+            v1::ResourceTemplate {
                 meta_json: json_or_empty(template.meta.as_ref()),
-            });
-        }
+                uri_template: template.uri_template,
+                name: template.name,
+                title: template.title.unwrap_or_default(),
+                description: template.description.unwrap_or_default(),
+                mime_type: template.mime_type.unwrap_or_default(),
+                server: server.clone(),
+            }
+        }));
     }
     listed
 }
 
-/// `ReadResource`: from the server that offers it, if policy lets the caller see it there
-/// (a resource neither listed nor matched by a template is seen by its URI).
+/// Reads `uri` from the server that offers it (`server`, when named), if policy lets
+/// `principal` see it there (a resource neither listed nor matched by a template is seen
+/// by its URI); returns the server and its answer.
+pub(crate) async fn read(
+    router: &Router,
+    mcp: &McpManager,
+    principal: Arc<Principal>,
+    uri: &str,
+    server: Option<&str>,
+) -> Result<(String, ReadResourceResult), OfferError> {
+    let server = mcp.resource_server(uri, server)?;
+    let offers = mcp.offers().into_iter().find(|s| s.server == server);
+    let named = offers.as_ref().and_then(|offers| {
+        let listed = offers.offers.resources.iter().find(|r| r.uri == uri);
+        let listed = listed.map(|r| (r.name.clone(), r.description.clone()));
+        listed.or_else(|| {
+            let mut templates = offers.offers.templates.iter();
+            let template = templates.find(|t| toolmesh_mcp::template_matches(&t.uri_template, uri));
+            template.map(|t| (t.name.clone(), t.description.clone()))
+        })
+    });
+    let (name, description) = match (&offers, named) {
+        (Some(offers), Some((name, description))) => (offers.published(&name), description),
+        _ => (uri.to_owned(), None),
+    };
+    let seen = spec(&server, &name, description.as_deref(), RESOURCE_TAG);
+    if scope(router, principal).hidden_by(&seen).is_some() {
+        return Err(OfferError::NotFound(format!("no mcp server offers the resource {uri:?}")));
+    }
+    let result = mcp.read_resource(&server, uri).await?;
+    Ok((server, result))
+}
+
+/// `ReadResource`.
 pub(crate) async fn read_resource(
     router: &Router,
     mcp: &McpManager,
@@ -104,33 +163,27 @@ pub(crate) async fn read_resource(
     if request.uri.is_empty() {
         return Err(Status::invalid_argument("uri: a resource URI is required"));
     }
-    let server =
-        mcp.resource_server(&request.uri, Some(&request.server)).map_err(|e| status(&e))?;
-    let offers = mcp.offers().into_iter().find(|s| s.server == server);
-    let named = offers.as_ref().and_then(|offers| {
-        let listed = offers.offers.resources.iter().find(|r| r.uri == request.uri);
-        let listed = listed.map(|r| (r.name.clone(), r.description.clone()));
-        listed.or_else(|| {
-            let templates = offers.offers.templates.iter();
-            let template =
-                templates.filter(|t| toolmesh_mcp::template_matches(&t.uri_template, &request.uri));
-            template.map(|t| (t.name.clone(), t.description.clone())).next()
-        })
-    });
-    let (name, description) = match (&offers, named) {
-        (Some(offers), Some((name, description))) => (offers.published(&name), description),
-        _ => (request.uri.clone(), None),
-    };
-    let seen = spec(&server, &name, description.as_deref(), RESOURCE_TAG);
-    if scope(router, principal).hidden_by(&seen).is_some() {
-        return Err(Status::not_found(format!(
-            "no mcp server offers the resource {:?}",
-            request.uri
-        )));
-    }
-    let result = mcp.read_resource(&server, &request.uri).await.map_err(|e| status(&e))?;
+    let (server, result) = read(router, mcp, principal, &request.uri, Some(&request.server))
+        .await
+        .map_err(|e| status(&e))?;
     let contents = result.contents.into_iter().map(resource_contents).collect();
     Ok(v1::ReadResourceResponse { contents, server })
+}
+
+/// Gets the prompt the catalog names `name`, if policy lets `principal` see it.
+pub(crate) async fn get(
+    router: &Router,
+    mcp: &McpManager,
+    principal: Arc<Principal>,
+    name: &str,
+    arguments: Option<Map<String, Value>>,
+) -> Result<GetPromptResult, OfferError> {
+    let (server, on_server) = mcp.prompt(name)?;
+    let seen = spec(&server, name, None, PROMPT_TAG);
+    if scope(router, principal).hidden_by(&seen).is_some() {
+        return Err(OfferError::NotFound(format!("no mcp server offers the prompt {name:?}")));
+    }
+    mcp.get_prompt(&server, &on_server, arguments).await
 }
 
 fn resource_contents(contents: ResourceContents) -> v1::ResourceContents {
@@ -192,16 +245,9 @@ pub(crate) fn list_prompts(
     principal: Arc<Principal>,
     request: v1::ListPromptsRequest,
 ) -> v1::ListPromptsResponse {
-    let scope = scope(router, principal);
     let mut listed = v1::ListPromptsResponse::default();
-    for server in servers(mcp, &request.server) {
-        for offered in &server.offers.prompts {
-            let name = server.published(&offered.name);
-            let seen = spec(&server.server, &name, offered.description.as_deref(), PROMPT_TAG);
-            if scope.hidden_by(&seen).is_none() {
-                listed.prompts.push(prompt(&server, offered));
-            }
-        }
+    for visible in visible(router, mcp, principal, &request.server) {
+        listed.prompts.extend(visible.prompts.iter().map(|p| prompt(&visible.server, p)));
     }
     listed
 }
@@ -213,18 +259,11 @@ pub(crate) async fn get_prompt(
     principal: Arc<Principal>,
     request: v1::GetPromptRequest,
 ) -> Result<v1::GetPromptResponse, Status> {
-    let (server, on_server) = mcp.prompt(&request.name).map_err(|e| status(&e))?;
-    let seen = spec(&server, &request.name, None, PROMPT_TAG);
-    if scope(router, principal).hidden_by(&seen).is_some() {
-        return Err(Status::not_found(format!(
-            "no mcp server offers the prompt {:?}",
-            request.name
-        )));
-    }
     let arguments: Map<String, Value> =
         request.arguments.into_iter().map(|(k, v)| (k, Value::String(v))).collect();
     let arguments = (!arguments.is_empty()).then_some(arguments);
-    let result = mcp.get_prompt(&server, &on_server, arguments).await.map_err(|e| status(&e))?;
+    let result =
+        get(router, mcp, principal, &request.name, arguments).await.map_err(|e| status(&e))?;
     let messages = result
         .messages
         .into_iter()
