@@ -8,6 +8,7 @@ mod auth;
 mod bench;
 mod cli;
 mod config_tools;
+mod conformance;
 mod credentials;
 mod deploy;
 mod durability;

@@ -1,0 +1,146 @@
+//! The official MCP conformance suite (`@modelcontextprotocol/conformance`, installed by
+//! `tests/setup` into `tests/mcp/conformance`), its server scenarios of 2025-11-25: against
+//! toolmesh's own upstream fixture server (`tests/mcp/conformance_server.py`) directly,
+//! where every scenario passes, and with that server behind toolmesh's MCP endpoint (its
+//! names unprefixed), where the scenarios toolmesh passes through are listed below. A
+//! transparent gateway passes what its upstream passes: the README lists the others and why.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::Duration,
+};
+
+use serde_json::Value;
+use toolmesh::AppOptions;
+use toolmesh_e2e::{TestServer, python};
+
+/// The scenarios toolmesh's MCP endpoint passes with the fixture server behind it.
+const THROUGH_TOOLMESH: &[&str] = &[
+    "server-initialize",
+    "server-session-lifecycle",
+    "ping",
+    "tools-list",
+    "tools-call-simple-text",
+    "tools-call-image",
+    "tools-call-audio",
+    "tools-call-error",
+    "tools-call-with-progress",
+    "server-sse-multiple-streams",
+    "resources-list",
+    "resources-read-text",
+    "resources-read-binary",
+    "resources-templates-read",
+    "prompts-list",
+    "prompts-get-simple",
+    "prompts-get-with-args",
+    "prompts-get-embedded-resource",
+    "prompts-get-with-image",
+    "dns-rebinding-protection",
+];
+
+/// The suite's Node and its entry point.
+fn suite() -> (PathBuf, PathBuf) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/conformance/node_modules");
+    let node = root.join("node/bin/node");
+    let script = root.join("@modelcontextprotocol/conformance/dist/index.js");
+    assert!(
+        node.exists() && script.exists(),
+        "the MCP conformance suite is not installed in {}: run tests/setup",
+        root.display()
+    );
+    (node, script)
+}
+
+/// Runs the server scenarios (all of the active suite) against `url`; returns each
+/// scenario's checks that did not succeed, by scenario.
+async fn run_suite(url: &str) -> BTreeMap<String, Vec<String>> {
+    let (node, script) = suite();
+    let out = tempfile::tempdir().unwrap();
+    let output = tokio::process::Command::new(node)
+        .arg(script)
+        .args(["server", "--url", url, "--output-dir"])
+        .arg(out.path())
+        .stdin(Stdio::null())
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(300), output).await.unwrap().unwrap();
+    let mut scenarios = BTreeMap::new();
+    for entry in std::fs::read_dir(out.path()).unwrap().flatten() {
+        // `server-<scenario>-<timestamp>`, the timestamp as `2026-12-07T11-36-22-911Z`.
+        let dir = entry.file_name().to_string_lossy().into_owned();
+        let scenario = dir.strip_prefix("server-").and_then(|d| d.get(..d.len().checked_sub(25)?));
+        let Some(scenario) = scenario else { continue };
+        let checks: Value =
+            serde_json::from_slice(&std::fs::read(entry.path().join("checks.json")).unwrap())
+                .unwrap();
+        let failed: Vec<String> = checks
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|check| check["status"] == "FAILURE")
+            .map(|check| format!("{}: {}", check["id"], check["errorMessage"]))
+            .collect();
+        scenarios.insert(scenario.to_owned(), failed);
+    }
+    assert!(
+        scenarios.len() >= THROUGH_TOOLMESH.len(),
+        "the suite ran too few scenarios:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    scenarios
+}
+
+/// Starts the fixture server on a free port; it ends with the returned child.
+async fn fixture() -> (tokio::process::Child, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/conformance_server.py");
+    let child = tokio::process::Command::new(python())
+        .arg(script)
+        .arg(port.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let address = format!("127.0.0.1:{port}");
+    let up = toolmesh_e2e::eventually(Duration::from_secs(30), || async {
+        tokio::net::TcpStream::connect(&address).await.ok().map(|_| ())
+    });
+    up.await.expect("the fixture server listens");
+    (child, format!("http://{address}/mcp"))
+}
+
+#[tokio::test]
+async fn the_fixture_server_passes_every_server_scenario_and_toolmesh_passes_it_through() {
+    let (_fixture, upstream) = fixture().await;
+    let direct = run_suite(&upstream).await;
+    let failing: Vec<_> = direct.iter().filter(|(_, failed)| !failed.is_empty()).collect();
+    assert!(failing.is_empty(), "the fixture server fails: {failing:#?}");
+
+    let config = format!(
+        "[[mcp.servers]]\nname = \"conformance\"\ntransport = \"streamable-http\"\nurl = \"{upstream}\"\nprefix = \"none\"\n"
+    );
+    let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
+    let listed = toolmesh_e2e::eventually(Duration::from_secs(30), || async {
+        let tools = server.app.registry().snapshot();
+        tools.contains("test_simple_text").then_some(())
+    });
+    listed.await.expect("the fixture server's tools are published");
+    let through = run_suite(&format!("http://{}/mcp", server.addr)).await;
+    for scenario in THROUGH_TOOLMESH {
+        let failed = through.get(*scenario).unwrap_or_else(|| panic!("{scenario} did not run"));
+        assert!(failed.is_empty(), "{scenario} fails through toolmesh: {failed:#?}");
+    }
+    // The list stays honest: a scenario that starts passing joins it.
+    let newly: Vec<&String> = (through.iter())
+        .filter(|(scenario, failed)| {
+            failed.is_empty() && !THROUGH_TOOLMESH.contains(&scenario.as_str())
+        })
+        .map(|(scenario, _)| scenario)
+        .collect();
+    assert!(newly.is_empty(), "these now pass through toolmesh; list them: {newly:?}");
+    server.stop().await.unwrap();
+}

@@ -1,0 +1,246 @@
+"""An MCP server carrying the fixtures the MCP conformance suite's server scenarios call
+(tools, resources, prompts, completion, logging, subscriptions), written with the Python
+SDK. Run directly it answers the scenarios itself; behind toolmesh it is the upstream
+server whose answers toolmesh must pass on unchanged.
+
+    python3 conformance_server.py PORT    # streamable HTTP at http://127.0.0.1:PORT/mcp
+"""
+
+import asyncio
+import base64
+import json
+import sys
+from typing import Any
+
+from mcp import types
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.prompts.base import UserMessage
+from mcp_types import (
+    AudioContent,
+    EmbeddedResource,
+    ImageContent,
+    TextContent,
+    TextResourceContents,
+)
+
+# A 1x1 red PNG and a 44-byte silent WAV.
+PNG = base64.b64encode(bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010802000000907753de"
+    "0000000c4944415408d763f8cfc0000003010100c9fe92ef0000000049454e44ae426082"
+)).decode()
+WAV = base64.b64encode(
+    b"RIFF" + (36).to_bytes(4, "little") + b"WAVEfmt " + (16).to_bytes(4, "little")
+    + (1).to_bytes(2, "little") + (1).to_bytes(2, "little") + (8000).to_bytes(4, "little")
+    + (8000).to_bytes(4, "little") + (1).to_bytes(2, "little") + (8).to_bytes(2, "little")
+    + b"data" + (0).to_bytes(4, "little")
+).decode()
+
+server = MCPServer("toolmesh-conformance-fixtures")
+
+
+@server.tool(description="Returns a simple text.")
+def test_simple_text() -> list[TextContent]:
+    return [TextContent(type="text", text="This is a simple text response for testing.")]
+
+
+@server.tool(description="Returns an image.")
+def test_image_content() -> list[ImageContent]:
+    return [ImageContent(type="image", data=PNG, mimeType="image/png")]
+
+
+@server.tool(description="Returns audio.")
+def test_audio_content() -> list[AudioContent]:
+    return [AudioContent(type="audio", data=WAV, mimeType="audio/wav")]
+
+
+def embedded(uri: str, text: str) -> EmbeddedResource:
+    contents = TextResourceContents(uri=uri, mimeType="text/plain", text=text)
+    return EmbeddedResource(type="resource", resource=contents)
+
+
+@server.tool(description="Returns an embedded resource.")
+def test_embedded_resource() -> list[EmbeddedResource]:
+    return [embedded("test://embedded-resource", "This is an embedded resource content.")]
+
+
+@server.tool(description="Returns text, an image and a resource.")
+def test_multiple_content_types() -> list[Any]:
+    return [
+        TextContent(type="text", text="Multiple content types test:"),
+        ImageContent(type="image", data=PNG, mimeType="image/png"),
+        EmbeddedResource(type="resource", resource=TextResourceContents(
+            uri="test://mixed-content-resource", mimeType="application/json",
+            text=json.dumps({"test": "data", "value": 123}))),
+    ]
+
+
+@server.tool(description="Logs three messages while it runs.")
+async def test_tool_with_logging(ctx: Context) -> str:
+    await ctx.info("Tool execution started")
+    await asyncio.sleep(0.05)
+    await ctx.info("Tool processing data")
+    await asyncio.sleep(0.05)
+    await ctx.info("Tool execution completed")
+    return "Tool with logging executed successfully"
+
+
+@server.tool(description="Reports progress three times.")
+async def test_tool_with_progress(ctx: Context) -> str:
+    for done in (0, 50, 100):
+        await ctx.report_progress(done, 100, f"Completed step {done // 50 + 1} of 3")
+        await asyncio.sleep(0.05)
+    return "Tool with progress executed successfully"
+
+
+@server.tool(description="Always fails.")
+def test_error_handling() -> str:
+    raise ValueError("This tool intentionally returns an error for testing")
+
+
+@server.tool(description="Asks the client's model.")
+async def test_sampling(prompt: str, ctx: Context) -> str:
+    message = types.SamplingMessage(role="user", content=TextContent(type="text", text=prompt))
+    answer = await ctx.session.create_message([message], max_tokens=100)
+    content = answer.content
+    text = content.text if isinstance(content, TextContent) else json.dumps(content.model_dump())
+    return f"LLM response: {text}"
+
+
+async def elicit(ctx: Context, message: str, schema: dict[str, Any]) -> types.ElicitResult:
+    return await ctx.session.elicit_form(message, schema, related_request_id=ctx.request_id)
+
+
+@server.tool(description="Asks the user.")
+async def test_elicitation(message: str, ctx: Context) -> str:
+    answer = await elicit(ctx, message, {
+        "type": "object",
+        "properties": {
+            "username": {"type": "string", "description": "User's response"},
+            "email": {"type": "string", "description": "User's email address"},
+        },
+        "required": ["username", "email"],
+    })
+    return f"User response: action={answer.action}, content={json.dumps(answer.content)}"
+
+
+@server.tool(description="Asks the user, with a default for each field.")
+async def test_elicitation_sep1034_defaults(ctx: Context) -> str:
+    answer = await elicit(ctx, "Please review and update the form fields with defaults", {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "description": "User name", "default": "John Doe"},
+            "age": {"type": "integer", "description": "User age", "default": 30},
+            "score": {"type": "number", "description": "User score", "default": 95.5},
+            "status": {"type": "string", "description": "User status",
+                       "enum": ["active", "inactive", "pending"], "default": "active"},
+            "verified": {"type": "boolean", "description": "Verification status",
+                         "default": True},
+        },
+        "required": [],
+    })
+    return f"Elicitation completed: action={answer.action}, content={json.dumps(answer.content)}"
+
+
+@server.tool(description="Asks the user to choose, in every enum form.")
+async def test_elicitation_sep1330_enums(ctx: Context) -> str:
+    titled = [{"const": f"value{i}", "title": t}
+              for i, t in enumerate(["First Option", "Second Option", "Third Option"], 1)]
+    choices = [{"const": f"value{i}", "title": t}
+               for i, t in enumerate(["First Choice", "Second Choice", "Third Choice"], 1)]
+    answer = await elicit(ctx, "Please select options from the enum fields", {
+        "type": "object",
+        "properties": {
+            "untitledSingle": {"type": "string", "description": "Select one option",
+                               "enum": ["option1", "option2", "option3"]},
+            "titledSingle": {"type": "string", "description": "Select one option with titles",
+                             "oneOf": titled},
+            "legacyEnum": {"type": "string", "description": "Select one option (legacy)",
+                           "enum": ["opt1", "opt2", "opt3"],
+                           "enumNames": ["Option One", "Option Two", "Option Three"]},
+            "untitledMulti": {"type": "array", "description": "Select multiple options",
+                              "items": {"type": "string",
+                                        "enum": ["option1", "option2", "option3"]}},
+            "titledMulti": {"type": "array", "description": "Select multiple options with titles",
+                            "items": {"anyOf": choices}},
+        },
+        "required": [],
+    })
+    return f"Elicitation completed: action={answer.action}, content={json.dumps(answer.content)}"
+
+
+@server.resource("test://static-text", name="static-text", mime_type="text/plain",
+                 description="A static text resource.")
+def static_text() -> str:
+    return "This is the content of the static text resource."
+
+
+@server.resource("test://static-binary", name="static-binary", mime_type="image/png",
+                 description="A static binary resource.")
+def static_binary() -> bytes:
+    return base64.b64decode(PNG)
+
+
+@server.resource("test://watched-resource", name="watched-resource", mime_type="text/plain",
+                 description="A resource to subscribe to.")
+def watched() -> str:
+    return "Watched resource content."
+
+
+@server.resource("test://template/{id}/data", name="template", mime_type="application/json",
+                 description="A resource template with an id.")
+def template(id: str) -> str:
+    return json.dumps({"id": id, "templateTest": True, "data": f"Data for ID: {id}"},
+                      separators=(",", ":"))
+
+
+@server.prompt(description="A simple prompt without arguments.")
+def test_simple_prompt() -> str:
+    return "This is a simple prompt for testing."
+
+
+@server.prompt(description="A prompt with two arguments.")
+def test_prompt_with_arguments(arg1: str, arg2: str) -> str:
+    return f"Prompt with arguments: arg1='{arg1}', arg2='{arg2}'"
+
+
+@server.prompt(description="A prompt that embeds a resource.")
+def test_prompt_with_embedded_resource(resourceUri: str) -> list[UserMessage]:
+    return [
+        UserMessage(content=embedded(resourceUri, "Embedded resource content for testing.")),
+        UserMessage(content="Please process the embedded resource above."),
+    ]
+
+
+@server.prompt(description="A prompt with an image.")
+def test_prompt_with_image() -> list[UserMessage]:
+    return [
+        UserMessage(content=ImageContent(type="image", data=PNG, mimeType="image/png")),
+        UserMessage(content="Please analyze the image above."),
+    ]
+
+
+@server.completion()
+async def complete(ref, argument, context) -> types.Completion:
+    values = [v for v in ("paris", "park", "party") if v.startswith(argument.value)]
+    return types.Completion(values=values, total=len(values), hasMore=False)
+
+
+async def set_level(ctx, params: types.SetLevelRequestParams) -> types.EmptyResult:
+    return types.EmptyResult()
+
+
+async def subscribe(ctx, params: types.SubscribeRequestParams) -> types.EmptyResult:
+    return types.EmptyResult()
+
+
+async def unsubscribe(ctx, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
+    return types.EmptyResult()
+
+
+lowlevel = server._lowlevel_server
+lowlevel.add_request_handler("logging/setLevel", types.SetLevelRequestParams, set_level)
+lowlevel.add_request_handler("resources/subscribe", types.SubscribeRequestParams, subscribe)
+lowlevel.add_request_handler("resources/unsubscribe", types.UnsubscribeRequestParams, unsubscribe)
+
+if __name__ == "__main__":
+    server.run("streamable-http", port=int(sys.argv[1]))
