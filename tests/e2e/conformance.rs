@@ -25,6 +25,8 @@ const THROUGH_TOOLMESH: &[&str] = &[
     "tools-call-simple-text",
     "tools-call-image",
     "tools-call-audio",
+    "tools-call-embedded-resource",
+    "tools-call-mixed-content",
     "tools-call-error",
     "tools-call-with-progress",
     "server-sse-multiple-streams",

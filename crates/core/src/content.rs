@@ -26,6 +26,24 @@ pub enum ContentPart {
         /// Its MIME type; may be empty.
         mime_type: String,
     },
+    /// A resource's contents, embedded in the output.
+    Resource {
+        /// The resource's URI.
+        uri: String,
+        /// Its MIME type; may be empty.
+        mime_type: String,
+        /// Its contents.
+        body: ResourceBody,
+    },
+}
+
+/// The contents of an embedded resource.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ResourceBody {
+    /// Text.
+    Text(String),
+    /// Bytes.
+    Blob(Bytes),
 }
 
 /// The result of a tool call.

@@ -31,7 +31,7 @@ pub use call::{
     Approval, ApprovalAnswer, ApprovalPrompt, CallContext, CallEvent, Elicitation,
     ElicitationAnswer, ElicitationPrompt, EventReceiver, EventSink, Nesting,
 };
-pub use content::{ContentPart, ToolOutput};
+pub use content::{ContentPart, ResourceBody, ToolOutput};
 pub use error::{
     BackendError, CallFailure, ECHO_CHARS, ErrorCode, FailureDetail, FieldViolation, clip,
 };

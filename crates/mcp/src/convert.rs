@@ -9,8 +9,8 @@ use rmcp::model::{
 };
 use serde_json::Value;
 use toolmesh_core::{
-    ContentPart, Elicitation, ElicitationAnswer, SourceKind, ToolAnnotations, ToolOutput,
-    ToolSource, ToolSpec,
+    ContentPart, Elicitation, ElicitationAnswer, ResourceBody, SourceKind, ToolAnnotations,
+    ToolOutput, ToolSource, ToolSpec,
 };
 
 use crate::McpServerConfig;
@@ -65,14 +65,19 @@ pub(crate) fn content(block: ContentBlock) -> ContentPart {
         }
         ContentBlock::Resource(embedded) => match embedded.resource {
             ResourceContents::TextResourceContents { uri, mime_type, text, .. } => {
-                ContentPart::Json(
-                    serde_json::json!({"type": "resource", "uri": uri, "mimeType": mime_type, "text": text}),
-                )
+                ContentPart::Resource {
+                    uri,
+                    mime_type: mime_type.unwrap_or_default(),
+                    body: ResourceBody::Text(text),
+                }
             }
-            ResourceContents::BlobResourceContents { mime_type, blob, .. } => ContentPart::Media {
-                mime_type: mime_type.unwrap_or_else(|| "application/octet-stream".into()),
-                data: decode(&blob),
-            },
+            ResourceContents::BlobResourceContents { uri, mime_type, blob, .. } => {
+                ContentPart::Resource {
+                    uri,
+                    mime_type: mime_type.unwrap_or_default(),
+                    body: ResourceBody::Blob(decode(&blob)),
+                }
+            }
             other => ContentPart::Json(serde_json::to_value(&other).unwrap_or_default()),
         },
         ContentBlock::ResourceLink(link) => ContentPart::ResourceLink {

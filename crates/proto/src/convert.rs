@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use toolmesh_core::{
     Approval, ApprovalAnswer, CallEvent, ContentPart, Elicitation, ElicitationAnswer, ErrorCode,
-    SourceKind, ToolAnnotations, ToolOutput, ToolSource, ToolSpec, Toolkit,
+    ResourceBody, SourceKind, ToolAnnotations, ToolOutput, ToolSource, ToolSpec, Toolkit,
 };
 
 use crate::v1;
@@ -69,6 +69,15 @@ pub fn content_part(part: ContentPart) -> v1::ContentPart {
         ContentPart::ResourceLink { uri, name, description, mime_type } => {
             Part::ResourceLink(v1::ResourceLink { uri, name, description, mime_type })
         }
+        ContentPart::Resource { uri, mime_type, body } => Part::Resource(v1::ResourceContents {
+            uri,
+            mime_type,
+            body: Some(match body {
+                ResourceBody::Text(text) => v1::resource_contents::Body::Text(text),
+                ResourceBody::Blob(data) => v1::resource_contents::Body::Blob(data.to_vec()),
+            }),
+            meta_json: String::new(),
+        }),
     };
     v1::ContentPart { part: Some(part) }
 }
@@ -206,13 +215,13 @@ pub fn part(part: v1::ContentPart) -> Option<ContentPart> {
             description: link.description,
             mime_type: link.mime_type,
         },
-        Part::Resource(resource) => match resource.body? {
-            v1::resource_contents::Body::Text(text) => ContentPart::Json(serde_json::json!({
-                "type": "resource", "uri": resource.uri, "mimeType": resource.mime_type, "text": text
-            })),
-            v1::resource_contents::Body::Blob(blob) => {
-                ContentPart::Media { mime_type: resource.mime_type, data: blob.into() }
-            }
+        Part::Resource(resource) => ContentPart::Resource {
+            uri: resource.uri,
+            mime_type: resource.mime_type,
+            body: match resource.body? {
+                v1::resource_contents::Body::Text(text) => ResourceBody::Text(text),
+                v1::resource_contents::Body::Blob(blob) => ResourceBody::Blob(blob.into()),
+            },
         },
     })
 }
@@ -245,5 +254,38 @@ pub fn error_code(code: u32) -> ErrorCode {
         tonic::Code::Cancelled => ErrorCode::Cancelled,
         tonic::Code::Unavailable => ErrorCode::Unavailable,
         _ => ErrorCode::Internal,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_content_part_survives_the_api() {
+        let parts = [
+            ContentPart::Text("hi".into()),
+            ContentPart::Json(serde_json::json!({"a": 1})),
+            ContentPart::Media { mime_type: "image/png".into(), data: vec![1, 2].into() },
+            ContentPart::ResourceLink {
+                uri: "test://a".into(),
+                name: "a".into(),
+                description: String::new(),
+                mime_type: "text/plain".into(),
+            },
+            ContentPart::Resource {
+                uri: "test://b".into(),
+                mime_type: "text/plain".into(),
+                body: ResourceBody::Text("b".into()),
+            },
+            ContentPart::Resource {
+                uri: "test://c".into(),
+                mime_type: "image/png".into(),
+                body: ResourceBody::Blob(vec![0, 255].into()),
+            },
+        ];
+        for original in parts {
+            assert_eq!(part(content_part(original.clone())), Some(original));
+        }
     }
 }

@@ -7,7 +7,7 @@
 use std::{sync::Arc, time::Duration};
 
 use serde_json::Value;
-use toolmesh_core::{CallFailure, ContentPart, ErrorCode, EventSink, ToolOutput};
+use toolmesh_core::{CallFailure, ContentPart, ErrorCode, EventSink, ResourceBody, ToolOutput};
 use toolmesh_policy::{Decision, Permit, ResultLimit, Scope, Visible};
 use toolmesh_registry::{RegistryHandle, ToolEntry};
 use toolmesh_telemetry::names;
@@ -186,6 +186,14 @@ fn bounded(output: ToolOutput, limit: ResultLimit, tool: &str) -> Result<ToolOut
         ContentPart::Media { data, .. } => data.len(),
         ContentPart::ResourceLink { uri, name, description, mime_type } => {
             uri.len() + name.len() + description.len() + mime_type.len()
+        }
+        ContentPart::Resource { uri, mime_type, body } => {
+            uri.len()
+                + mime_type.len()
+                + match body {
+                    ResourceBody::Text(text) => text.len(),
+                    ResourceBody::Blob(data) => data.len(),
+                }
         }
     };
     let structured = output.structured.as_ref().map_or(0, |v| v.to_string().len());

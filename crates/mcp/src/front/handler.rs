@@ -21,7 +21,7 @@ use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 use toolmesh_core::{
     CallEvent, CallFailure, ContentPart, ElicitationAnswer, ElicitationPrompt, ErrorCode,
-    EventReceiver, EventSink, Principal, ToolOutput, ToolSpec,
+    EventReceiver, EventSink, Principal, ResourceBody, ToolOutput, ToolSpec,
 };
 use tracing::{Instrument as _, Span};
 
@@ -655,6 +655,21 @@ fn block(part: ContentPart) -> ContentBlock {
                     "uri": "data:", "mimeType": mime_type, "blob": data}});
                 serde_json::from_value(blob).unwrap_or_else(|_| ContentBlock::text(""))
             }
+        }
+        ContentPart::Resource { uri, mime_type, body } => {
+            let mut resource = json!({"uri": uri});
+            if !mime_type.is_empty() {
+                resource["mimeType"] = json!(mime_type);
+            }
+            match body {
+                ResourceBody::Text(text) => resource["text"] = json!(text),
+                ResourceBody::Blob(data) => {
+                    resource["blob"] =
+                        json!(base64::engine::general_purpose::STANDARD.encode(&data));
+                }
+            }
+            let embedded = json!({"type": "resource", "resource": resource});
+            serde_json::from_value(embedded).unwrap_or_else(|_| ContentBlock::text(uri))
         }
         ContentPart::ResourceLink { uri, name, description, mime_type } => {
             let mut link = json!({"type": "resource_link", "uri": uri, "name": name});
