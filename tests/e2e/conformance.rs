@@ -21,6 +21,7 @@ const THROUGH_TOOLMESH: &[&str] = &[
     "server-initialize",
     "server-session-lifecycle",
     "ping",
+    "completion-complete",
     "tools-list",
     "tools-call-simple-text",
     "tools-call-image",

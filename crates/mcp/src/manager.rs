@@ -511,6 +511,33 @@ impl McpManager {
         self.answer(&shared, request).await
     }
 
+    /// Returns the server of the resource template (or resource) `uri`.
+    pub fn template_server(&self, uri: &str) -> Result<String, OfferError> {
+        (self.published.load().iter())
+            .find(|(_, running)| {
+                let offers = running.shared.offers.load();
+                offers.templates.iter().any(|t| t.uri_template == uri)
+                    || offers.resources.iter().any(|r| r.uri == uri)
+            })
+            .map(|(name, _)| name.clone())
+            .ok_or_else(|| {
+                OfferError::NotFound(format!("no mcp server offers the resource template {uri:?}"))
+            })
+    }
+
+    /// Asks `server` to complete an argument (of a prompt by its name on the server, or of
+    /// a resource template).
+    pub async fn complete(
+        &self,
+        server: &str,
+        params: rmcp::model::CompleteRequestParams,
+    ) -> Result<rmcp::model::CompleteResult, OfferError> {
+        let shared = self.server(server)?;
+        let peer = self.connection_of(&shared).await?;
+        let request = crate::offers::complete(&peer, params);
+        self.answer(&shared, request).await
+    }
+
     fn server(&self, server: &str) -> Result<Arc<ServerShared>, OfferError> {
         (self.published.load().get(server))
             .map(|running| running.shared.clone())

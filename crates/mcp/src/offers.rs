@@ -5,10 +5,11 @@
 use rmcp::{
     RoleClient,
     model::{
-        ClientRequest, Cursor, GetPromptRequest, GetPromptRequestParams, GetPromptResult,
-        JsonObject, ListPromptsRequest, ListResourceTemplatesRequest, ListResourcesRequest,
-        PaginatedRequestParams, Prompt, ReadResourceRequest, ReadResourceRequestParams,
-        ReadResourceResult, Resource, ResourceTemplate, ServerResult,
+        ClientRequest, CompleteRequest, CompleteRequestParams, CompleteResult, Cursor,
+        GetPromptRequest, GetPromptRequestParams, GetPromptResult, JsonObject, ListPromptsRequest,
+        ListResourceTemplatesRequest, ListResourcesRequest, PaginatedRequestParams, Prompt,
+        ReadResourceRequest, ReadResourceRequestParams, ReadResourceResult, Resource,
+        ResourceTemplate, ServerResult,
     },
     service::{Peer, ServiceError},
 };
@@ -123,6 +124,18 @@ pub(crate) async fn get_prompt(
     let request = GetPromptRequest::new(params);
     match peer.send_request(ClientRequest::GetPromptRequest(request)).await? {
         ServerResult::GetPromptResult(result) => Ok(result),
+        _ => Err(ServiceError::UnexpectedResponse),
+    }
+}
+
+/// Asks the server on `peer` to complete an argument.
+pub(crate) async fn complete(
+    peer: &Peer<RoleClient>,
+    params: CompleteRequestParams,
+) -> Result<CompleteResult, ServiceError> {
+    let request = CompleteRequest::new(params);
+    match peer.send_request(ClientRequest::CompleteRequest(request)).await? {
+        ServerResult::CompleteResult(result) => Ok(result),
         _ => Err(ServiceError::UnexpectedResponse),
     }
 }

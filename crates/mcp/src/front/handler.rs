@@ -6,14 +6,14 @@ use std::{borrow::Cow, collections::HashMap, sync::Arc};
 use rmcp::{
     ErrorData, RoleServer, ServerHandler,
     model::{
-        CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ElicitRequestParams,
-        ElicitationAction, ErrorCode as McpCode, GetPromptRequestParams, GetPromptResponse,
-        GetPromptResult, Implementation, JsonObject, ListPromptsResult,
-        ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
-        ProgressNotificationParam, ProgressToken, Prompt, PromptsCapability,
-        ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
-        ResourceTemplate, ResourcesCapability, ResultType, ServerCapabilities, ServerConfig, Tool,
-        ToolsCapability,
+        CallToolRequestParams, CallToolResponse, CallToolResult, CompleteRequestParams,
+        CompleteResult, ContentBlock, ElicitRequestParams, ElicitationAction, ErrorCode as McpCode,
+        GetPromptRequestParams, GetPromptResponse, GetPromptResult, Implementation, JsonObject,
+        ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
+        PaginatedRequestParams, ProgressNotificationParam, ProgressToken, Prompt,
+        PromptsCapability, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
+        Resource, ResourceTemplate, ResourcesCapability, ResultType, ServerCapabilities,
+        ServerConfig, Tool, ToolsCapability,
     },
     service::{NotificationContext, Peer, RequestContext},
 };
@@ -66,6 +66,14 @@ pub trait Mesh: Send + Sync + 'static {
         name: &str,
         arguments: Option<JsonObject>,
     ) -> Result<GetPromptResult, crate::OfferError>;
+
+    /// Completes an argument of a prompt or resource template `caller` sees, as the server
+    /// that offers it completes it.
+    async fn complete(
+        &self,
+        caller: &Caller,
+        params: CompleteRequestParams,
+    ) -> Result<CompleteResult, crate::OfferError>;
 
     /// A version that changes whenever what the servers offer changes.
     fn offer_changes(&self) -> tokio::sync::watch::Receiver<u64>;
@@ -235,6 +243,7 @@ impl ServerHandler for Front {
         let mut prompts = PromptsCapability::default();
         prompts.list_changed = Some(true);
         capabilities.prompts = Some(prompts);
+        capabilities.completions = Some(Default::default());
         let mut info = ServerConfig::new(capabilities);
         info.server_info = Implementation::new("toolmesh", env!("CARGO_PKG_VERSION"));
         info.instructions = Some(
@@ -398,6 +407,29 @@ impl ServerHandler for Front {
             Ok(mut result) => {
                 result.result_type.get_or_insert(ResultType::COMPLETE);
                 Ok(GetPromptResponse::Complete(result))
+            }
+            Err(crate::OfferError::NotFound(message)) => {
+                Err(ErrorData::new(McpCode::INVALID_PARAMS, message, None))
+            }
+            Err(error) => Err(offer_failure(error)),
+        }
+    }
+
+    async fn complete(
+        &self,
+        request: CompleteRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CompleteResult, ErrorData> {
+        let caller = self.caller(&context)?;
+        let span = server_span("completion/complete", None, &caller, &context);
+        let started = std::time::Instant::now();
+        let completed = self.mesh.complete(&caller, request).instrument(span).await;
+        let error = completed.as_ref().err().map(offer_error_type);
+        served("completion/complete", &context, error, started);
+        match completed {
+            Ok(mut result) => {
+                result.result_type.get_or_insert(ResultType::COMPLETE);
+                Ok(result)
             }
             Err(crate::OfferError::NotFound(message)) => {
                 Err(ErrorData::new(McpCode::INVALID_PARAMS, message, None))

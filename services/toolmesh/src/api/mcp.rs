@@ -2,7 +2,9 @@
 //! `tools/call` takes the path `CallTool` takes (admission, validation, policy, limits,
 //! retries, audit, spans), with the call's events relayed to the MCP client.
 
-use rmcp::model::{GetPromptResult, JsonObject, ReadResourceResult};
+use rmcp::model::{
+    CompleteRequestParams, CompleteResult, GetPromptResult, JsonObject, ReadResourceResult,
+};
 use serde_json::{Map, Value};
 use tokio_util::sync::CancellationToken;
 use toolmesh_core::{CallFailure, EventSink, MAX_LISTING_BYTES, ToolOutput};
@@ -116,6 +118,15 @@ impl Mesh for McpMesh {
     ) -> Result<GetPromptResult, OfferError> {
         let principal = caller.principal.clone();
         super::offers::get(&self.router, &self.servers, principal, name, arguments).await
+    }
+
+    async fn complete(
+        &self,
+        caller: &Caller,
+        params: CompleteRequestParams,
+    ) -> Result<CompleteResult, OfferError> {
+        let principal = caller.principal.clone();
+        super::offers::complete(&self.router, &self.servers, principal, params).await
     }
 
     fn offer_changes(&self) -> tokio::sync::watch::Receiver<u64> {

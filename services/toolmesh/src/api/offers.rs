@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use rmcp::model::{
-    ContentBlock, GetPromptResult, Prompt, ReadResourceResult, Resource, ResourceContents,
-    ResourceTemplate, Role,
+    CompleteRequestParams, CompleteResult, ContentBlock, GetPromptResult, Prompt,
+    ReadResourceResult, Reference, Resource, ResourceContents, ResourceTemplate, Role,
 };
 use serde_json::{Map, Value, json};
 use tonic::Status;
@@ -151,6 +151,44 @@ pub(crate) async fn read(
     }
     let result = mcp.read_resource(&server, uri).await?;
     Ok((server, result))
+}
+
+/// Completes an argument of a prompt (named as the catalog names it) or of a resource
+/// template, if policy lets `principal` see it, as the server that offers it completes it.
+pub(crate) async fn complete(
+    router: &Router,
+    mcp: &McpManager,
+    principal: Arc<Principal>,
+    mut params: CompleteRequestParams,
+) -> Result<CompleteResult, OfferError> {
+    let (server, seen) = match &mut params.r#ref {
+        Reference::Prompt(prompt) => {
+            let (server, on_server) = mcp.prompt(&prompt.name)?;
+            let seen = spec(&server, &prompt.name, None, PROMPT_TAG);
+            prompt.name = on_server;
+            (server, seen)
+        }
+        Reference::Resource(template) => {
+            let server = mcp.template_server(&template.uri)?;
+            let offers = mcp.offers().into_iter().find(|s| s.server == server);
+            let name = offers.and_then(|offers| {
+                let mut templates = offers.offers.templates.iter();
+                let named = templates.find(|t| t.uri_template == template.uri);
+                named.map(|t| offers.published(&t.name))
+            });
+            let seen = spec(&server, name.as_deref().unwrap_or(&template.uri), None, RESOURCE_TAG);
+            (server, seen)
+        }
+        other => {
+            return Err(OfferError::NotFound(format!(
+                "cannot complete for the reference {other:?}"
+            )));
+        }
+    };
+    if scope(router, principal).hidden_by(&seen).is_some() {
+        return Err(OfferError::NotFound(format!("nothing to complete for {:?}", seen.name)));
+    }
+    mcp.complete(&server, params).await
 }
 
 /// `ReadResource`.
