@@ -20,6 +20,7 @@ use toolmesh_e2e::{TestServer, python};
 const THROUGH_TOOLMESH: &[&str] = &[
     "server-initialize",
     "server-session-lifecycle",
+    "logging-set-level",
     "ping",
     "completion-complete",
     "tools-list",
@@ -28,6 +29,7 @@ const THROUGH_TOOLMESH: &[&str] = &[
     "tools-call-audio",
     "tools-call-embedded-resource",
     "tools-call-mixed-content",
+    "tools-call-with-logging",
     "tools-call-error",
     "tools-call-with-progress",
     "server-sse-multiple-streams",

@@ -23,6 +23,16 @@ pub enum CallEvent {
     },
     /// A partial output, before the result.
     Partial(ContentPart),
+    /// A log message the tool (an MCP server's `notifications/message`) sent while it ran.
+    Log {
+        /// Its severity, as MCP names it (`debug`, `info`, `notice`, `warning`, `error`,
+        /// `critical`, `alert`, `emergency`).
+        level: String,
+        /// The logger that wrote it; may be empty.
+        logger: String,
+        /// What was logged.
+        data: Value,
+    },
 }
 
 /// A question a tool (or the server behind it) asks the caller during a call.
@@ -265,6 +275,19 @@ impl EventSink {
         queue.readable.notify_one();
     }
 
+    /// Reports a log message; never waits. One that finds [`QUEUED_EVENTS`] unread is
+    /// dropped: a reader that lags loses log lines, not the tool's time.
+    pub fn log(&self, level: impl Into<String>, logger: impl Into<String>, data: Value) {
+        let Some(queue) = &self.queue else { return };
+        let mut state = queue.lock();
+        if state.closed || state.events.len() >= QUEUED_EVENTS {
+            return;
+        }
+        state.events.push_back(CallEvent::Log { level: level.into(), logger: logger.into(), data });
+        drop(state);
+        queue.readable.notify_one();
+    }
+
     /// Reports a partial output, waiting while the reader has [`QUEUED_EVENTS`] unread;
     /// returns at once when nobody listens.
     pub async fn partial(&self, part: ContentPart) {
@@ -300,6 +323,7 @@ mod tests {
             .map(|event| match event {
                 CallEvent::Progress { progress, .. } => progress,
                 CallEvent::Partial(_) => -1.0,
+                CallEvent::Log { .. } => -2.0,
             })
             .collect()
     }

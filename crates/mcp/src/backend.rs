@@ -15,6 +15,10 @@ use tracing::{Instrument, info_span};
 
 use crate::{convert, shared::ServerShared};
 
+/// The request `_meta` key that asks a 2026-07-28 server for log messages of that level and
+/// above.
+const LOG_LEVEL_META: &str = "io.modelcontextprotocol/logLevel";
+
 /// How rmcp fails a request whose streamable-HTTP session was renewed before its answer.
 const SESSION_RENEWED: &str = "streamable HTTP session was re-initialized";
 
@@ -149,6 +153,14 @@ impl McpBackend {
         meta.0.0.insert(Nesting::PARENT_META.into(), Value::String(nesting.parent_call_id));
         if let Some(ticket) = headers {
             meta.0.0.insert(crate::http_client::HEADERS_META.into(), Value::from(ticket));
+        }
+        // On 2026-07-28 a server logs to a request only when asked to: a caller that hears
+        // the call's events gets every level, and its own door filters them.
+        let modern = peer.peer_info().is_some_and(|info| {
+            info.protocol_version >= rmcp::model::ProtocolVersion::V_2026_07_28
+        });
+        if modern && ctx.events.is_enabled() {
+            meta.0.0.insert(LOG_LEVEL_META.into(), Value::String("debug".into()));
         }
         let mut options = PeerRequestOptions::default();
         options.meta = Some(meta);

@@ -61,6 +61,38 @@ impl ClientHandler for McpClientHandler {
         }
     }
 
+    /// Passes a log message the server sends during a call on to that call's caller. Over
+    /// streamable HTTP the transport says which request's stream it arrived on; elsewhere it
+    /// goes to the only running call, and is left out when that is ambiguous.
+    #[allow(deprecated)]
+    async fn on_logging_message(
+        &self,
+        params: rmcp::model::LoggingMessageNotificationParam,
+        context: NotificationContext<RoleClient>,
+    ) {
+        let origin = context.extensions.get::<InboundStreamOrigin>();
+        let calls = self.shared.inflight_calls();
+        let sink = match origin {
+            Some(InboundStreamOrigin::OutboundRequest(id)) => calls.get(id).cloned(),
+            _ => {
+                let mut running = calls.values();
+                match (running.next(), running.next()) {
+                    (Some(only), None) => Some(only.clone()),
+                    _ => None,
+                }
+            }
+        };
+        let Some(sink) = sink else {
+            debug!(server = self.shared.name(), "a log message outside any call");
+            return;
+        };
+        let level = serde_json::to_value(params.level)
+            .ok()
+            .and_then(|level| level.as_str().map(str::to_owned))
+            .unwrap_or_else(|| "info".into());
+        sink.log(level, params.logger.unwrap_or_default(), params.data);
+    }
+
     async fn on_tool_list_changed(&self, _: NotificationContext<RoleClient>) {
         debug!(server = self.shared.name(), "tools/list_changed");
         let _ = self.actor.cast(McpMsg::ToolsChanged);

@@ -92,7 +92,7 @@ pub fn response(call_id: String, output: ToolOutput) -> v1::CallToolResponse {
     }
 }
 
-/// The stream message of a progress report or partial output.
+/// The stream message of a progress report, partial output or log message.
 pub fn event(event: CallEvent) -> v1::CallToolServerMessage {
     use v1::call_tool_server_message::Message;
     let message = match event {
@@ -100,6 +100,9 @@ pub fn event(event: CallEvent) -> v1::CallToolServerMessage {
             Message::Progress(v1::Progress { progress, total, message })
         }
         CallEvent::Partial(part) => Message::Partial(content_part(part)),
+        CallEvent::Log { level, logger, data } => {
+            Message::Log(v1::LogMessage { level, logger, data_json: data.to_string() })
+        }
     };
     v1::CallToolServerMessage { message: Some(message) }
 }

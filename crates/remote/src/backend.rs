@@ -211,5 +211,6 @@ async fn forward(ctx: &CallContext, event: CallEvent) {
             ctx.events.progress(progress, total, message)
         }
         CallEvent::Partial(part) => ctx.events.partial(part).await,
+        CallEvent::Log { level, logger, data } => ctx.events.log(level, logger, data),
     }
 }

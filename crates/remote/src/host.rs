@@ -599,6 +599,8 @@ async fn run_call(
             CallEvent::Partial(part) => {
                 worker_call_event::Event::Partial(convert::content_part(part))
             }
+            // The worker protocol carries no log lines: a worker's own log has them.
+            CallEvent::Log { .. } => return Ok(()),
         };
         let event = v1::WorkerCallEvent { call_id: call.call_id.clone(), event: Some(event) };
         if let Some(refused) = out.too_large("a partial output", event.encoded_len()) {

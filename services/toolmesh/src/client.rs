@@ -268,6 +268,11 @@ pub async fn call_streaming(
             Some(Message::Partial(part)) => {
                 on_progress(&format!("partial {}", render_part(&part.part)))
             }
+            Some(Message::Log(log)) => {
+                let logger =
+                    if log.logger.is_empty() { String::new() } else { format!(" {}", log.logger) };
+                on_progress(&format!("log {}{logger}: {}", log.level, log.data_json));
+            }
             Some(Message::Elicitation(question)) => {
                 on_progress(&format!(
                     "question (answered cancel; toolmesh call is not interactive): {}",

@@ -1,7 +1,14 @@
 //! The MCP server toolmesh is: `tools/list` and `tools/call` of the mesh behind [`Mesh`],
 //! for the principal the front door authenticated.
 
-use std::{borrow::Cow, collections::HashMap, sync::Arc};
+use std::{
+    borrow::Cow,
+    collections::HashMap,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+};
 
 use rmcp::{
     ErrorData, RoleServer, ServerHandler,
@@ -121,6 +128,17 @@ pub(crate) struct Front {
     pub(crate) mesh: Arc<dyn Mesh>,
     /// The endpoint's path, before an optional `/<profile>`.
     pub(crate) path: Arc<str>,
+    /// The least severity of the log messages relayed to this session (`logging/setLevel`),
+    /// as a rank of [`LOG_LEVELS`]; every one until the client sets it.
+    pub(crate) log_level: Arc<AtomicUsize>,
+}
+
+/// MCP's log severities, least first.
+const LOG_LEVELS: [&str; 8] =
+    ["debug", "info", "notice", "warning", "error", "critical", "alert", "emergency"];
+
+fn log_rank(level: &str) -> usize {
+    LOG_LEVELS.iter().position(|l| *l == level).unwrap_or(0)
 }
 
 /// The session id a request presented, as the client knows it (rmcp is handed its own).
@@ -135,6 +153,11 @@ fn refused(message: &str) -> ErrorData {
 }
 
 impl Front {
+    /// The handler of a new session: the endpoint's, with a log level of its own.
+    pub(crate) fn for_session(&self) -> Self {
+        Front { log_level: Arc::default(), ..self.clone() }
+    }
+
     /// The caller of a request, from the HTTP request rmcp hands over.
     fn caller(&self, context: &RequestContext<RoleServer>) -> Result<Caller, ErrorData> {
         let Some(parts) = context.extensions.get::<http::request::Parts>() else {
@@ -244,6 +267,9 @@ impl ServerHandler for Front {
         prompts.list_changed = Some(true);
         capabilities.prompts = Some(prompts);
         capabilities.completions = Some(Default::default());
+        // Log messages of upstream servers' calls are relayed to sessions of the 2025
+        // revisions (2026-07-28 has no logging).
+        capabilities.logging = Some(Default::default());
         let mut info = ServerConfig::new(capabilities);
         info.server_info = Implementation::new("toolmesh", env!("CARGO_PKG_VERSION"));
         info.instructions = Some(
@@ -415,6 +441,17 @@ impl ServerHandler for Front {
         }
     }
 
+    #[allow(deprecated)]
+    async fn set_level(
+        &self,
+        request: rmcp::model::SetLevelRequestParams,
+        _: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let level = serde_json::to_value(request.level).unwrap_or_default();
+        self.log_level.store(log_rank(level.as_str().unwrap_or_default()), Ordering::Relaxed);
+        Ok(())
+    }
+
     async fn complete(
         &self,
         request: CompleteRequestParams,
@@ -464,18 +501,21 @@ impl ServerHandler for Front {
         } else {
             (events, None)
         };
-        let relay = relay(context.peer.clone(), progress, receiver, prompts);
+        let relay = Relay::new(context.peer.clone(), progress, self.log_level.clone());
+        let mut receiver = receiver;
         let call = self.mesh.call(&caller, name.clone(), arguments, events, context.ct.clone());
         let outcome = async {
-            tokio::pin!(relay);
+            let relaying = relay.run(&mut receiver, prompts);
+            tokio::pin!(relaying);
             tokio::select! {
                 biased;
                 outcome = call => outcome,
-                () = &mut relay => unreachable!("the relay runs until the call ends"),
+                () = &mut relaying => unreachable!("the relay runs until the call ends"),
             }
         }
         .instrument(span)
         .await;
+        relay.flush(&mut receiver).await;
         operation.error = match &outcome {
             Ok(output) if output.is_error => Some("tool_error"),
             Ok(_) => None,
@@ -492,34 +532,81 @@ impl ServerHandler for Front {
 
 /// Forwards a call's progress to the client (when it asked for progress with a token) and
 /// its questions (when it can answer them), until the call ends and drops this future.
-async fn relay(
+/// Where a call's events go: the client's session, its progress token, and the least log
+/// severity it hears (none on 2026-07-28, which has no logging).
+struct Relay {
     peer: Peer<RoleServer>,
     progress: Option<ProgressToken>,
-    mut events: EventReceiver,
-    mut prompts: Option<tokio::sync::mpsc::Receiver<ElicitationPrompt>>,
-) {
-    loop {
-        let prompt = async {
-            match prompts.as_mut() {
-                Some(prompts) => prompts.recv().await,
-                None => std::future::pending().await,
+    logs: Option<Arc<AtomicUsize>>,
+}
+
+impl Relay {
+    fn new(
+        peer: Peer<RoleServer>,
+        progress: Option<ProgressToken>,
+        level: Arc<AtomicUsize>,
+    ) -> Self {
+        let modern = peer.peer_info().is_some_and(|info| {
+            info.protocol_version >= rmcp::model::ProtocolVersion::V_2026_07_28
+        });
+        Relay { peer, progress, logs: (!modern).then_some(level) }
+    }
+
+    // Logging is deprecated (SEP-2577), but sessions of the 2025 revisions still have it.
+    #[allow(deprecated)]
+    async fn deliver(&self, event: CallEvent) {
+        match (event, self.progress.as_ref()) {
+            (CallEvent::Progress { progress: done, total, message }, Some(token)) => {
+                let mut param = ProgressNotificationParam::new(token.clone(), done);
+                param.total = total;
+                param.message = Some(message).filter(|m| !m.is_empty());
+                let _ = self.peer.notify_progress(param).await;
             }
-        };
-        tokio::select! {
-            event = events.recv() => {
-                if let (CallEvent::Progress { progress: done, total, message }, Some(token)) =
-                    (event, progress.as_ref())
-                {
-                    let mut param = ProgressNotificationParam::new(token.clone(), done);
-                    param.total = total;
-                    param.message = Some(message).filter(|m| !m.is_empty());
-                    let _ = peer.notify_progress(param).await;
+            (CallEvent::Log { level, logger, data }, _)
+                if self
+                    .logs
+                    .as_ref()
+                    .is_some_and(|least| log_rank(&level) >= least.load(Ordering::Relaxed)) =>
+            {
+                let mut param = json!({"level": level, "data": data});
+                if !logger.is_empty() {
+                    param["logger"] = json!(logger);
+                }
+                if let Ok(param) = serde_json::from_value(param) {
+                    let _ = self.peer.notify_logging_message(param).await;
                 }
             }
-            Some(prompt) = prompt => {
-                let answer = ask(&peer, &prompt.elicitation).await;
-                let _ = prompt.reply.send(answer);
+            _ => {}
+        }
+    }
+
+    /// Relays events and asks questions until the call ends (the caller stops polling).
+    async fn run(
+        &self,
+        events: &mut EventReceiver,
+        mut prompts: Option<tokio::sync::mpsc::Receiver<ElicitationPrompt>>,
+    ) {
+        loop {
+            let prompt = async {
+                match prompts.as_mut() {
+                    Some(prompts) => prompts.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                event = events.recv() => self.deliver(event).await,
+                Some(prompt) = prompt => {
+                    let answer = ask(&self.peer, &prompt.elicitation).await;
+                    let _ = prompt.reply.send(answer);
+                }
             }
+        }
+    }
+
+    /// Delivers what the call sent just before it ended, before its result goes out.
+    async fn flush(&self, events: &mut EventReceiver) {
+        while let Some(event) = events.try_recv() {
+            self.deliver(event).await;
         }
     }
 }

@@ -81,8 +81,10 @@ impl Endpoint {
         http.max_request_body_bytes = max_body_bytes.min(MAX_BODY_BYTES);
         http.sse_keep_alive = Some(Duration::from_secs(15));
         http.cancellation_token = stop;
-        let front = Front { mesh, path: Arc::from(path.trim_end_matches('/')) };
-        let inner = StreamableHttpService::new(move || Ok(front.clone()), manager.clone(), http);
+        let front =
+            Front { mesh, path: Arc::from(path.trim_end_matches('/')), log_level: Arc::default() };
+        let inner =
+            StreamableHttpService::new(move || Ok(front.for_session()), manager.clone(), http);
         Endpoint { inner, manager, sessions }
     }
 
