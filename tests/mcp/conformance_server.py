@@ -10,11 +10,13 @@ import asyncio
 import base64
 import json
 import sys
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from mcp import types
-from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.elicitation import AcceptedElicitation
+from mcp.server.mcpserver import Context, Elicit, ElicitationResult, MCPServer, Resolve
 from mcp.server.mcpserver.prompts.base import UserMessage
+from pydantic import BaseModel, Field, WithJsonSchema
 from mcp_types import (
     AudioContent,
     EmbeddedResource,
@@ -106,66 +108,82 @@ async def test_sampling(prompt: str, ctx: Context) -> str:
     return f"LLM response: {text}"
 
 
-async def elicit(ctx: Context, message: str, schema: dict[str, Any]) -> types.ElicitResult:
-    return await ctx.session.elicit_form(message, schema, related_request_id=ctx.request_id)
+# The questions are asked through resolvers, so that they are an input round on 2026-07-28
+# (where a server has no back-channel during a request) and elicitation/create before.
+
+
+def outcome(answer: ElicitationResult[Any]) -> str:
+    content = answer.data.model_dump() if isinstance(answer, AcceptedElicitation) else None
+    return f"action={answer.action}, content={json.dumps(content)}"
+
+
+class Contact(BaseModel):
+    username: str = Field(description="User's response")
+    email: str = Field(description="User's email address")
+
+
+def ask_contact(message: str) -> Elicit[Contact]:
+    return Elicit(message, Contact)
 
 
 @server.tool(description="Asks the user.")
-async def test_elicitation(message: str, ctx: Context) -> str:
-    answer = await elicit(ctx, message, {
-        "type": "object",
-        "properties": {
-            "username": {"type": "string", "description": "User's response"},
-            "email": {"type": "string", "description": "User's email address"},
-        },
-        "required": ["username", "email"],
-    })
-    return f"User response: action={answer.action}, content={json.dumps(answer.content)}"
+async def test_elicitation(
+    message: str, answer: Annotated[ElicitationResult[Contact], Resolve(ask_contact)]
+) -> str:
+    return f"User response: {outcome(answer)}"
+
+
+class Defaults(BaseModel):
+    name: str = Field("John Doe", description="User name")
+    age: int = Field(30, description="User age")
+    score: float = Field(95.5, description="User score")
+    status: Literal["active", "inactive", "pending"] = Field("active", description="User status")
+    verified: bool = Field(True, description="Verification status")
+
+
+def ask_defaults() -> Elicit[Defaults]:
+    return Elicit("Please review and update the form fields with defaults", Defaults)
 
 
 @server.tool(description="Asks the user, with a default for each field.")
-async def test_elicitation_sep1034_defaults(ctx: Context) -> str:
-    answer = await elicit(ctx, "Please review and update the form fields with defaults", {
-        "type": "object",
-        "properties": {
-            "name": {"type": "string", "description": "User name", "default": "John Doe"},
-            "age": {"type": "integer", "description": "User age", "default": 30},
-            "score": {"type": "number", "description": "User score", "default": 95.5},
-            "status": {"type": "string", "description": "User status",
-                       "enum": ["active", "inactive", "pending"], "default": "active"},
-            "verified": {"type": "boolean", "description": "Verification status",
-                         "default": True},
-        },
-        "required": [],
-    })
-    return f"Elicitation completed: action={answer.action}, content={json.dumps(answer.content)}"
+async def test_elicitation_sep1034_defaults(
+    answer: Annotated[ElicitationResult[Defaults], Resolve(ask_defaults)],
+) -> str:
+    return f"Elicitation completed: {outcome(answer)}"
+
+
+def titled(kind: str, titles: list[str]) -> list[dict[str, str]]:
+    return [{"const": f"value{i}", "title": t} for i, t in enumerate(titles, 1)]
+
+
+class Enums(BaseModel):
+    untitledSingle: Annotated[str | None, WithJsonSchema({
+        "type": "string", "description": "Select one option",
+        "enum": ["option1", "option2", "option3"]})] = None
+    titledSingle: Annotated[str | None, WithJsonSchema({
+        "type": "string", "description": "Select one option with titles",
+        "oneOf": titled("value", ["First Option", "Second Option", "Third Option"])})] = None
+    legacyEnum: Annotated[str | None, WithJsonSchema({
+        "type": "string", "description": "Select one option (legacy)",
+        "enum": ["opt1", "opt2", "opt3"],
+        "enumNames": ["Option One", "Option Two", "Option Three"]})] = None
+    untitledMulti: Annotated[list[str] | None, WithJsonSchema({
+        "type": "array", "description": "Select multiple options",
+        "items": {"type": "string", "enum": ["option1", "option2", "option3"]}})] = None
+    titledMulti: Annotated[list[str] | None, WithJsonSchema({
+        "type": "array", "description": "Select multiple options with titles",
+        "items": {"anyOf": titled("value", ["First Choice", "Second Choice", "Third Choice"])}})] = None
+
+
+def ask_enums() -> Elicit[Enums]:
+    return Elicit("Please select options from the enum fields", Enums)
 
 
 @server.tool(description="Asks the user to choose, in every enum form.")
-async def test_elicitation_sep1330_enums(ctx: Context) -> str:
-    titled = [{"const": f"value{i}", "title": t}
-              for i, t in enumerate(["First Option", "Second Option", "Third Option"], 1)]
-    choices = [{"const": f"value{i}", "title": t}
-               for i, t in enumerate(["First Choice", "Second Choice", "Third Choice"], 1)]
-    answer = await elicit(ctx, "Please select options from the enum fields", {
-        "type": "object",
-        "properties": {
-            "untitledSingle": {"type": "string", "description": "Select one option",
-                               "enum": ["option1", "option2", "option3"]},
-            "titledSingle": {"type": "string", "description": "Select one option with titles",
-                             "oneOf": titled},
-            "legacyEnum": {"type": "string", "description": "Select one option (legacy)",
-                           "enum": ["opt1", "opt2", "opt3"],
-                           "enumNames": ["Option One", "Option Two", "Option Three"]},
-            "untitledMulti": {"type": "array", "description": "Select multiple options",
-                              "items": {"type": "string",
-                                        "enum": ["option1", "option2", "option3"]}},
-            "titledMulti": {"type": "array", "description": "Select multiple options with titles",
-                            "items": {"anyOf": choices}},
-        },
-        "required": [],
-    })
-    return f"Elicitation completed: action={answer.action}, content={json.dumps(answer.content)}"
+async def test_elicitation_sep1330_enums(
+    answer: Annotated[ElicitationResult[Enums], Resolve(ask_enums)],
+) -> str:
+    return f"Elicitation completed: {outcome(answer)}"
 
 
 @server.resource("test://static-text", name="static-text", mime_type="text/plain",
