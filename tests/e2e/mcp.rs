@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tonic::Code;
 use toolmesh::AppOptions;
-use toolmesh_e2e::{BinaryServer, toolmesh_bin};
+use toolmesh_e2e::{BinaryServer, py_stdio_config, toolmesh_bin};
 use toolmesh_e2e::{PyHttpServer, TestServer, eventually, process_alive, py_server, python, text};
 use toolmesh_proto::v1::{
     CallToolClientMessage, CallToolRequest, CancelCall, ElicitationAction, ElicitationAnswer,
@@ -537,20 +537,8 @@ async fn resources_and_prompts_are_listed_read_and_got_under_policy() {
         content_part::Part, resource_contents::Body,
     };
     let config = format!(
-        r#"
-[[mcp.servers]]
-name = "py"
-transport = "stdio"
-command = "{}"
-args = ["{}"]
-
-[[policy.rules]]
-name = "no-topics"
-effect = "deny"
-tools = ["py_notes_on"]
-"#,
-        python(),
-        py_server()
+        "{}\n[[policy.rules]]\nname = \"no-topics\"\neffect = \"deny\"\ntools = [\"py_notes_on\"]\n",
+        py_stdio_config()
     );
     let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
     let mut client = server.client().await;

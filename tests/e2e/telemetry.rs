@@ -11,7 +11,7 @@ use std::{
 use tonic::Code;
 use toolmesh_e2e::cli::tool_names;
 use toolmesh_e2e::otlp::{Receiver, attr, hex, int_attr, serve_on_loopback};
-use toolmesh_e2e::{BinaryServer, PyHttpServer, eventually, py_server, python};
+use toolmesh_e2e::{BinaryServer, PyHttpServer, eventually, py_stdio_config, python};
 use toolmesh_proto::v1::{CallToolRequest, ListToolsRequest};
 
 #[tokio::test]
@@ -212,25 +212,28 @@ async fn call_tool_spans_link_to_the_search_that_returned_the_tool() {
     assert_eq!(execute.parent_span_id, call.span_id);
 }
 
-#[tokio::test]
-async fn mcp_calls_carry_the_trace_into_the_server() {
+/// A toolmesh exporting to a fresh OTLP receiver, with `tests/mcp/py_server.py` over stdio
+/// and `extra` configuration, once the server's tools are published.
+async fn traced_py_server(extra: &str) -> (Receiver, BinaryServer) {
     let (receiver, otlp) = Receiver::start().await;
-    let mut server = BinaryServer::with_config(
-        &format!(
-            "[[mcp.servers]]\nname = \"py\"\ntransport = \"stdio\"\ncommand = \"{}\"\nargs = [\"{}\"]\n",
-            python(),
-            py_server()
-        ),
-        &[("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str())],
-    )
-    .await
-    .unwrap();
+    let config = format!("{}\n{extra}", py_stdio_config());
+    let server =
+        BinaryServer::with_config(&config, &[("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str())])
+            .await
+            .unwrap();
     let addr = server.addr.to_string();
     eventually(Duration::from_secs(30), || async {
         tool_names(&addr).await.contains(&"py_trace".to_owned()).then_some(())
     })
     .await
     .expect("the MCP server's tools are published");
+    (receiver, server)
+}
+
+#[tokio::test]
+async fn mcp_calls_carry_the_trace_into_the_server() {
+    let (receiver, mut server) = traced_py_server("").await;
+    let addr = server.addr.to_string();
 
     let trace_id = "0af7651916cd43dd8448eb211c80319c";
     let mut client = toolmesh::client::connect(&addr, None).await.unwrap();
@@ -686,22 +689,9 @@ async fn mcp_operations_are_measured_on_both_sides() {
 async fn mcp_endpoint_calls_are_one_trace_from_the_client_to_the_upstream_server() {
     use crate::mcp_endpoint::{initialize, post};
 
-    let (receiver, otlp) = Receiver::start().await;
-    let config = format!(
-        "[[mcp.servers]]\nname = \"py\"\ntransport = \"stdio\"\ncommand = \"{}\"\nargs = [\"{}\"]\n\n[[routing.profiles]]\nname = \"all\"\nexpose = [\"*\"]\n",
-        python(),
-        py_server()
-    );
-    let mut server =
-        BinaryServer::with_config(&config, &[("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str())])
-            .await
-            .unwrap();
+    let all = "[[routing.profiles]]\nname = \"all\"\nexpose = [\"*\"]\n";
+    let (receiver, mut server) = traced_py_server(all).await;
     let addr = server.addr.to_string();
-    eventually(Duration::from_secs(30), || async {
-        tool_names(&addr).await.contains(&"py_trace".to_owned()).then_some(())
-    })
-    .await
-    .expect("the MCP server's tools are published");
     let url = format!("http://{addr}/mcp/all");
     let (status, session, _) = post(&url, initialize(), None, None).await;
     assert_eq!(status, 200);

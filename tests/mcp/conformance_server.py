@@ -152,7 +152,7 @@ async def test_elicitation_sep1034_defaults(
     return f"Elicitation completed: {outcome(answer)}"
 
 
-def titled(kind: str, titles: list[str]) -> list[dict[str, str]]:
+def titled(titles: list[str]) -> list[dict[str, str]]:
     return [{"const": f"value{i}", "title": t} for i, t in enumerate(titles, 1)]
 
 
@@ -162,7 +162,7 @@ class Enums(BaseModel):
         "enum": ["option1", "option2", "option3"]})] = None
     titledSingle: Annotated[str | None, WithJsonSchema({
         "type": "string", "description": "Select one option with titles",
-        "oneOf": titled("value", ["First Option", "Second Option", "Third Option"])})] = None
+        "oneOf": titled(["First Option", "Second Option", "Third Option"])})] = None
     legacyEnum: Annotated[str | None, WithJsonSchema({
         "type": "string", "description": "Select one option (legacy)",
         "enum": ["opt1", "opt2", "opt3"],
@@ -172,7 +172,7 @@ class Enums(BaseModel):
         "items": {"type": "string", "enum": ["option1", "option2", "option3"]}})] = None
     titledMulti: Annotated[list[str] | None, WithJsonSchema({
         "type": "array", "description": "Select multiple options with titles",
-        "items": {"anyOf": titled("value", ["First Choice", "Second Choice", "Third Choice"])}})] = None
+        "items": {"anyOf": titled(["First Choice", "Second Choice", "Third Choice"])}})] = None
 
 
 def ask_enums() -> Elicit[Enums]:

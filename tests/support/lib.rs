@@ -14,7 +14,7 @@ mod upstream;
 
 pub use binary::{BinaryServer, BinaryWorker, toolmesh_bench_bin, toolmesh_bin};
 pub use server::TestServer;
-pub use upstream::{PyHttpServer, py_server, python, python_client, serve_http};
+pub use upstream::{PyHttpServer, py_server, py_stdio_config, python, python_client, serve_http};
 
 use std::time::Duration;
 

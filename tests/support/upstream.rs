@@ -28,6 +28,15 @@ pub fn py_server() -> String {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/py_server.py").display().to_string()
 }
 
+/// The `[[mcp.servers]]` entry of `tests/mcp/py_server.py` over stdio, named `py`.
+pub fn py_stdio_config() -> String {
+    format!(
+        "[[mcp.servers]]\nname = \"py\"\ntransport = \"stdio\"\ncommand = \"{}\"\nargs = [\"{}\"]\n",
+        python(),
+        py_server()
+    )
+}
+
 /// `tests/mcp/py_server.py` serving streamable HTTP on a free port; killed on drop.
 pub struct PyHttpServer {
     /// The server process.

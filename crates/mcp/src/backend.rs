@@ -156,10 +156,11 @@ impl McpBackend {
         }
         // On 2026-07-28 a server logs to a request only when asked to: a caller that hears
         // the call's events gets every level, and its own door filters them.
-        let modern = peer.peer_info().is_some_and(|info| {
-            info.protocol_version >= rmcp::model::ProtocolVersion::V_2026_07_28
-        });
-        if modern && ctx.events.is_enabled() {
+        let asks_logs = ctx.events.is_enabled()
+            && peer.peer_info().is_some_and(|info| {
+                info.protocol_version >= rmcp::model::ProtocolVersion::V_2026_07_28
+            });
+        if asks_logs {
             meta.0.0.insert(LOG_LEVEL_META.into(), Value::String("debug".into()));
         }
         let mut options = PeerRequestOptions::default();

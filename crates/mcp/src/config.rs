@@ -293,19 +293,10 @@ fn mcp(raw: RawMcp, cx: &Reading<'_>) -> Result<McpConfig, ConfigError> {
         }
         let mut accept = Vec::with_capacity(raw.accept.len());
         for (i, entry) in raw.accept.iter().enumerate() {
-            let parsed = entry.rsplit_once('@').filter(|(name, digest)| {
-                !name.is_empty()
-                    && (8..=64).contains(&digest.len())
-                    && digest.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-            });
-            let Some((name, digest)) = parsed else {
+            let Some((name, digest)) = crate::pins::accepted(entry) else {
                 return Err(key_error(
                     format!("{key}.accept[{i}]"),
-                    format!(
-                        "{entry:?} is not TOOL@DIGEST (the tool's name on the server, and at \
-                         least 8 lowercase hex digits of its new definition's digest, as the log \
-                         gives them)"
-                    ),
+                    format!("{entry:?} is not {}", crate::pins::ACCEPTED_FORM),
                 ));
             };
             accept.push((name.to_owned(), digest.to_owned()));

@@ -24,13 +24,18 @@ pub struct McpClientHandler {
 }
 
 impl McpClientHandler {
-    /// Returns the sink of the call a server request belongs to.
-    fn caller(&self, origin: Option<&InboundStreamOrigin>) -> Option<toolmesh_core::EventSink> {
+    /// Returns the sink of the call a server message that arrived on `origin` belongs to:
+    /// the call of that request's stream, or else the only running call that `fits`.
+    fn caller(
+        &self,
+        origin: Option<&InboundStreamOrigin>,
+        fits: impl Fn(&toolmesh_core::EventSink) -> bool,
+    ) -> Option<toolmesh_core::EventSink> {
         let calls = self.shared.inflight_calls();
         match origin {
             Some(InboundStreamOrigin::OutboundRequest(id)) => calls.get(id).cloned(),
             _ => {
-                let mut able = calls.values().filter(|sink| sink.can_elicit());
+                let mut able = calls.values().filter(|sink| fits(sink));
                 match (able.next(), able.next()) {
                     (Some(only), None) => Some(only.clone()),
                     _ => None,
@@ -71,18 +76,7 @@ impl ClientHandler for McpClientHandler {
         context: NotificationContext<RoleClient>,
     ) {
         let origin = context.extensions.get::<InboundStreamOrigin>();
-        let calls = self.shared.inflight_calls();
-        let sink = match origin {
-            Some(InboundStreamOrigin::OutboundRequest(id)) => calls.get(id).cloned(),
-            _ => {
-                let mut running = calls.values();
-                match (running.next(), running.next()) {
-                    (Some(only), None) => Some(only.clone()),
-                    _ => None,
-                }
-            }
-        };
-        let Some(sink) = sink else {
+        let Some(sink) = self.caller(origin, |_| true) else {
             debug!(server = self.shared.name(), "a log message outside any call");
             return;
         };
@@ -125,7 +119,7 @@ impl ClientHandler for McpClientHandler {
             let registered = self.shared.registered.notified();
             tokio::pin!(registered);
             registered.as_mut().enable();
-            if let Some(sink) = self.caller(origin.as_ref()) {
+            if let Some(sink) = self.caller(origin.as_ref(), toolmesh_core::EventSink::can_elicit) {
                 break Some(sink);
             }
             if tokio::time::timeout_at(waited, registered).await.is_err() {

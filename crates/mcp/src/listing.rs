@@ -7,8 +7,8 @@ use ractor::ActorRef;
 use rmcp::{
     RoleClient,
     model::{
-        ClientRequest, ListToolsRequest, PaginatedRequestParams, ServerNotification, ServerResult,
-        SubscriptionFilter, Tool,
+        ClientRequest, Cursor, ListToolsRequest, PaginatedRequestParams, ServerNotification,
+        ServerResult, SubscriptionFilter, Tool,
     },
     service::{Peer, ServiceError},
 };
@@ -100,22 +100,35 @@ pub(crate) fn prepare(
 /// `tools/list_changed`) and which, for a server of thousands of tools, costs as much as
 /// publishing the change.
 pub(crate) async fn list_tools(peer: &Peer<RoleClient>) -> Result<Vec<Tool>, ServiceError> {
-    let mut tools = Vec::new();
-    let mut cursor = None;
+    pages(
+        peer,
+        |page| ClientRequest::ListToolsRequest(ListToolsRequest::with_param(page)),
+        |result| match result {
+            ServerResult::ListToolsResult(page) => Some((page.tools, page.next_cursor)),
+            _ => None,
+        },
+    )
+    .await
+}
+
+/// Every page of one listing: `request` asks for a page, `take` finds its items and the
+/// next cursor in the answer.
+pub(crate) async fn pages<T>(
+    peer: &Peer<RoleClient>,
+    request: impl Fn(PaginatedRequestParams) -> ClientRequest,
+    take: impl Fn(ServerResult) -> Option<(Vec<T>, Option<Cursor>)>,
+) -> Result<Vec<T>, ServiceError> {
+    let mut items = Vec::new();
+    let mut cursor: Option<Cursor> = None;
     loop {
-        let request = ListToolsRequest::with_param(
-            PaginatedRequestParams::default().with_cursor(cursor.clone()),
-        );
-        let ServerResult::ListToolsResult(page) =
-            peer.send_request(ClientRequest::ListToolsRequest(request)).await?
-        else {
-            return Err(ServiceError::UnexpectedResponse);
-        };
-        tools.extend(page.tools);
+        let page = PaginatedRequestParams::default().with_cursor(cursor.clone());
+        let result = peer.send_request(request(page)).await?;
+        let (page, next) = take(result).ok_or(ServiceError::UnexpectedResponse)?;
+        items.extend(page);
         // A server that hands back the cursor it was given would be listed forever.
-        match page.next_cursor {
+        match next {
             Some(next) if cursor.as_ref() != Some(&next) => cursor = Some(next),
-            _ => return Ok(tools),
+            _ => return Ok(items),
         }
     }
 }

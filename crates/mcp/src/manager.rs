@@ -110,6 +110,34 @@ impl ServerOffers {
     }
 }
 
+/// Where a resource is read: its server, and what policy sees it as.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResourceRoute {
+    /// The server.
+    pub server: String,
+    /// The catalog name of the resource or template that lists or matches it (prefixed as
+    /// the server's tools are); `None` when neither does.
+    pub name: Option<String>,
+    /// Its description, if it has one.
+    pub description: Option<String>,
+}
+
+impl ResourceRoute {
+    fn of(server: &str, shared: &ServerShared, uri: &str) -> Self {
+        let offers = shared.offers.load();
+        let found = offers.listed(uri).or_else(|| offers.template(uri));
+        ResourceRoute {
+            server: server.to_owned(),
+            name: found.map(|(name, _)| crate::publish_name(shared.config.prefix, server, name)),
+            description: found.and_then(|(_, description)| description.map(str::to_owned)),
+        }
+    }
+}
+
+fn no_server(server: &str) -> OfferError {
+    OfferError::NotFound(format!("no mcp server is named {server:?}"))
+}
+
 /// One running server, as the supervisor publishes it.
 #[derive(Clone)]
 struct Running {
@@ -444,32 +472,45 @@ impl McpManager {
             .collect()
     }
 
-    /// Returns the server that serves the resource `uri`: `server` when given; else the
-    /// first (by name) that lists it, else the first with a template that matches it,
-    /// else the only server that offers resources.
-    pub fn resource_server(&self, uri: &str, server: Option<&str>) -> Result<String, OfferError> {
+    /// Routes the resource `uri`: to `server` when given; else to the first server (by
+    /// name) that lists it, else to the first with a template that matches it, else to the
+    /// only server that offers resources.
+    pub fn resource(&self, uri: &str, server: Option<&str>) -> Result<ResourceRoute, OfferError> {
         let published = self.published.load();
         if let Some(server) = server.filter(|s| !s.is_empty()) {
-            return match published.contains_key(server) {
-                true => Ok(server.to_owned()),
-                false => Err(OfferError::NotFound(format!("no mcp server is named {server:?}"))),
-            };
+            let running = published.get(server).ok_or_else(|| no_server(server))?;
+            return Ok(ResourceRoute::of(server, &running.shared, uri));
         }
-        let offers: Vec<(&String, Arc<crate::Offers>)> =
-            published.iter().map(|(name, r)| (name, r.shared.offers.load_full())).collect();
-        let listed = offers.iter().find(|(_, o)| o.resources.iter().any(|r| r.uri == uri));
-        let serving = listed.or_else(|| offers.iter().find(|(_, o)| o.serves(uri)));
-        if let Some((name, _)) = serving {
-            return Ok((*name).clone());
+        let listed = published.iter().find(|(_, r)| r.shared.offers.load().listed(uri).is_some());
+        let matched =
+            || published.iter().find(|(_, r)| r.shared.offers.load().template(uri).is_some());
+        if let Some((name, running)) = listed.or_else(matched) {
+            return Ok(ResourceRoute::of(name, &running.shared, uri));
         }
-        let mut with_resources = offers.iter().filter(|(_, o)| !o.resources.is_empty());
+        let mut with_resources =
+            published.iter().filter(|(_, r)| !r.shared.offers.load().resources.is_empty());
         match (with_resources.next(), with_resources.next()) {
-            (Some((name, _)), None) => Ok((*name).clone()),
+            (Some((name, running)), None) => Ok(ResourceRoute::of(name, &running.shared, uri)),
             _ => Err(OfferError::NotFound(format!(
                 "no mcp server lists the resource {uri:?} or has a template that matches it; \
                  name the server that returned it"
             ))),
         }
+    }
+
+    /// Routes the resource template (or resource) `uri` to the server that offers it.
+    pub fn template(&self, uri: &str) -> Result<ResourceRoute, OfferError> {
+        let published = self.published.load();
+        let (name, running) = (published.iter())
+            .find(|(_, running)| {
+                let offers = running.shared.offers.load();
+                offers.templates.iter().any(|t| t.uri_template == uri)
+                    || offers.listed(uri).is_some()
+            })
+            .ok_or_else(|| {
+                OfferError::NotFound(format!("no mcp server offers the resource template {uri:?}"))
+            })?;
+        Ok(ResourceRoute::of(name, &running.shared, uri))
     }
 
     /// Reads the resource `uri` from `server`.
@@ -478,10 +519,7 @@ impl McpManager {
         server: &str,
         uri: &str,
     ) -> Result<rmcp::model::ReadResourceResult, OfferError> {
-        let shared = self.server(server)?;
-        let peer = self.connection_of(&shared).await?;
-        let request = crate::offers::read(&peer, uri);
-        self.answer(&shared, request).await
+        self.ask(server, |peer| async move { crate::offers::read(&peer, uri).await }).await
     }
 
     /// Returns the server of the prompt the catalog names `name`, and its name there.
@@ -505,24 +543,11 @@ impl McpManager {
         name: &str,
         arguments: Option<rmcp::model::JsonObject>,
     ) -> Result<rmcp::model::GetPromptResult, OfferError> {
-        let shared = self.server(server)?;
-        let peer = self.connection_of(&shared).await?;
-        let request = crate::offers::get_prompt(&peer, name, arguments);
-        self.answer(&shared, request).await
-    }
-
-    /// Returns the server of the resource template (or resource) `uri`.
-    pub fn template_server(&self, uri: &str) -> Result<String, OfferError> {
-        (self.published.load().iter())
-            .find(|(_, running)| {
-                let offers = running.shared.offers.load();
-                offers.templates.iter().any(|t| t.uri_template == uri)
-                    || offers.resources.iter().any(|r| r.uri == uri)
-            })
-            .map(|(name, _)| name.clone())
-            .ok_or_else(|| {
-                OfferError::NotFound(format!("no mcp server offers the resource template {uri:?}"))
-            })
+        self.ask(
+            server,
+            |peer| async move { crate::offers::get_prompt(&peer, name, arguments).await },
+        )
+        .await
     }
 
     /// Asks `server` to complete an argument (of a prompt by its name on the server, or of
@@ -532,38 +557,26 @@ impl McpManager {
         server: &str,
         params: rmcp::model::CompleteRequestParams,
     ) -> Result<rmcp::model::CompleteResult, OfferError> {
-        let shared = self.server(server)?;
-        let peer = self.connection_of(&shared).await?;
-        let request = crate::offers::complete(&peer, params);
-        self.answer(&shared, request).await
+        self.ask(server, |peer| async move { crate::offers::complete(&peer, params).await }).await
     }
 
-    fn server(&self, server: &str) -> Result<Arc<ServerShared>, OfferError> {
-        (self.published.load().get(server))
+    /// Sends `request` to `server` over its connection (an idle lazy server is opened), and
+    /// returns its answer, within the server's `timeout_ms` for each.
+    async fn ask<T, F, Fut>(&self, server: &str, request: F) -> Result<T, OfferError>
+    where
+        F: FnOnce(Arc<rmcp::service::Peer<rmcp::RoleClient>>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, rmcp::service::ServiceError>>,
+    {
+        let shared = (self.published.load().get(server))
             .map(|running| running.shared.clone())
-            .ok_or_else(|| OfferError::NotFound(format!("no mcp server is named {server:?}")))
-    }
-
-    async fn connection_of(
-        &self,
-        shared: &ServerShared,
-    ) -> Result<Arc<rmcp::service::Peer<rmcp::RoleClient>>, OfferError> {
-        let deadline = tokio::time::Instant::now() + shared.config.timeout;
-        shared
-            .connection(deadline)
-            .await
-            .map_err(|reason| OfferError::Unavailable { server: shared.name().to_owned(), reason })
-    }
-
-    /// The server's answer to `request`, within its `timeout_ms`.
-    async fn answer<T>(
-        &self,
-        shared: &ServerShared,
-        request: impl std::future::Future<Output = Result<T, rmcp::service::ServiceError>>,
-    ) -> Result<T, OfferError> {
+            .ok_or_else(|| no_server(server))?;
         let server = shared.name().to_owned();
         let timeout = shared.config.timeout;
-        match tokio::time::timeout(timeout, request).await {
+        let peer = match shared.connection(tokio::time::Instant::now() + timeout).await {
+            Ok(peer) => peer,
+            Err(reason) => return Err(OfferError::Unavailable { server, reason }),
+        };
+        match tokio::time::timeout(timeout, request(peer)).await {
             Err(_) => Err(OfferError::Timeout { server, timeout }),
             Ok(Ok(answer)) => Ok(answer),
             Ok(Err(rmcp::service::ServiceError::McpError(error))) => {

@@ -5,11 +5,10 @@
 use rmcp::{
     RoleClient,
     model::{
-        ClientRequest, CompleteRequest, CompleteRequestParams, CompleteResult, Cursor,
-        GetPromptRequest, GetPromptRequestParams, GetPromptResult, JsonObject, ListPromptsRequest,
-        ListResourceTemplatesRequest, ListResourcesRequest, PaginatedRequestParams, Prompt,
-        ReadResourceRequest, ReadResourceRequestParams, ReadResourceResult, Resource,
-        ResourceTemplate, ServerResult,
+        ClientRequest, CompleteRequest, CompleteRequestParams, CompleteResult, GetPromptRequest,
+        GetPromptRequestParams, GetPromptResult, JsonObject, ListPromptsRequest,
+        ListResourceTemplatesRequest, ListResourcesRequest, Prompt, ReadResourceRequest,
+        ReadResourceRequestParams, ReadResourceResult, Resource, ResourceTemplate, ServerResult,
     },
     service::{Peer, ServiceError},
 };
@@ -26,10 +25,19 @@ pub struct Offers {
 }
 
 impl Offers {
-    /// Whether the server lists the resource `uri`, or has a template that matches it.
-    pub(crate) fn serves(&self, uri: &str) -> bool {
-        self.resources.iter().any(|r| r.uri == uri)
-            || self.templates.iter().any(|t| template_matches(&t.uri_template, uri))
+    /// The name (on the server) and description of the resource `uri` the server lists.
+    pub(crate) fn listed(&self, uri: &str) -> Option<(&str, Option<&str>)> {
+        let resource = self.resources.iter().find(|r| r.uri == uri)?;
+        Some((&resource.name, resource.description.as_deref()))
+    }
+
+    /// The name (on the server) and description of the server's first template that
+    /// matches the resource `uri`, or that is `uri` when `uri` is a template.
+    pub(crate) fn template(&self, uri: &str) -> Option<(&str, Option<&str>)> {
+        let mut templates = self.templates.iter();
+        let template =
+            templates.find(|t| t.uri_template == uri || template_matches(&t.uri_template, uri))?;
+        Some((&template.name, template.description.as_deref()))
     }
 }
 
@@ -39,7 +47,7 @@ pub(crate) async fn list(peer: &Peer<RoleClient>) -> Result<Offers, ServiceError
     let capabilities = peer.peer_info().map(|info| info.capabilities.clone()).unwrap_or_default();
     let mut offers = Offers::default();
     if capabilities.resources.is_some() {
-        offers.resources = pages(
+        offers.resources = crate::listing::pages(
             peer,
             |page| ClientRequest::ListResourcesRequest(ListResourcesRequest::with_param(page)),
             |result| match result {
@@ -49,7 +57,7 @@ pub(crate) async fn list(peer: &Peer<RoleClient>) -> Result<Offers, ServiceError
         )
         .await?;
         // Templates are optional even for a server with resources.
-        offers.templates = pages(
+        offers.templates = crate::listing::pages(
             peer,
             |page| {
                 ClientRequest::ListResourceTemplatesRequest(
@@ -67,7 +75,7 @@ pub(crate) async fn list(peer: &Peer<RoleClient>) -> Result<Offers, ServiceError
         .unwrap_or_default();
     }
     if capabilities.prompts.is_some() {
-        offers.prompts = pages(
+        offers.prompts = crate::listing::pages(
             peer,
             |page| ClientRequest::ListPromptsRequest(ListPromptsRequest::with_param(page)),
             |result| match result {
@@ -78,27 +86,6 @@ pub(crate) async fn list(peer: &Peer<RoleClient>) -> Result<Offers, ServiceError
         .await?;
     }
     Ok(offers)
-}
-
-/// Every page of one listing.
-async fn pages<T>(
-    peer: &Peer<RoleClient>,
-    request: impl Fn(PaginatedRequestParams) -> ClientRequest,
-    take: impl Fn(ServerResult) -> Option<(Vec<T>, Option<Cursor>)>,
-) -> Result<Vec<T>, ServiceError> {
-    let mut items = Vec::new();
-    let mut cursor: Option<Cursor> = None;
-    loop {
-        let page = PaginatedRequestParams::default().with_cursor(cursor.clone());
-        let result = peer.send_request(request(page)).await?;
-        let (page, next) = take(result).ok_or(ServiceError::UnexpectedResponse)?;
-        items.extend(page);
-        // A server that hands back the cursor it was given would be listed forever.
-        match next {
-            Some(next) if cursor.as_ref() != Some(&next) => cursor = Some(next),
-            _ => return Ok(items),
-        }
-    }
 }
 
 /// Reads the resource `uri` from the server on `peer`.
@@ -143,7 +130,7 @@ pub(crate) async fn complete(
 /// Whether `uri` is one the URI template `template` (RFC 6570) expands to: its literal
 /// parts in order, each expression standing for any text, and a trailing query or fragment
 /// expression (`{?a,b}`) for any query or none.
-pub fn template_matches(template: &str, uri: &str) -> bool {
+pub(crate) fn template_matches(template: &str, uri: &str) -> bool {
     let mut pattern = String::with_capacity(template.len());
     let mut rest = template;
     let mut optional_tail = false;

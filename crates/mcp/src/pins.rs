@@ -9,8 +9,7 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    fs,
-    io::{self, Write as _},
+    fs, io,
     path::{Path, PathBuf},
 };
 
@@ -97,15 +96,9 @@ fn read(path: &Path) -> io::Result<HashMap<String, String>> {
 fn write(path: &Path, digests: &HashMap<String, String>) -> io::Result<()> {
     let pins: Map<String, Value> =
         digests.iter().map(|(n, d)| (n.clone(), Value::String(d.clone()))).collect();
-    if let Some(dir) = path.parent() {
-        fs::create_dir_all(dir)?;
-    }
-    let temporary = path.with_extension("json.tmp");
-    let mut file = io::BufWriter::new(fs::File::create(&temporary)?);
-    serde_json::to_writer(&mut file, &json!({"format": FORMAT, "pins": pins}))?;
-    file.flush()?;
-    file.into_inner().map_err(io::IntoInnerError::into_error)?.sync_all()?;
-    fs::rename(&temporary, path)
+    crate::remembered::replace_file(path, |file| {
+        Ok(serde_json::to_writer(file, &json!({"format": FORMAT, "pins": pins}))?)
+    })
 }
 
 /// When `path` was last modified, if it exists.
@@ -113,23 +106,36 @@ fn modified(path: &Path) -> Option<std::time::SystemTime> {
     fs::metadata(path).and_then(|m| m.modified()).ok()
 }
 
-/// Accepts the definition of `tool` (its name on the server) whose digest begins with
-/// `digest` (at least 8 hex digits, as the log gives them), for the server `server` whose
-/// pins are kept in `dir` (`<data-dir>/mcp`): `toolmesh mcp accept`. A running toolmesh
-/// reads it at its next reload or listing of that server.
-pub fn accept(dir: &Path, server: &str, tool: &str, digest: &str) -> io::Result<PathBuf> {
-    let valid = digest.len() >= 8 && digest.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
-    if !valid {
+/// Reads `TOOL@DIGEST` (the tool's name on the server, and 8 to 64 lowercase hex digits
+/// of its definition's digest, as the log gives them), as `accept` and `toolmesh mcp
+/// accept` take it.
+pub(crate) fn accepted(entry: &str) -> Option<(&str, &str)> {
+    entry.rsplit_once('@').filter(|(name, digest)| {
+        !name.is_empty()
+            && (8..=64).contains(&digest.len())
+            && digest.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+/// What `TOOL@DIGEST` is, for an error that names one that is not.
+pub(crate) const ACCEPTED_FORM: &str = "TOOL@DIGEST (the tool's name on the server, and at \
+    least 8 lowercase hex digits of its new definition's digest, as the log gives them)";
+
+/// Accepts `definition` (`TOOL@DIGEST`) for the server `server` whose pins are kept in
+/// `dir` (`<data-dir>/mcp`): `toolmesh mcp accept`. Returns the tool and the file written;
+/// a running toolmesh reads it at its next reload or listing of that server.
+pub fn accept(dir: &Path, server: &str, definition: &str) -> io::Result<(String, PathBuf)> {
+    let Some((tool, digest)) = accepted(definition) else {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!("{digest:?} is not a digest: at least 8 lowercase hex digits"),
+            format!("{definition:?} is not {ACCEPTED_FORM}"),
         ));
-    }
+    };
     let path = file_of(dir, server);
     let mut digests = read(&path)?;
     digests.insert(tool.to_owned(), digest.to_owned());
     write(&path, &digests)?;
-    Ok(path)
+    Ok((tool.to_owned(), path))
 }
 
 impl Pins {
@@ -393,9 +399,9 @@ mod tests {
         assert!(pins.withholds());
 
         let now = digest(&rug);
-        let refused = accept(dir.path(), "s", "a", "xyz").unwrap_err();
+        let refused = accept(dir.path(), "s", "a@xyz").unwrap_err();
         assert_eq!(refused.kind(), io::ErrorKind::InvalidInput);
-        accept(dir.path(), "s", "a", &now[..SHOWN]).unwrap();
+        accept(dir.path(), "s", &format!("a@{}", &now[..SHOWN])).unwrap();
         let accepted = pins.check(&block, vec![rug.clone()]);
         assert_eq!(names(&accepted), ["a"]);
         assert!(accepted.changed, "the whole digest replaces the accepted digits");

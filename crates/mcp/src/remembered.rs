@@ -113,17 +113,13 @@ impl Remembered {
             .map(|tool| serde_json::to_string(tool).map_err(io::Error::other))
             .collect::<Result<_, _>>()?;
         let header = json!({"format": FORMAT, "identity": self.identity, "tools": lines.len()});
-        if let Some(dir) = self.path.parent() {
-            fs::create_dir_all(dir)?;
-        }
-        let temporary = self.path.with_extension("jsonl.tmp");
-        let mut file = io::BufWriter::new(fs::File::create(&temporary)?);
-        writeln!(file, "{header}")?;
-        for line in &lines {
-            writeln!(file, "{line}")?;
-        }
-        file.into_inner().map_err(io::IntoInnerError::into_error)?.sync_all()?;
-        fs::rename(&temporary, &self.path)?;
+        replace_file(&self.path, |file| {
+            writeln!(file, "{header}")?;
+            for line in &lines {
+                writeln!(file, "{line}")?;
+            }
+            Ok(())
+        })?;
         *written = ticket;
         Ok(())
     }
@@ -137,6 +133,23 @@ impl Remembered {
     pub(crate) fn path(&self) -> &Path {
         &self.path
     }
+}
+
+/// Replaces the file at `path` whole with what `write` writes: written beside it, synced,
+/// then renamed over it, so that a crash leaves the old file or the new one.
+pub(crate) fn replace_file(
+    path: &Path,
+    write: impl FnOnce(&mut io::BufWriter<fs::File>) -> io::Result<()>,
+) -> io::Result<()> {
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    let mut temporary = path.as_os_str().to_owned();
+    temporary.push(".tmp");
+    let mut file = io::BufWriter::new(fs::File::create(&temporary)?);
+    write(&mut file)?;
+    file.into_inner().map_err(io::IntoInnerError::into_error)?.sync_all()?;
+    fs::rename(&temporary, path)
 }
 
 /// A file name for a server: its name with anything but `[A-Za-z0-9._-]` escaped, so that

@@ -264,6 +264,17 @@ mod tests {
         ToolEntry::new(spec, Arc::new(Nop)).unwrap()
     }
 
+    /// An update that leaves the local source `source` without tools.
+    fn empty(source: &str) -> SourceUpdate {
+        SourceUpdate {
+            source: ToolSource::local(source),
+            tools: vec![],
+            toolkits: vec![],
+            toolkit: None,
+            unchanged: vec![],
+        }
+    }
+
     fn kit(name: &str) -> Toolkit {
         Toolkit {
             name: name.into(),
@@ -362,13 +373,6 @@ mod tests {
         // Another source takes x over: it is no longer one's.
         state.register(tool("x", "two")).unwrap();
         state.register_toolkit(kit("k"), vec![tool("a", "one"), tool("b", "one")]).unwrap();
-        let empty = |source: &str| SourceUpdate {
-            source: ToolSource::local(source),
-            tools: vec![],
-            toolkits: vec![],
-            toolkit: None,
-            unchanged: vec![],
-        };
         state.replace_source(empty("one")).unwrap();
         let names: Vec<_> = state.catalog().iter().map(|(n, _)| n.to_owned()).collect();
         assert_eq!(names, ["x"]);
@@ -405,13 +409,6 @@ mod tests {
         assert_eq!(members(&state, "k"), ["file_kit"], "a toolkit's own member stays in it");
         assert_eq!(state.catalog().get("other").unwrap().spec.toolkit, None);
         // The declared toolkit outlives its tools' sources.
-        let empty = |source: &str| SourceUpdate {
-            source: ToolSource::local(source),
-            tools: vec![],
-            toolkits: vec![],
-            toolkit: None,
-            unchanged: vec![],
-        };
         state.replace_source(empty("one")).unwrap();
         state.replace_source(empty("two")).unwrap();
         assert!(members(&state, "files").is_empty());

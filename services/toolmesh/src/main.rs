@@ -366,19 +366,17 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                      only; accept the definition in its `accept` list"
                 );
             }
-            let Some((tool, digest)) = definition.split_once('@') else {
-                anyhow::bail!("{definition:?}: expected TOOL@DIGEST, as the log names it");
-            };
             let Some(data) = data_dir.or(config.server.data_dir) else {
                 anyhow::bail!(
                     "no data directory: set --data-dir, server.data_dir, XDG_DATA_HOME or HOME"
                 );
             };
-            let path = toolmesh_mcp::accept_definition(&data.join("mcp"), &server, tool, digest)
-                .with_context(|| format!("accepting {definition:?} of server {server:?}"))?;
+            let (tool, path) =
+                toolmesh_mcp::accept_definition(&data.join("mcp"), &server, &definition)
+                    .with_context(|| format!("accepting {definition:?} of server {server:?}"))?;
             eprintln!(
-                "accepted {tool}@{digest} of server {server:?} in {}; a running toolmesh serves \
-                 it after a reload (SIGHUP) or a restart",
+                "accepted {definition} of server {server:?} in {}; a running toolmesh serves \
+                 {tool} after a reload (SIGHUP) or a restart",
                 path.display()
             );
             Ok(ExitCode::SUCCESS)

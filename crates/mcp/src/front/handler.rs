@@ -492,8 +492,11 @@ impl ServerHandler for Front {
         };
         let arguments = request.arguments.unwrap_or_default();
         let progress = context.meta.get_progress_token();
-        let elicits =
-            context.peer.peer_info().is_some_and(|info| info.capabilities.elicitation.is_some());
+        let client = context.peer.peer_info();
+        let elicits = client.as_ref().is_some_and(|info| info.capabilities.elicitation.is_some());
+        // 2026-07-28 has no logging.
+        let logs = client
+            .is_some_and(|info| info.protocol_version < rmcp::model::ProtocolVersion::V_2026_07_28);
         let (events, receiver) = EventSink::channel();
         let (events, prompts) = if elicits {
             let (events, prompts) = events.with_elicitation();
@@ -501,7 +504,8 @@ impl ServerHandler for Front {
         } else {
             (events, None)
         };
-        let relay = Relay::new(context.peer.clone(), progress, self.log_level.clone());
+        let logs = logs.then(|| self.log_level.clone());
+        let relay = Relay { peer: context.peer.clone(), progress, logs };
         let mut receiver = receiver;
         let call = self.mesh.call(&caller, name.clone(), arguments, events, context.ct.clone());
         let outcome = async {
@@ -530,10 +534,9 @@ impl ServerHandler for Front {
     }
 }
 
-/// Forwards a call's progress to the client (when it asked for progress with a token) and
-/// its questions (when it can answer them), until the call ends and drops this future.
-/// Where a call's events go: the client's session, its progress token, and the least log
-/// severity it hears (none on 2026-07-28, which has no logging).
+/// Forwards a call's progress (when the client asked for it with a token), log messages
+/// (from the least severity the session hears; none on 2026-07-28, which has no logging)
+/// and questions (when the client can answer them) to the client's session.
 struct Relay {
     peer: Peer<RoleServer>,
     progress: Option<ProgressToken>,
@@ -541,17 +544,6 @@ struct Relay {
 }
 
 impl Relay {
-    fn new(
-        peer: Peer<RoleServer>,
-        progress: Option<ProgressToken>,
-        level: Arc<AtomicUsize>,
-    ) -> Self {
-        let modern = peer.peer_info().is_some_and(|info| {
-            info.protocol_version >= rmcp::model::ProtocolVersion::V_2026_07_28
-        });
-        Relay { peer, progress, logs: (!modern).then_some(level) }
-    }
-
     // Logging is deprecated (SEP-2577), but sessions of the 2025 revisions still have it.
     #[allow(deprecated)]
     async fn deliver(&self, event: CallEvent) {

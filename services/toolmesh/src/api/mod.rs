@@ -77,8 +77,12 @@ where
         .register_encoded_file_descriptor_set(toolmesh_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
-    let tools = ToolServiceImpl::new(api.router.clone(), api.meta.clone(), api.health.clone())
-        .with_offers(api.servers.clone());
+    let tools = ToolServiceImpl::new(
+        api.router.clone(),
+        api.meta.clone(),
+        api.health.clone(),
+        api.servers.clone(),
+    );
     let mut routes = tonic::service::RoutesBuilder::default();
     routes
         .add_service(health)

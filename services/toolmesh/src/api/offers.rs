@@ -130,25 +130,13 @@ pub(crate) async fn read(
     uri: &str,
     server: Option<&str>,
 ) -> Result<(String, ReadResourceResult), OfferError> {
-    let server = mcp.resource_server(uri, server)?;
-    let offers = mcp.offers().into_iter().find(|s| s.server == server);
-    let named = offers.as_ref().and_then(|offers| {
-        let listed = offers.offers.resources.iter().find(|r| r.uri == uri);
-        let listed = listed.map(|r| (r.name.clone(), r.description.clone()));
-        listed.or_else(|| {
-            let mut templates = offers.offers.templates.iter();
-            let template = templates.find(|t| toolmesh_mcp::template_matches(&t.uri_template, uri));
-            template.map(|t| (t.name.clone(), t.description.clone()))
-        })
-    });
-    let (name, description) = match (&offers, named) {
-        (Some(offers), Some((name, description))) => (offers.published(&name), description),
-        _ => (uri.to_owned(), None),
-    };
-    let seen = spec(&server, &name, description.as_deref(), RESOURCE_TAG);
+    let route = mcp.resource(uri, server)?;
+    let name = route.name.as_deref().unwrap_or(uri);
+    let seen = spec(&route.server, name, route.description.as_deref(), RESOURCE_TAG);
     if scope(router, principal).hidden_by(&seen).is_some() {
         return Err(OfferError::NotFound(format!("no mcp server offers the resource {uri:?}")));
     }
+    let server = route.server;
     let result = mcp.read_resource(&server, uri).await?;
     Ok((server, result))
 }
@@ -169,15 +157,10 @@ pub(crate) async fn complete(
             (server, seen)
         }
         Reference::Resource(template) => {
-            let server = mcp.template_server(&template.uri)?;
-            let offers = mcp.offers().into_iter().find(|s| s.server == server);
-            let name = offers.and_then(|offers| {
-                let mut templates = offers.offers.templates.iter();
-                let named = templates.find(|t| t.uri_template == template.uri);
-                named.map(|t| offers.published(&t.name))
-            });
-            let seen = spec(&server, name.as_deref().unwrap_or(&template.uri), None, RESOURCE_TAG);
-            (server, seen)
+            let route = mcp.template(&template.uri)?;
+            let name = route.name.as_deref().unwrap_or(&template.uri);
+            let seen = spec(&route.server, name, None, RESOURCE_TAG);
+            (route.server, seen)
         }
         other => {
             return Err(OfferError::NotFound(format!(

@@ -48,8 +48,8 @@ pub struct ToolServiceImpl {
     router: Router,
     meta: MetaTools,
     health: HealthBoard,
-    /// The MCP servers whose resources and prompts are served; none without.
-    servers: Option<toolmesh_mcp::McpManager>,
+    /// The MCP servers whose resources and prompts are served.
+    servers: toolmesh_mcp::McpManager,
 }
 
 impl std::fmt::Debug for ToolServiceImpl {
@@ -60,19 +60,15 @@ impl std::fmt::Debug for ToolServiceImpl {
 
 impl ToolServiceImpl {
     /// Returns the service over `router`, finding and describing tools with the
-    /// meta-tools' search; a tool's source is available as `health` says.
-    pub fn new(router: Router, meta: MetaTools, health: HealthBoard) -> Self {
-        ToolServiceImpl { router, meta, health, servers: None }
-    }
-
-    /// Serves the resources and prompts of `servers` too.
-    pub fn with_offers(mut self, servers: toolmesh_mcp::McpManager) -> Self {
-        self.servers = Some(servers);
-        self
-    }
-
-    fn servers(&self) -> Result<&toolmesh_mcp::McpManager, Status> {
-        self.servers.as_ref().ok_or_else(|| Status::unimplemented("no MCP servers are served here"))
+    /// meta-tools' search; a tool's source is available as `health` says; the resources
+    /// and prompts are those of the MCP servers `servers`.
+    pub fn new(
+        router: Router,
+        meta: MetaTools,
+        health: HealthBoard,
+        servers: toolmesh_mcp::McpManager,
+    ) -> Self {
+        ToolServiceImpl { router, meta, health, servers }
     }
 }
 
@@ -358,7 +354,7 @@ impl ToolService for ToolServiceImpl {
         let principal = principal(&request)?;
         let listed = super::offers::list_resources(
             &self.router,
-            self.servers()?,
+            &self.servers,
             principal,
             request.into_inner(),
         );
@@ -373,7 +369,7 @@ impl ToolService for ToolServiceImpl {
         let principal = principal(&request)?;
         let read = super::offers::read_resource(
             &self.router,
-            self.servers()?,
+            &self.servers,
             principal,
             request.into_inner(),
         );
@@ -388,7 +384,7 @@ impl ToolService for ToolServiceImpl {
         let principal = principal(&request)?;
         let listed = super::offers::list_prompts(
             &self.router,
-            self.servers()?,
+            &self.servers,
             principal,
             request.into_inner(),
         );
@@ -401,12 +397,8 @@ impl ToolService for ToolServiceImpl {
     ) -> Result<Response<v1::GetPromptResponse>, Status> {
         let span = rpc_span("GetPrompt", &request);
         let principal = principal(&request)?;
-        let got = super::offers::get_prompt(
-            &self.router,
-            self.servers()?,
-            principal,
-            request.into_inner(),
-        );
+        let got =
+            super::offers::get_prompt(&self.router, &self.servers, principal, request.into_inner());
         got.instrument(span).await.map(Response::new)
     }
 
