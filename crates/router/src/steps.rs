@@ -79,7 +79,8 @@ pub(crate) fn check_size(scope: &Scope, request: &CallRequest) -> Result<(), Rou
 }
 
 /// Parses the arguments (empty text is `{}`) and checks them against the tool's input
-/// schema.
+/// schema. A `null` given for an optional argument whose schema has no room for it is taken
+/// as the argument left out (as models and MCP clients mean it), so the tool never sees it.
 pub(crate) fn validate(entry: &ToolEntry, request: &CallRequest) -> Result<Value, RouterError> {
     let _span = info_span!(names::SPAN_VALIDATE).entered();
     let arguments: Value = if request.arguments_json.trim().is_empty() {
@@ -90,10 +91,35 @@ pub(crate) fn validate(entry: &ToolEntry, request: &CallRequest) -> Result<Value
     };
     let violations = entry.check_arguments(&arguments);
     if violations.is_empty() {
-        Ok(arguments)
-    } else {
-        Err(RouterError::InvalidArguments { tool: request.name.clone(), violations })
+        return Ok(arguments);
     }
+    if let Some(left_out) = without_refused_nulls(&entry.spec.input_schema, &arguments, &violations)
+        && entry.check_arguments(&left_out).is_empty()
+    {
+        return Ok(left_out);
+    }
+    Err(RouterError::InvalidArguments { tool: request.name.clone(), violations })
+}
+
+/// `arguments` without the top-level `null`s the schema refused (`violations` name them by
+/// path) of properties it does not require; `None` when there are none.
+fn without_refused_nulls(
+    schema: &Value,
+    arguments: &Value,
+    violations: &[toolmesh_registry::SchemaViolation],
+) -> Option<Value> {
+    let given = arguments.as_object()?;
+    let required = schema.get("required").and_then(Value::as_array);
+    let refused = |name: &str, value: &Value| {
+        value.is_null()
+            && !required.is_some_and(|r| r.iter().any(|n| n == name))
+            && violations.iter().any(|v| v.path.strip_prefix('/') == Some(name))
+    };
+    if !given.iter().any(|(name, value)| refused(name, value)) {
+        return None;
+    }
+    let kept = given.iter().filter(|(name, value)| !refused(name, value));
+    Some(Value::Object(kept.map(|(name, value)| (name.clone(), value.clone())).collect()))
 }
 
 /// The policy's decision on this call with these arguments, noted in `decision`: a refusal,
@@ -341,6 +367,36 @@ mod tests {
             validate(&tool, &request("  ")),
             Err(RouterError::InvalidArguments { .. })
         ));
+    }
+
+    #[test]
+    fn a_null_optional_argument_is_left_out_unless_the_schema_takes_null() {
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "region": {"type": "string"},
+                "verbose": {"type": "boolean"},
+                "note": {"type": ["string", "null"]},
+            },
+            "required": ["region"],
+        });
+        let tool = entry(schema, None, None);
+        let given = r#"{"region": "eu", "verbose": null, "note": null}"#;
+        assert_eq!(
+            validate(&tool, &request(given)).unwrap(),
+            json!({"region": "eu", "note": null})
+        );
+        // A required argument's null stays an error, as does any other violation.
+        assert!(matches!(
+            validate(&tool, &request(r#"{"region": null}"#)),
+            Err(RouterError::InvalidArguments { .. })
+        ));
+        let Err(RouterError::InvalidArguments { violations, .. }) =
+            validate(&tool, &request(r#"{"region": "eu", "verbose": null, "note": 3}"#))
+        else {
+            panic!("3 is no string");
+        };
+        assert_eq!(violations.len(), 2, "both violations of the call as given: {violations:?}");
     }
 
     #[test]
