@@ -1,9 +1,15 @@
 //! The official MCP conformance suite (`@modelcontextprotocol/conformance`, installed by
-//! `tests/setup` into `tests/mcp/conformance`), its server scenarios of 2025-11-25: against
-//! toolmesh's own upstream fixture server (`tests/mcp/conformance_server.py`) directly,
-//! where every scenario passes, and with that server behind toolmesh's MCP endpoint (its
-//! names unprefixed), where the scenarios toolmesh passes through are listed below. A
-//! transparent gateway passes what its upstream passes: the README lists the others and why.
+//! `tests/setup` into `tests/mcp/conformance`).
+//!
+//! Server scenarios of 2025-11-25: against toolmesh's own upstream fixture server
+//! (`tests/mcp/conformance_server.py`) directly, where every scenario passes, and with that
+//! server behind toolmesh's MCP endpoint (its names unprefixed), where the scenarios toolmesh
+//! passes through are listed below. A transparent gateway passes what its upstream passes:
+//! the README lists the others and why.
+//!
+//! Client scenarios: every one that needs no OAuth, at each revision it belongs to, played by
+//! toolmesh's MCP client (`tests/mcp/conformance_client.py` starts `toolmesh serve` with the
+//! scenario's server and calls through toolmesh's MCP endpoint).
 
 use std::{
     collections::BTreeMap,
@@ -48,6 +54,23 @@ const THROUGH_TOOLMESH: &[&str] = &[
     "dns-rebinding-protection",
 ];
 
+/// The client scenarios that need no OAuth, with the revision each is run at.
+const CLIENT_SCENARIOS: &[(&str, &str)] = &[
+    ("initialize", "2025-11-25"),
+    ("tools_call", "2025-11-25"),
+    ("elicitation-sep1034-client-defaults", "2025-11-25"),
+    ("sse-retry", "2025-11-25"),
+    ("json-schema-2020-12-preservation", "2025-11-25"),
+    ("tools_call", "2026-07-28"),
+    ("request-metadata", "2026-07-28"),
+    ("sep-2322-client-request-state", "2026-07-28"),
+    ("http-standard-headers", "2026-07-28"),
+    ("http-custom-headers", "2026-07-28"),
+    ("http-invalid-tool-headers", "2026-07-28"),
+    ("json-schema-ref-no-deref", "2026-07-28"),
+    ("json-schema-2020-12-preservation", "2026-07-28"),
+];
+
 /// The suite's Node and its entry point.
 fn suite() -> (PathBuf, PathBuf) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/conformance/node_modules");
@@ -59,6 +82,29 @@ fn suite() -> (PathBuf, PathBuf) {
         root.display()
     );
     (node, script)
+}
+
+/// Each check of the output directory `out` that failed, by scenario directory name
+/// (`<prefix><scenario>-<timestamp>`, the timestamp as `2026-12-07T11-36-22-911Z`).
+fn failed_checks(out: &Path, prefix: &str) -> BTreeMap<String, Vec<String>> {
+    let mut scenarios = BTreeMap::new();
+    for entry in std::fs::read_dir(out).unwrap().flatten() {
+        let dir = entry.file_name().to_string_lossy().into_owned();
+        let scenario = dir.strip_prefix(prefix).and_then(|d| d.get(..d.len().checked_sub(25)?));
+        let Some(scenario) = scenario else { continue };
+        let checks: Value =
+            serde_json::from_slice(&std::fs::read(entry.path().join("checks.json")).unwrap())
+                .unwrap();
+        let failed: Vec<String> = checks
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|check| check["status"] == "FAILURE")
+            .map(|check| format!("{}: {}", check["id"], check["errorMessage"]))
+            .collect();
+        scenarios.insert(scenario.to_owned(), failed);
+    }
+    scenarios
 }
 
 /// Runs the server scenarios (all of the active suite) against `url`; returns each
@@ -73,24 +119,7 @@ async fn run_suite(url: &str) -> BTreeMap<String, Vec<String>> {
         .stdin(Stdio::null())
         .output();
     let output = tokio::time::timeout(Duration::from_secs(300), output).await.unwrap().unwrap();
-    let mut scenarios = BTreeMap::new();
-    for entry in std::fs::read_dir(out.path()).unwrap().flatten() {
-        // `server-<scenario>-<timestamp>`, the timestamp as `2026-12-07T11-36-22-911Z`.
-        let dir = entry.file_name().to_string_lossy().into_owned();
-        let scenario = dir.strip_prefix("server-").and_then(|d| d.get(..d.len().checked_sub(25)?));
-        let Some(scenario) = scenario else { continue };
-        let checks: Value =
-            serde_json::from_slice(&std::fs::read(entry.path().join("checks.json")).unwrap())
-                .unwrap();
-        let failed: Vec<String> = checks
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|check| check["status"] == "FAILURE")
-            .map(|check| format!("{}: {}", check["id"], check["errorMessage"]))
-            .collect();
-        scenarios.insert(scenario.to_owned(), failed);
-    }
+    let scenarios = failed_checks(out.path(), "server-");
     assert!(
         scenarios.len() >= THROUGH_TOOLMESH.len(),
         "the suite ran too few scenarios:\n{}\n{}",
@@ -151,4 +180,37 @@ async fn the_fixture_server_passes_every_server_scenario_and_toolmesh_passes_it_
         .collect();
     assert!(newly.is_empty(), "these now pass through toolmesh; list them: {newly:?}");
     server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn toolmesh_s_mcp_client_passes_every_client_scenario_without_oauth() {
+    let (node, script) = suite();
+    let adapter = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/conformance_client.py");
+    let command = format!("{} {}", python(), adapter.display());
+    let mut failing = BTreeMap::new();
+    for (scenario, revision) in CLIENT_SCENARIOS {
+        let out = tempfile::tempdir().unwrap();
+        let output = tokio::process::Command::new(&node)
+            .arg(&script)
+            .args(["client", "--command", &command, "--scenario", scenario])
+            .args(["--spec-version", revision, "--output-dir"])
+            .arg(out.path())
+            .env("TOOLMESH_BIN", toolmesh_e2e::toolmesh_bin())
+            .stdin(Stdio::null())
+            .output();
+        let output = tokio::time::timeout(Duration::from_secs(120), output).await.unwrap().unwrap();
+        let checks = failed_checks(out.path(), "");
+        let failed = match checks.get(*scenario) {
+            Some(failed) => failed.clone(),
+            None => vec![format!(
+                "did not run:\n{}\n{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            )],
+        };
+        if !failed.is_empty() {
+            failing.insert(format!("{scenario} ({revision})"), failed);
+        }
+    }
+    assert!(failing.is_empty(), "toolmesh's MCP client fails: {failing:#?}");
 }
