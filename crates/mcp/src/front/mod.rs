@@ -80,6 +80,11 @@ impl Endpoint {
         http.session_store = Some(sessions.clone());
         http.max_request_body_bytes = max_body_bytes.min(MAX_BODY_BYTES);
         http.sse_keep_alive = Some(Duration::from_secs(15));
+        // A request answered before anything else is said (a call without progress, a
+        // listing) gets a JSON body of known length: cheaper to write and read than a
+        // stream, and its connection goes back to the client's pool even when the client
+        // stops reading at the answer. Anything said before the answer makes it a stream.
+        http.json_response = true;
         http.cancellation_token = stop;
         let front =
             Front { mesh, path: Arc::from(path.trim_end_matches('/')), log_level: Arc::default() };
