@@ -38,6 +38,7 @@ const THROUGH_TOOLMESH: &[&str] = &[
     "tools-call-with-logging",
     "tools-call-error",
     "tools-call-with-progress",
+    "tools-call-sampling",
     "tools-call-elicitation",
     "elicitation-sep1034-defaults",
     "elicitation-sep1330-enums",

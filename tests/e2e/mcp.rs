@@ -12,7 +12,7 @@ use toolmesh_e2e::{BinaryServer, py_stdio_config, toolmesh_bin};
 use toolmesh_e2e::{PyHttpServer, TestServer, eventually, process_alive, py_server, python, text};
 use toolmesh_proto::v1::{
     CallToolClientMessage, CallToolRequest, CancelCall, ElicitationAction, ElicitationAnswer,
-    ListToolsRequest, SourceKind, Tool, call_tool_client_message,
+    ListToolsRequest, SamplingAnswer, SourceKind, Tool, call_tool_client_message,
     call_tool_server_message::Message, content_part::Part,
 };
 
@@ -130,6 +130,71 @@ async fn exercise_everything(server: &TestServer, prefix: &str) {
     // A unary call cannot answer: the question is answered `cancel`, nothing blocks.
     let unary = server.call(&elicit, json!({})).await.unwrap();
     assert!(text(&unary).contains("cancelled"), "{}", text(&unary));
+
+    // Sampling: the server's sampling/createMessage reaches a caller that samples, and the
+    // completion gets back; a caller that does not sample has the server told so.
+    let sample = format!("{prefix}_trigger-sampling-request");
+    wait_for_tool(server, &sample).await;
+    let arguments = json!({"prompt": "the answer", "maxTokens": 20});
+    let (params, sampled) = answer_sampling(server, &sample, arguments.clone()).await;
+    assert_eq!(
+        params["messages"][0]["content"]["text"],
+        format!("Resource trigger-sampling-request context: the answer")
+    );
+    assert_eq!(params["maxTokens"], 20, "{params}");
+    assert!(sampled.contains("forty-two") && sampled.contains("test-model"), "{sampled}");
+    let unary = server.call(&sample, arguments).await;
+    let refused = match unary {
+        Ok(result) => text(&result),
+        Err(status) => status.message().to_owned(),
+    };
+    assert!(refused.contains("does not sample"), "{refused}");
+}
+
+/// Calls `tool` over StreamCallTool as a caller that samples, answers its one sampling
+/// request with a fixed completion, and returns the request's params and the result's text.
+async fn answer_sampling(server: &TestServer, tool: &str, arguments: Value) -> (Value, String) {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let start = call_tool_client_message::Message::Start(CallToolRequest {
+        name: tool.into(),
+        arguments_json: arguments.to_string(),
+        sampling: true,
+        ..Default::default()
+    });
+    tx.send(CallToolClientMessage { message: Some(start) }).await.unwrap();
+    let mut client = server.client().await;
+    let mut responses = client
+        .stream_call_tool(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut asked = None;
+    while let Some(message) = responses.message().await.unwrap() {
+        match message.message.unwrap() {
+            Message::Sampling(request) => {
+                asked = Some(serde_json::from_str(&request.params_json).unwrap());
+                let completion = json!({
+                    "role": "assistant",
+                    "content": {"type": "text", "text": "forty-two"},
+                    "model": "test-model",
+                    "stopReason": "endTurn",
+                });
+                let answer = SamplingAnswer {
+                    sampling_id: request.sampling_id,
+                    result_json: completion.to_string(),
+                    error: String::new(),
+                };
+                let answer = call_tool_client_message::Message::SamplingAnswer(answer);
+                tx.send(CallToolClientMessage { message: Some(answer) }).await.unwrap();
+            }
+            Message::Result(result) => {
+                let asked = asked.expect("the sampling request came before the result");
+                return (asked, text(&result));
+            }
+            _ => {}
+        }
+    }
+    panic!("no result")
 }
 
 /// Calls `tool` over StreamCallTool, answers its one elicitation (whose schema asks for a
@@ -415,6 +480,14 @@ env = {{ TOOLMESH_TEST_MARKER = "{}" }}
     assert!(declined.contains("decline"), "{declined}");
     let unary = server.call("py_ask", json!({})).await.unwrap();
     assert!(text(&unary).contains("cancel"), "{}", text(&unary));
+
+    // Sampling on a 2026-07-28 session: an input round the caller answers with its model;
+    // a unary call says in its request that it does not sample, and the server refuses.
+    let (params, sampled) = answer_sampling(&server, "py_think", json!({"topic": "tea"})).await;
+    assert_eq!(params["messages"][0]["content"]["text"], "Say something about tea", "{params}");
+    assert_eq!(sampled, "the model says: forty-two");
+    let unary = server.call("py_think", json!({"topic": "tea"})).await;
+    assert!(unary.as_ref().map_or(true, |r| r.is_error), "{unary:?}");
 
     // tools/list_changed: the new tool is published without a restart.
     assert!(!tools(&server).await.iter().any(|t| t.name == "py_extra"));

@@ -14,7 +14,9 @@ from typing import Annotated, Any, Literal
 
 from mcp import types
 from mcp.server.elicitation import AcceptedElicitation
-from mcp.server.mcpserver import Context, Elicit, ElicitationResult, MCPServer, Resolve
+from mcp.server.mcpserver import (
+    Context, Elicit, ElicitationResult, MCPServer, Resolve, Sample,
+)
 from mcp.server.mcpserver.prompts.base import UserMessage
 from pydantic import BaseModel, Field, WithJsonSchema
 from mcp_types import (
@@ -99,17 +101,23 @@ def test_error_handling() -> str:
     raise ValueError("This tool intentionally returns an error for testing")
 
 
-@server.tool(description="Asks the client's model.")
-async def test_sampling(prompt: str, ctx: Context) -> str:
+def ask_model(prompt: str) -> Sample:
     message = types.SamplingMessage(role="user", content=TextContent(type="text", text=prompt))
-    answer = await ctx.session.create_message([message], max_tokens=100)
+    return Sample([message], max_tokens=100)
+
+
+@server.tool(description="Asks the client's model.")
+async def test_sampling(
+    prompt: str, answer: Annotated[types.CreateMessageResult, Resolve(ask_model)]
+) -> str:
     content = answer.content
     text = content.text if isinstance(content, TextContent) else json.dumps(content.model_dump())
     return f"LLM response: {text}"
 
 
-# The questions are asked through resolvers, so that they are an input round on 2026-07-28
-# (where a server has no back-channel during a request) and elicitation/create before.
+# The questions (and the sampling above) are asked through resolvers, so that they are an
+# input round on 2026-07-28 (where a server has no back-channel during a request) and
+# elicitation/create (sampling/createMessage) before.
 
 
 def outcome(answer: ElicitationResult[Any]) -> str:

@@ -23,7 +23,8 @@ import sys
 
 from typing import Annotated
 
-from mcp.server.mcpserver import Context, Elicit, ElicitationResult, MCPServer, Resolve
+from mcp.server.mcpserver import Context, Elicit, ElicitationResult, MCPServer, Resolve, Sample
+from mcp import types
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel
 
@@ -132,6 +133,21 @@ async def ask(answer: Annotated[ElicitationResult[Name], Resolve(ask_name)]) -> 
     if answer.action == "accept":
         return f"hello {answer.data.name}"
     return f"no name ({answer.action})"
+
+
+def ask_model(topic: str) -> Sample:
+    message = types.SamplingMessage(
+        role="user", content=types.TextContent(type="text", text=f"Say something about {topic}"))
+    return Sample([message], max_tokens=50)
+
+
+@server.tool()
+async def think(
+    topic: str, answer: Annotated[types.CreateMessageResult, Resolve(ask_model)]
+) -> str:
+    """Asks the caller's model (a sampling input round on 2026-07-28,
+    sampling/createMessage on older protocols)."""
+    return f"the model says: {answer.content.text}"
 
 
 @server.tool(name="summarise_the_quarterly_revenue_report_for_every_region_and_product_line")

@@ -67,6 +67,29 @@ pub struct ElicitationPrompt {
     pub reply: oneshot::Sender<ElicitationAnswer>,
 }
 
+/// A request of an MCP server for a model's completion (`sampling/createMessage`) during a
+/// call, relayed to a caller that said it can sample. toolmesh has no model of its own and
+/// does not read the request: `params` are MCP's `CreateMessageRequestParams` (messages,
+/// system prompt, model preferences, token limit, tools) as the server sent them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampling {
+    /// MCP's `CreateMessageRequestParams`, as JSON.
+    pub params: Value,
+}
+
+/// The caller's answer to a [`Sampling`] request: MCP's `CreateMessageResult` as JSON (role,
+/// content, model, stop reason), or why the caller did not sample.
+pub type SamplingAnswer = Result<Value, String>;
+
+/// A [`Sampling`] request on its way to the caller, with the port for the answer.
+#[derive(Debug)]
+pub struct SamplingPrompt {
+    /// The request.
+    pub sampling: Sampling,
+    /// Where the answer goes.
+    pub reply: oneshot::Sender<SamplingAnswer>,
+}
+
 /// A request for a person's consent to one call, which waits for it. Its id binds it to
 /// that call (principal, tool, a digest of the arguments, the policy version, an expiry).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -145,6 +168,7 @@ pub struct EventSink {
     queue: Option<Arc<EventQueue>>,
     elicit: Option<mpsc::Sender<ElicitationPrompt>>,
     approve: Option<mpsc::Sender<ApprovalPrompt>>,
+    sample: Option<mpsc::Sender<SamplingPrompt>>,
 }
 
 /// The reading end of an [`EventSink`]; dropping it tells the tool nobody listens.
@@ -191,7 +215,8 @@ impl EventSink {
     /// Returns a sink whose events arrive, in order, on the returned receiver.
     pub fn channel() -> (Self, EventReceiver) {
         let queue = Arc::new(EventQueue::default());
-        let sink = EventSink { queue: Some(queue.clone()), elicit: None, approve: None };
+        let sink =
+            EventSink { queue: Some(queue.clone()), elicit: None, approve: None, sample: None };
         (sink, EventReceiver { queue })
     }
 
@@ -226,9 +251,40 @@ impl EventSink {
         tokio::time::timeout(timeout, asked).await.ok().flatten()
     }
 
+    /// Returns this sink able to ask the caller for samplings, which arrive on the receiver.
+    pub fn with_sampling(mut self) -> (Self, mpsc::Receiver<SamplingPrompt>) {
+        let (tx, rx) = mpsc::channel(4);
+        self.sample = Some(tx);
+        (self, rx)
+    }
+
+    /// Returns whether the caller said it can sample.
+    pub fn can_sample(&self) -> bool {
+        self.sample.as_ref().is_some_and(|tx| !tx.is_closed())
+    }
+
+    /// Asks the caller for a completion; an error says why there is none: the caller cannot
+    /// sample, has gone, or did not answer within `timeout`.
+    pub async fn sample(&self, sampling: Sampling, timeout: Duration) -> SamplingAnswer {
+        let Some(tx) = &self.sample else {
+            return Err("the caller of this call does not sample".into());
+        };
+        let (reply, answer) = oneshot::channel();
+        let asked = async {
+            tx.send(SamplingPrompt { sampling, reply })
+                .await
+                .map_err(|_| "the caller of this call has gone".to_owned())?;
+            answer.await.map_err(|_| "the caller of this call did not answer".to_owned())?
+        };
+        match tokio::time::timeout(timeout, asked).await {
+            Ok(answer) => answer,
+            Err(_) => Err(format!("the caller did not answer within {} ms", timeout.as_millis())),
+        }
+    }
+
     /// Returns a sink that drops every event.
     pub fn disabled() -> Self {
-        EventSink { queue: None, elicit: None, approve: None }
+        EventSink { queue: None, elicit: None, approve: None, sample: None }
     }
 
     /// Returns whether the caller can answer elicitations.
@@ -326,6 +382,29 @@ mod tests {
                 CallEvent::Log { .. } => -2.0,
             })
             .collect()
+    }
+
+    #[tokio::test]
+    async fn a_sampling_reaches_only_a_caller_that_samples_and_its_answer_comes_back() {
+        let sampling = || Sampling { params: serde_json::json!({"maxTokens": 5}) };
+        let second = Duration::from_secs(1);
+        let (unary, _) = EventSink::channel();
+        assert!(!unary.can_sample());
+        assert!(unary.sample(sampling(), second).await.unwrap_err().contains("does not sample"));
+
+        let (sink, mut asked) = EventSink::disabled().with_sampling();
+        assert!(sink.can_sample());
+        let answering = tokio::spawn(async move {
+            let prompt = asked.recv().await.unwrap();
+            assert_eq!(prompt.sampling.params["maxTokens"], 5);
+            prompt.reply.send(Ok(serde_json::json!({"model": "m"}))).unwrap();
+            asked
+        });
+        assert_eq!(sink.sample(sampling(), second).await.unwrap()["model"], "m");
+        // Nobody answers in time: the server learns so instead of waiting.
+        let _asked = answering.await.unwrap();
+        let late = sink.sample(sampling(), Duration::from_millis(20)).await.unwrap_err();
+        assert!(late.contains("did not answer within 20 ms"), "{late}");
     }
 
     #[tokio::test]

@@ -29,7 +29,8 @@ pub mod vector;
 pub use backend::{Backend, RetryPolicy};
 pub use call::{
     Approval, ApprovalAnswer, ApprovalPrompt, CallContext, CallEvent, Elicitation,
-    ElicitationAnswer, ElicitationPrompt, EventReceiver, EventSink, Nesting,
+    ElicitationAnswer, ElicitationPrompt, EventReceiver, EventSink, Nesting, Sampling,
+    SamplingAnswer, SamplingPrompt,
 };
 pub use content::{ContentPart, ResourceBody, ToolOutput};
 pub use error::{

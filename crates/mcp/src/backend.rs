@@ -19,6 +19,14 @@ use crate::{convert, shared::ServerShared};
 /// above.
 const LOG_LEVEL_META: &str = "io.modelcontextprotocol/logLevel";
 
+/// The `_meta` key of a 2026-07-28 request's client capabilities.
+const CAPABILITIES_META: &str = "io.modelcontextprotocol/clientCapabilities";
+
+/// toolmesh's client capabilities for a call whose caller does not sample, as JSON.
+static NOT_SAMPLING: std::sync::LazyLock<Value> = std::sync::LazyLock::new(|| {
+    serde_json::to_value(crate::handler::capabilities(false)).unwrap_or_default()
+});
+
 /// How rmcp fails a request whose streamable-HTTP session was renewed before its answer.
 const SESSION_RENEWED: &str = "streamable HTTP session was re-initialized";
 
@@ -156,12 +164,17 @@ impl McpBackend {
         }
         // On 2026-07-28 a server logs to a request only when asked to: a caller that hears
         // the call's events gets every level, and its own door filters them.
-        let asks_logs = ctx.events.is_enabled()
-            && peer.peer_info().is_some_and(|info| {
-                info.protocol_version >= rmcp::model::ProtocolVersion::V_2026_07_28
-            });
+        let per_request = peer.peer_info().is_some_and(|info| {
+            info.protocol_version >= rmcp::model::ProtocolVersion::V_2026_07_28
+        });
+        let asks_logs = ctx.events.is_enabled() && per_request;
         if asks_logs {
             meta.0.0.insert(LOG_LEVEL_META.into(), Value::String("debug".into()));
+        }
+        // On 2026-07-28 the capabilities go with each request: a call whose caller does not
+        // sample says so, and the server does not ask it to.
+        if per_request && !ctx.events.can_sample() {
+            meta.0.0.insert(CAPABILITIES_META.into(), NOT_SAMPLING.clone());
         }
         let mut options = PeerRequestOptions::default();
         options.meta = Some(meta);
@@ -323,10 +336,26 @@ impl McpBackend {
                     .map_err(|e| BackendError::Internal(e.to_string()))
             }
             InputRequest::ListRoots(_) => Ok(serde_json::json!({ "roots": [] })),
+            InputRequest::CreateMessage(request) => {
+                let params = serde_json::to_value(request.params)
+                    .map_err(|e| BackendError::Internal(e.to_string()))?;
+                let timeout = self.shared.config.timeout;
+                let answer = ctx.events.sample(toolmesh_core::Sampling { params }, timeout).await;
+                // Checked as a sampling request's answer is, then passed on as given.
+                convert::sampled(answer.clone()).map_err(|error| BackendError::Remote {
+                    code: ErrorCode::FailedPrecondition,
+                    message: format!(
+                        "mcp server {} asked for a sampling: {}",
+                        self.shared.name(),
+                        error.message
+                    ),
+                })?;
+                answer.map_err(BackendError::Internal)
+            }
             other => Err(BackendError::Remote {
                 code: ErrorCode::FailedPrecondition,
                 message: format!(
-                    "mcp server {} asked for input toolmesh does not provide (sampling): {other:?}",
+                    "mcp server {} asked for input toolmesh does not know: {other:?}",
                     self.shared.name()
                 ),
             }),

@@ -132,6 +132,21 @@ pub(crate) fn elicit_result(answer: ElicitationAnswer, requested_schema: &Value)
     }
 }
 
+/// Returns the MCP form of a caller's answer to a sampling request: its `CreateMessageResult`,
+/// or the error the server gets (the caller's refusal, or an answer that is no result).
+#[allow(deprecated)]
+pub(crate) fn sampled(
+    answer: toolmesh_core::SamplingAnswer,
+) -> Result<rmcp::model::CreateMessageResult, rmcp::ErrorData> {
+    let result = answer.map_err(|refusal| rmcp::ErrorData::invalid_request(refusal, None))?;
+    serde_json::from_value(result).map_err(|e| {
+        rmcp::ErrorData::internal_error(
+            format!("the caller's sampling answer is no CreateMessageResult: {e}"),
+            None,
+        )
+    })
+}
+
 /// Adds to the form `content` the default of every property of `schema` it lacks; an
 /// answer without content gets the defaults alone. A value the caller gave is kept.
 fn with_defaults(content: &mut Value, schema: &Value) {

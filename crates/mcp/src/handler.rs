@@ -5,7 +5,7 @@ use rmcp::{
     ClientHandler, ErrorData, RoleClient,
     model::{
         ClientCapabilities, ClientConfig, ElicitRequestParams, ElicitResult, ElicitationAction,
-        ElicitationCapability, Implementation, ProgressNotificationParam,
+        ElicitationCapability, Implementation, ProgressNotificationParam, SamplingCapability,
     },
     service::{InboundStreamOrigin, NotificationContext, RequestContext},
 };
@@ -23,7 +23,41 @@ pub struct McpClientHandler {
     pub(crate) actor: ActorRef<McpMsg>,
 }
 
+/// What toolmesh's MCP client declares it can do. Elicitations are forwarded to callers on
+/// StreamCallTool and MCP sessions; so are samplings, to callers that said they can sample
+/// (without one, a server's sampling request gets an error that says so). On 2026-07-28 the
+/// capabilities go with each request, and `sampling` only with a call whose caller samples.
+#[allow(deprecated)]
+pub(crate) fn capabilities(sampling: bool) -> ClientCapabilities {
+    let mut capabilities = ClientCapabilities::default();
+    capabilities.elicitation = Some(ElicitationCapability::new());
+    capabilities.sampling = sampling.then(SamplingCapability::default);
+    capabilities
+}
+
 impl McpClientHandler {
+    /// Returns the sink of the call a server request that arrived on `origin` belongs to
+    /// and that `fits` it, waiting a little for the call to be registered: the call
+    /// registers its request id just after sending, and a fast server can ask before that.
+    async fn asker(
+        &self,
+        origin: Option<&InboundStreamOrigin>,
+        fits: impl Fn(&toolmesh_core::EventSink) -> bool,
+    ) -> Option<toolmesh_core::EventSink> {
+        let waited = tokio::time::Instant::now() + ROUTE_WAIT;
+        loop {
+            let registered = self.shared.registered.notified();
+            tokio::pin!(registered);
+            registered.as_mut().enable();
+            if let Some(sink) = self.caller(origin, &fits) {
+                return Some(sink);
+            }
+            if tokio::time::timeout_at(waited, registered).await.is_err() {
+                return None;
+            }
+        }
+    }
+
     /// Returns the sink of the call a server message that arrived on `origin` belongs to:
     /// the call of that request's stream, or else the only running call that `fits`.
     fn caller(
@@ -48,10 +82,7 @@ impl McpClientHandler {
 impl ClientHandler for McpClientHandler {
     fn get_info(&self) -> ClientConfig {
         let mut info = ClientConfig::default();
-        let mut capabilities = ClientCapabilities::default();
-        // Elicitations are forwarded to callers on StreamCallTool.
-        capabilities.elicitation = Some(ElicitationCapability::new());
-        info.capabilities = capabilities;
+        info.capabilities = capabilities(true);
         info.client_info = Implementation::new("toolmesh", env!("CARGO_PKG_VERSION"));
         info
     }
@@ -111,21 +142,8 @@ impl ClientHandler for McpClientHandler {
         request: ElicitRequestParams,
         context: RequestContext<RoleClient>,
     ) -> Result<ElicitResult, ErrorData> {
-        let origin = context.extensions.get::<InboundStreamOrigin>().cloned();
-        // The call registers its request id just after sending; a fast server can ask
-        // before that, so wait for the registration, for a short while at most.
-        let waited = tokio::time::Instant::now() + ROUTE_WAIT;
-        let sink = loop {
-            let registered = self.shared.registered.notified();
-            tokio::pin!(registered);
-            registered.as_mut().enable();
-            if let Some(sink) = self.caller(origin.as_ref(), toolmesh_core::EventSink::can_elicit) {
-                break Some(sink);
-            }
-            if tokio::time::timeout_at(waited, registered).await.is_err() {
-                break None;
-            }
-        };
+        let origin = context.extensions.get::<InboundStreamOrigin>();
+        let sink = self.asker(origin, toolmesh_core::EventSink::can_elicit).await;
         let Some(sink) = sink else {
             debug!(server = self.shared.name(), "elicitation with no caller to answer it: cancel");
             return Ok(ElicitResult::new(ElicitationAction::Cancel));
@@ -139,18 +157,28 @@ impl ClientHandler for McpClientHandler {
         Ok(crate::convert::elicit_result(answer, &schema))
     }
 
-    // Sampling is deprecated in the protocol (SEP-2577) and toolmesh has no model to
-    // sample: the server gets an error that says so rather than a bare "method not found".
+    /// Forwards the request for a completion to the caller of the call it belongs to, found
+    /// as an elicitation's is, when that caller said it can sample; otherwise, or when the
+    /// caller refuses or does not answer in time, the server gets an error that says why.
+    /// toolmesh has no model of its own.
     #[allow(deprecated)]
     async fn create_message(
         &self,
-        _: rmcp::model::CreateMessageRequestParams,
-        _: RequestContext<RoleClient>,
+        request: rmcp::model::CreateMessageRequestParams,
+        context: RequestContext<RoleClient>,
     ) -> Result<rmcp::model::CreateMessageResult, ErrorData> {
-        debug!(server = self.shared.name(), "sampling request refused");
-        Err(ErrorData::invalid_request(
-            "sampling is not available: toolmesh does not offer a model to MCP servers",
-            None,
-        ))
+        let origin = context.extensions.get::<InboundStreamOrigin>();
+        let Some(sink) = self.asker(origin, toolmesh_core::EventSink::can_sample).await else {
+            debug!(server = self.shared.name(), "sampling with no caller that samples: refused");
+            return Err(ErrorData::invalid_request(
+                "sampling is not available: the caller of this call does not sample (toolmesh \
+                 has no model of its own)",
+                None,
+            ));
+        };
+        let params = serde_json::to_value(request)
+            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        let answer = sink.sample(toolmesh_core::Sampling { params }, self.shared.config.timeout);
+        crate::convert::sampled(answer.await)
     }
 }

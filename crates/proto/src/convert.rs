@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use toolmesh_core::{
     Approval, ApprovalAnswer, CallEvent, ContentPart, Elicitation, ElicitationAnswer, ErrorCode,
-    ResourceBody, SourceKind, ToolAnnotations, ToolOutput, ToolSource, ToolSpec, Toolkit,
+    ResourceBody, Sampling, SamplingAnswer, SourceKind, ToolAnnotations, ToolOutput, ToolSource,
+    ToolSpec, Toolkit,
 };
 
 use crate::v1;
@@ -163,6 +164,29 @@ pub fn elicitation_answer(answer: &v1::ElicitationAnswer) -> ElicitationAnswer {
         v1::ElicitationAction::Cancel | v1::ElicitationAction::Unspecified => {
             ElicitationAnswer::Cancel
         }
+    }
+}
+
+/// A sampling request as the message that asks the caller, named `id`.
+pub fn sampling(id: String, sampling: Sampling) -> v1::CallToolServerMessage {
+    use v1::call_tool_server_message::Message;
+    v1::CallToolServerMessage {
+        message: Some(Message::Sampling(v1::SamplingRequest {
+            sampling_id: id,
+            params_json: sampling.params.to_string(),
+        })),
+    }
+}
+
+/// The caller's answer to a sampling request: its result, when it is a JSON object, or its
+/// refusal.
+pub fn sampling_answer(answer: &v1::SamplingAnswer) -> SamplingAnswer {
+    if !answer.error.is_empty() {
+        return Err(answer.error.clone());
+    }
+    match serde_json::from_str(&answer.result_json) {
+        Ok(result @ serde_json::Value::Object(_)) => Ok(result),
+        _ => Err("the caller's sampling answer is not a JSON object".into()),
     }
 }
 

@@ -305,7 +305,8 @@ pub async fn call_streaming(
                 let _ = outbound.send(answer).await;
             }
             Some(Message::Result(result)) => return Ok(result),
-            Some(Message::Started(_)) | None => {}
+            // Asked only of a caller that said it samples, which this one does not.
+            Some(Message::Started(_) | Message::Sampling(_)) | None => {}
         }
     }
     Err(tonic::Status::unavailable("the stream ended without a result"))

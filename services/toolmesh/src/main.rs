@@ -707,6 +707,8 @@ async fn call(args: CallArgs) -> anyhow::Result<ExitCode> {
         call_id: String::new(),
         session_id: args.session,
         profile: args.profile,
+        // No model here to sample with.
+        sampling: false,
     };
     let timeout = args.timeout_ms.map(Duration::from_millis);
     match client::call_streaming(&mut client, request, timeout, |line| eprintln!("{line}")).await {

@@ -28,7 +28,8 @@ use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 use toolmesh_core::{
     CallEvent, CallFailure, ContentPart, ElicitationAnswer, ElicitationPrompt, ErrorCode,
-    EventReceiver, EventSink, Principal, ResourceBody, ToolOutput, ToolSpec,
+    EventReceiver, EventSink, Principal, ResourceBody, SamplingAnswer, SamplingPrompt, ToolOutput,
+    ToolSpec,
 };
 use tracing::{Instrument as _, Span};
 
@@ -494,6 +495,8 @@ impl ServerHandler for Front {
         let progress = context.meta.get_progress_token();
         let client = context.peer.peer_info();
         let elicits = client.as_ref().is_some_and(|info| info.capabilities.elicitation.is_some());
+        #[allow(deprecated)]
+        let samples = client.as_ref().is_some_and(|info| info.capabilities.sampling.is_some());
         // 2026-07-28 has no logging.
         let logs = client
             .is_some_and(|info| info.protocol_version < rmcp::model::ProtocolVersion::V_2026_07_28);
@@ -504,12 +507,19 @@ impl ServerHandler for Front {
         } else {
             (events, None)
         };
+        // A client that samples is asked for the completions upstream servers request.
+        let (events, samplings) = if samples {
+            let (events, samplings) = events.with_sampling();
+            (events, Some(samplings))
+        } else {
+            (events, None)
+        };
         let logs = logs.then(|| self.log_level.clone());
         let relay = Relay { peer: context.peer.clone(), progress, logs };
         let mut receiver = receiver;
         let call = self.mesh.call(&caller, name.clone(), arguments, events, context.ct.clone());
         let outcome = async {
-            let relaying = relay.run(&mut receiver, prompts);
+            let relaying = relay.run(&mut receiver, prompts, samplings);
             tokio::pin!(relaying);
             tokio::select! {
                 biased;
@@ -577,6 +587,7 @@ impl Relay {
         &self,
         events: &mut EventReceiver,
         mut prompts: Option<tokio::sync::mpsc::Receiver<ElicitationPrompt>>,
+        mut samplings: Option<tokio::sync::mpsc::Receiver<SamplingPrompt>>,
     ) {
         loop {
             let prompt = async {
@@ -585,11 +596,21 @@ impl Relay {
                     None => std::future::pending().await,
                 }
             };
+            let sampling = async {
+                match samplings.as_mut() {
+                    Some(samplings) => samplings.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 event = events.recv() => self.deliver(event).await,
                 Some(prompt) = prompt => {
                     let answer = ask(&self.peer, &prompt.elicitation).await;
                     let _ = prompt.reply.send(answer);
+                }
+                Some(sampling) = sampling => {
+                    let answer = sample(&self.peer, sampling.sampling).await;
+                    let _ = sampling.reply.send(answer);
                 }
             }
         }
@@ -634,6 +655,18 @@ async fn ask(
         },
         Err(_) => ElicitationAnswer::Cancel,
     }
+}
+
+/// Asks the client's model for the completion an upstream server requested.
+#[allow(deprecated)]
+async fn sample(peer: &Peer<RoleServer>, sampling: toolmesh_core::Sampling) -> SamplingAnswer {
+    let params = serde_json::from_value(sampling.params)
+        .map_err(|e| format!("the sampling request is not one MCP clients take: {e}"))?;
+    let result = peer.create_message(params).await.map_err(|error| match error {
+        rmcp::ServiceError::McpError(error) => error.message.into_owned(),
+        other => format!("the client did not sample: {other}"),
+    })?;
+    serde_json::to_value(result).map_err(|e| e.to_string())
 }
 
 /// An id for a URL elicitation.

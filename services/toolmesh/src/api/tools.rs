@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use toolmesh_core::{
     ApprovalAnswer, ElicitationAnswer, ErrorCode, EventSink, HealthBoard, MAX_LISTING_BYTES,
-    Nesting, Principal, open_principal,
+    Nesting, Principal, SamplingAnswer, open_principal,
 };
 use toolmesh_proto::{
     convert,
@@ -425,13 +425,14 @@ impl ToolService for ToolServiceImpl {
                 .to_status());
             }
         };
+        let samples = start.sampling;
         let mut call = call_request(start, timeout, principal, nesting);
         if call.call_id.is_empty() {
             call.call_id = Router::new_call_id();
         }
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let router = self.router.clone();
-        tokio::spawn(run_stream(router, call, inbound, tx).instrument(span));
+        tokio::spawn(run_stream(router, call, samples, inbound, tx).instrument(span));
         let messages = ReceiverStream::new(rx).map(|(message, _budget): Outbound| message);
         Ok(Response::new(Box::pin(messages)))
     }
@@ -448,6 +449,7 @@ impl ToolService for ToolServiceImpl {
 async fn run_stream(
     router: Router,
     call: CallRequest,
+    samples: bool,
     mut inbound: Streaming<CallToolClientMessage>,
     tx: mpsc::Sender<Outbound>,
 ) {
@@ -462,6 +464,15 @@ async fn run_stream(
     let (events, mut event_rx) = EventSink::channel();
     let (events, mut prompts) = events.with_elicitation();
     let (events, mut approvals) = events.with_approvals();
+    // A caller that samples hears the samplings servers ask for; for others the channel is
+    // closed from the start, and `can_sample` says no.
+    let (events, mut samplings) = events.with_sampling();
+    if !samples {
+        samplings.close();
+    }
+    let mut sampleable = samples;
+    let mut samplings_asked: HashMap<String, oneshot::Sender<SamplingAnswer>> = HashMap::new();
+    let mut next_sampling = 0u64;
     let run = router.call(call, events, cancel.clone());
     tokio::pin!(run);
     let mut inbound_open = true;
@@ -531,6 +542,22 @@ async fn run_stream(
                     cancel.cancel();
                 }
             },
+            asked = async {
+                let permit = tx.reserve().await?;
+                Ok::<_, mpsc::error::SendError<()>>((permit, samplings.recv().await))
+            }, if reader && sampleable => match asked {
+                Ok((permit, Some(prompt))) => {
+                    next_sampling += 1;
+                    let id = format!("s{next_sampling}");
+                    permit.send((Ok(convert::sampling(id.clone(), prompt.sampling)), None));
+                    samplings_asked.insert(id, prompt.reply);
+                }
+                Ok((_, None)) => sampleable = false,
+                Err(_) => {
+                    reader = false;
+                    cancel.cancel();
+                }
+            },
             message = inbound.message(), if inbound_open => match message {
                 Ok(Some(CallToolClientMessage { message: Some(call_tool_client_message::Message::Cancel(c)) })) => {
                     debug!(reason = %c.reason, "client cancelled the call");
@@ -560,6 +587,14 @@ async fn run_stream(
                             let _ = reply.send(convert::approval_answer(answer));
                         }
                         None => debug!(id = %answer.approval_id, "answer to no pending approval"),
+                    }
+                }
+                Ok(Some(CallToolClientMessage { message: Some(call_tool_client_message::Message::SamplingAnswer(answer)) })) => {
+                    match samplings_asked.remove(&answer.sampling_id) {
+                        Some(reply) => {
+                            let _ = reply.send(convert::sampling_answer(&answer));
+                        }
+                        None => debug!(id = %answer.sampling_id, "answer to an unknown or expired sampling"),
                     }
                 }
                 // A second `start` or an empty message: nothing to do.
