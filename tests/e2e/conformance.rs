@@ -3,9 +3,8 @@
 //!
 //! Server scenarios of 2025-11-25: against toolmesh's own upstream fixture server
 //! (`tests/mcp/conformance_server.py`) directly, where every scenario passes, and with that
-//! server behind toolmesh's MCP endpoint (its names unprefixed), where the scenarios toolmesh
-//! passes through are listed below. A transparent gateway passes what its upstream passes:
-//! the README lists the others and why.
+//! server behind toolmesh's MCP endpoint (its names unprefixed), where toolmesh passes every
+//! one through as well: a transparent gateway passes what its upstream passes.
 //!
 //! Client scenarios: every one that needs no OAuth, at each revision it belongs to, played by
 //! toolmesh's MCP client (`tests/mcp/conformance_client.py` starts `toolmesh serve` with the
@@ -47,6 +46,8 @@ const THROUGH_TOOLMESH: &[&str] = &[
     "resources-read-text",
     "resources-read-binary",
     "resources-templates-read",
+    "resources-subscribe",
+    "resources-unsubscribe",
     "prompts-list",
     "prompts-get-simple",
     "prompts-get-with-args",

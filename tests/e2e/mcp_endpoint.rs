@@ -193,6 +193,16 @@ async fn mcp_clients_list_and_call_local_and_upstream_tools() {
         let answered: Value = serde_json::from_str(&text_of(&got[1])).unwrap();
         assert_eq!(answered, json!({"name": "Ada", "greeting": "hello"}), "{client:?}");
     }
+    // A subscription reaches the upstream server, and its updates reach the session.
+    let document = "demo://resource/static/document/architecture.md";
+    let plan = json!([
+        {"op": "subscribe", "uri": document},
+        {"op": "call", "name": "everything_toggle-subscriber-updates"},
+        {"op": "await_updated", "timeout_s": 20},
+        {"op": "unsubscribe", "uri": document},
+    ]);
+    let got = python_client(&url, "2025-11-25", plan, &[]).await;
+    assert_eq!(got[3]["updated"][0], document, "{got:?}");
     server.stop().await.unwrap();
 }
 

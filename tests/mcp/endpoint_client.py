@@ -18,6 +18,10 @@ order in one connection; the script prints one JSON list with each step's result
   callTool of N with the search's token -> {"found": [names], "called": <as call>}
 - {"op": "await_list_changed", "timeout_s": s}: waits for notifications/tools/list_changed
   -> {"changed": bool}
+- {"op": "subscribe", "uri": U} / {"op": "unsubscribe", "uri": U}: resources/subscribe
+  and resources/unsubscribe -> {}
+- {"op": "await_updated", "timeout_s": s}: waits for notifications/resources/updated
+  -> {"updated": [uris heard so far]}
 - {"op": "sleep", "s": s}
 
 Elicitations are answered with $ELICIT_ACCEPT (JSON content) when set, else declined.
@@ -48,6 +52,7 @@ async def elicit(context, params):
 
 
 LIST_CHANGED = []
+UPDATED = []
 STATUSES = []
 
 
@@ -58,10 +63,14 @@ async def record_status(response):
 async def on_message(message):
     if isinstance(message, types.ToolListChangedNotification):
         LIST_CHANGED[0].set()
+    if isinstance(message, types.ResourceUpdatedNotification):
+        UPDATED[1].append(str(message.params.uri))
+        UPDATED[0].set()
 
 
 async def run(url, revision, plan):
     LIST_CHANGED.append(anyio.Event())
+    UPDATED.extend([anyio.Event(), []])
     headers = {}
     if os.environ.get("TOOLMESH_TOKEN"):
         headers["Authorization"] = "Bearer " + os.environ["TOOLMESH_TOKEN"]
@@ -141,6 +150,16 @@ async def run_step(session, step):
         got = await session.get_prompt(step["name"], step.get("arguments", {}))
         return {"prompts": [p.name for p in listed.prompts],
                 "messages": [[m.role, m.content.text] for m in got.messages]}
+    if op == "subscribe":
+        await session.subscribe_resource(step["uri"])
+        return {}
+    if op == "unsubscribe":
+        await session.unsubscribe_resource(step["uri"])
+        return {}
+    if op == "await_updated":
+        with anyio.move_on_after(step["timeout_s"]):
+            await UPDATED[0].wait()
+        return {"updated": UPDATED[1]}
     if op == "sleep":
         await anyio.sleep(step["s"])
         return {}

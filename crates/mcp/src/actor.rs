@@ -116,6 +116,24 @@ impl McpClientActor {
         }
     }
 
+    /// Subscribes a fresh connection to the resources clients are subscribed to, off the
+    /// actor: a server forgets its subscriptions with its session.
+    fn resubscribe(&self) {
+        let Some(peer) = self.shared.peer.load_full() else { return };
+        let uris: Vec<String> = self.shared.subscribed.borrow().keys().cloned().collect();
+        // A 2026-07-28 connection listens to them on a stream of its own.
+        if uris.is_empty() || !crate::offers::subscribable(&peer) || crate::offers::listens(&peer) {
+            return;
+        }
+        self.spawn("subscriptions", async move {
+            for uri in uris {
+                if let Err(error) = crate::offers::subscribe(&peer, &uri).await {
+                    warn!(%uri, %error, "subscribing again to a resource failed");
+                }
+            }
+        });
+    }
+
     /// Lists the server's resources, resource templates and prompts again, off the actor.
     fn list_offers(&self) {
         let Some(peer) = self.shared.peer.load_full() else { return };
@@ -131,7 +149,7 @@ impl McpClientActor {
                     );
                     if **shared.offers.load() != offers {
                         shared.offers.store(Arc::new(offers));
-                        shared.offers_changed.send_modify(|version| *version += 1);
+                        shared.offers_changed.changed.send_modify(|version| *version += 1);
                     }
                 }
                 Err(error) => {
@@ -348,6 +366,13 @@ impl McpClientActor {
         if modern {
             let lost = CancellationToken::clone(&self.shared.lost.load());
             self.spawn("subscription", follow_tool_list(peer.clone(), myself.clone(), lost));
+            let lost = CancellationToken::clone(&self.shared.lost.load());
+            let (server, subscribed) =
+                (self.shared.name().to_owned(), self.shared.subscribed.subscribe());
+            let updated = self.shared.offers_changed.updated.clone();
+            let follow =
+                crate::offers::follow_resources(peer.clone(), server, subscribed, updated, lost);
+            self.spawn("resource subscriptions", follow);
         }
         if let Some(interval) = self.shared.config.ping_interval {
             let lost = CancellationToken::clone(&self.shared.lost.load());
@@ -371,6 +396,7 @@ impl McpClientActor {
         self.shared.set_health(ServerHealth::Healthy);
         self.publish(tools, state, Origin::Server).await;
         self.list_offers();
+        self.resubscribe();
         self.shared.touch();
         self.shared.attempts.send_modify(|n| *n += 1);
         if self.shared.config.connect == crate::ConnectMode::Lazy {
@@ -520,13 +546,8 @@ mod tests {
             .servers
             .remove(0);
         let idle = config.idle_timeout;
-        let shared = ServerShared::new(
-            config,
-            Arc::default(),
-            Arc::new(tokio::sync::watch::channel(0).0),
-            None,
-            Arc::new(|_| {}),
-        );
+        let shared =
+            ServerShared::new(config, Arc::default(), Arc::default(), None, Arc::new(|_| {}));
         shared.touch();
         let (tx, mut told) = mpsc::unbounded_channel();
         let (recorder, _) = Actor::spawn(None, Recorder(tx), ()).await.unwrap();

@@ -128,6 +128,19 @@ impl ClientHandler for McpClientHandler {
         let _ = self.actor.cast(McpMsg::OffersChanged);
     }
 
+    /// Passes the update of a subscribed resource on to the clients subscribed to it.
+    async fn on_resource_updated(
+        &self,
+        params: rmcp::model::ResourceUpdatedNotificationParam,
+        _: NotificationContext<RoleClient>,
+    ) {
+        debug!(server = self.shared.name(), uri = %params.uri, "resources/updated");
+        let update =
+            crate::ResourceUpdate { server: self.shared.name().to_owned(), uri: params.uri };
+        // Nobody listening is no error: the subscribers may have gone meanwhile.
+        let _ = self.shared.offers_changed.updated.send(update);
+    }
+
     async fn on_prompt_list_changed(&self, _: NotificationContext<RoleClient>) {
         debug!(server = self.shared.name(), "prompts/list_changed");
         let _ = self.actor.cast(McpMsg::OffersChanged);

@@ -58,7 +58,7 @@ pub use manager::{
 };
 pub use messages::McpMsg;
 pub use naming::publish_name;
-pub use offers::Offers;
+pub use offers::{Offers, ResourceUpdate};
 
 /// The toolmesh form of one MCP content block (of a prompt message, say).
 pub fn content_part(block: rmcp::model::ContentBlock) -> toolmesh_core::ContentPart {

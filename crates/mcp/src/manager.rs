@@ -155,7 +155,7 @@ pub struct McpSupervisorActor {
     published: Arc<Published>,
     changed: Arc<Notify>,
     /// Told whenever a server's resources or prompts change, or servers come and go.
-    offers_changed: Arc<tokio::sync::watch::Sender<u64>>,
+    offers_changed: Arc<crate::offers::OfferSignals>,
     /// Where the servers' last listings are kept.
     remember_in: Option<PathBuf>,
     /// Where changed tool definitions are reported.
@@ -173,7 +173,7 @@ impl McpSupervisorActor {
     fn publish(&self, state: &McpSupervisorState) {
         self.published.store(Arc::new(state.servers.clone()));
         self.changed.notify_one();
-        self.offers_changed.send_modify(|version| *version += 1);
+        self.offers_changed.changed.send_modify(|version| *version += 1);
     }
 
     async fn start_server(
@@ -361,7 +361,7 @@ pub struct McpManager {
     registry: RegistryHandle,
     published: Arc<Published>,
     changed: Arc<Notify>,
-    offers_changed: Arc<tokio::sync::watch::Sender<u64>>,
+    offers_changed: Arc<crate::offers::OfferSignals>,
 }
 
 impl std::fmt::Debug for McpManager {
@@ -381,7 +381,7 @@ impl McpManager {
     ) -> Result<Self, ActorProcessingErr> {
         let published = Arc::new(Published::default());
         let changed = Arc::new(Notify::new());
-        let offers_changed = Arc::new(tokio::sync::watch::channel(0).0);
+        let offers_changed = Arc::new(crate::offers::OfferSignals::default());
         let supervisor = McpSupervisorActor {
             registry: registry.clone(),
             published: published.clone(),
@@ -406,7 +406,86 @@ impl McpManager {
     /// A receiver that sees every change of the servers' resources and prompts (servers
     /// started and stopped, listings that changed).
     pub fn offer_changes(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.offers_changed.subscribe()
+        self.offers_changed.changed.subscribe()
+    }
+
+    /// A receiver of the updates of the resources clients subscribed to, from every server.
+    pub fn resource_updates(&self) -> tokio::sync::broadcast::Receiver<crate::ResourceUpdate> {
+        self.offers_changed.updated.subscribe()
+    }
+
+    /// Subscribes to the resource `uri` of `server` for one more client: the server is
+    /// asked (`resources/subscribe`) when this is the resource's first subscription, and
+    /// refused when it does not offer subscriptions.
+    pub async fn subscribe(&self, server: &str, uri: &str) -> Result<(), OfferError> {
+        let shared = self.running(server)?;
+        let mut first = false;
+        // A new resource changes the set a 2026-07-28 connection listens to.
+        shared.subscribed.send_if_modified(|subscribed| {
+            let count = subscribed.entry(uri.to_owned()).or_default();
+            *count += 1;
+            first = *count == 1;
+            first
+        });
+        if !first {
+            return Ok(());
+        }
+        let asked = self
+            .ask(server, |peer| async move {
+                if !crate::offers::subscribable(&peer) {
+                    return Ok(false);
+                }
+                if crate::offers::listens(&peer) {
+                    return Ok(true);
+                }
+                crate::offers::subscribe(&peer, uri).await.map(|()| true)
+            })
+            .await;
+        let refusal = match asked {
+            Ok(true) => return Ok(()),
+            Ok(false) => OfferError::Failed {
+                server: server.to_owned(),
+                message: format!("mcp server {server} does not offer resource subscriptions"),
+                code: ErrorCode::FailedPrecondition,
+            },
+            Err(error) => error,
+        };
+        self.forget_subscription(&shared, uri);
+        Err(refusal)
+    }
+
+    /// Ends one client's subscription to the resource `uri` of `server`; the server is told
+    /// (`resources/unsubscribe`) when it was the last.
+    pub async fn unsubscribe(&self, server: &str, uri: &str) -> Result<(), OfferError> {
+        let shared = self.running(server)?;
+        if !self.forget_subscription(&shared, uri) {
+            return Ok(());
+        }
+        self.ask(server, |peer| async move {
+            match crate::offers::listens(&peer) {
+                true => Ok(()),
+                false => crate::offers::unsubscribe(&peer, uri).await,
+            }
+        })
+        .await
+    }
+
+    /// Takes one subscription of `uri` away; returns whether it was the last.
+    fn forget_subscription(&self, shared: &ServerShared, uri: &str) -> bool {
+        shared.subscribed.send_if_modified(|subscribed| match subscribed.get_mut(uri) {
+            Some(count) if *count > 1 => {
+                *count -= 1;
+                false
+            }
+            Some(_) => subscribed.remove(uri).is_some(),
+            None => false,
+        })
+    }
+
+    fn running(&self, server: &str) -> Result<Arc<ServerShared>, OfferError> {
+        (self.published.load().get(server))
+            .map(|running| running.shared.clone())
+            .ok_or_else(|| no_server(server))
     }
 
     /// Returns the supervisor's actor, for a supervisor above it to link.

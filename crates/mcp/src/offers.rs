@@ -8,10 +8,42 @@ use rmcp::{
         ClientRequest, CompleteRequest, CompleteRequestParams, CompleteResult, GetPromptRequest,
         GetPromptRequestParams, GetPromptResult, JsonObject, ListPromptsRequest,
         ListResourceTemplatesRequest, ListResourcesRequest, Prompt, ReadResourceRequest,
-        ReadResourceRequestParams, ReadResourceResult, Resource, ResourceTemplate, ServerResult,
+        ReadResourceRequestParams, ReadResourceResult, Resource, ResourceTemplate,
+        ServerNotification, ServerResult, SubscribeRequestParams, SubscriptionFilter,
+        UnsubscribeRequestParams,
     },
     service::{Peer, ServiceError},
 };
+
+/// A resource a client subscribed to changed: the server said so with
+/// `notifications/resources/updated`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResourceUpdate {
+    /// The server whose resource it is.
+    pub server: String,
+    /// The resource's URI.
+    pub uri: String,
+}
+
+/// What the servers tell the readers of their offers, shared by every server: a version
+/// that changes with their listings, and the updates of subscribed resources.
+#[derive(Debug)]
+pub(crate) struct OfferSignals {
+    pub(crate) changed: tokio::sync::watch::Sender<u64>,
+    pub(crate) updated: tokio::sync::broadcast::Sender<ResourceUpdate>,
+}
+
+/// Updates of subscribed resources a slow reader may fall behind by before it loses some.
+const UPDATES_BUFFERED: usize = 256;
+
+impl Default for OfferSignals {
+    fn default() -> Self {
+        OfferSignals {
+            changed: tokio::sync::watch::channel(0).0,
+            updated: tokio::sync::broadcast::channel(UPDATES_BUFFERED).0,
+        }
+    }
+}
 
 /// One server's resources, resource templates and prompts, as it lists them.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -98,6 +130,83 @@ pub(crate) async fn read(
         ServerResult::ReadResourceResult(result) => Ok(result),
         _ => Err(ServiceError::UnexpectedResponse),
     }
+}
+
+/// Whether the server on `peer` offers resource subscriptions.
+pub(crate) fn subscribable(peer: &Peer<RoleClient>) -> bool {
+    peer.peer_info()
+        .and_then(|info| info.capabilities.resources.as_ref()?.subscribe)
+        .unwrap_or(false)
+}
+
+/// Whether the server on `peer` speaks 2026-07-28, where subscriptions are one
+/// `subscriptions/listen` stream instead of `resources/subscribe` requests.
+pub(crate) fn listens(peer: &Peer<RoleClient>) -> bool {
+    peer.peer_info()
+        .is_some_and(|info| info.protocol_version >= rmcp::model::ProtocolVersion::V_2026_07_28)
+}
+
+/// Follows the updates of the resources clients subscribed to on a 2026-07-28 connection:
+/// one `subscriptions/listen` stream for the resources in `subscribed`, opened again
+/// whenever they change, its `notifications/resources/updated` passed on as `server`'s.
+pub(crate) async fn follow_resources(
+    peer: Peer<RoleClient>,
+    server: String,
+    mut subscribed: tokio::sync::watch::Receiver<std::collections::BTreeMap<String, usize>>,
+    updated: tokio::sync::broadcast::Sender<ResourceUpdate>,
+    lost: tokio_util::sync::CancellationToken,
+) {
+    loop {
+        let uris: Vec<String> = subscribed.borrow_and_update().keys().cloned().collect();
+        let mut subscription = None;
+        if !uris.is_empty() {
+            let filter = SubscriptionFilter::builder().resource_subscriptions(uris).build();
+            match peer.listen(filter).await {
+                Ok(listening) => subscription = Some(listening),
+                Err(error) => tracing::warn!(%server, %error, "subscribing to resources failed"),
+            }
+        }
+        // This stream is followed until the resources change (or it ends, and then until
+        // they change).
+        loop {
+            let next = async {
+                match subscription.as_mut() {
+                    Some(listening) => listening.next().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = lost.cancelled() => return,
+                changed = subscribed.changed() => match changed {
+                    Ok(()) => break,
+                    Err(_) => return,
+                },
+                next = next => match next {
+                    Ok(Some(ServerNotification::ResourceUpdatedNotification(update))) => {
+                        let uri = update.params.uri;
+                        let _ = updated.send(ResourceUpdate { server: server.clone(), uri });
+                    }
+                    Ok(Some(_)) => {}
+                    Ok(None) | Err(_) => subscription = None,
+                },
+            }
+        }
+    }
+}
+
+/// Subscribes to the resource `uri` of the server on `peer` (`resources/subscribe`, the
+/// 2025 revisions' way).
+#[allow(deprecated)]
+pub(crate) async fn subscribe(peer: &Peer<RoleClient>, uri: &str) -> Result<(), ServiceError> {
+    let request = rmcp::model::SubscribeRequest::new(SubscribeRequestParams::new(uri));
+    peer.send_request(ClientRequest::SubscribeRequest(request)).await.map(|_| ())
+}
+
+/// Ends the subscription to the resource `uri` of the server on `peer`.
+#[allow(deprecated)]
+pub(crate) async fn unsubscribe(peer: &Peer<RoleClient>, uri: &str) -> Result<(), ServiceError> {
+    let request = rmcp::model::UnsubscribeRequest::new(UnsubscribeRequestParams::new(uri));
+    peer.send_request(ClientRequest::UnsubscribeRequest(request)).await.map(|_| ())
 }
 
 /// Gets the prompt `name` (its name on the server) with `arguments`.

@@ -116,8 +116,12 @@ pub(crate) struct ServerShared {
     pub(crate) remembered: Option<Arc<crate::remembered::Remembered>>,
     /// The server's resources, resource templates and prompts, as last listed.
     pub(crate) offers: ArcSwap<crate::Offers>,
-    /// Told when they change (shared by every server).
-    pub(crate) offers_changed: Arc<watch::Sender<u64>>,
+    /// Told when they change, and when a subscribed resource changes (shared by every
+    /// server).
+    pub(crate) offers_changed: Arc<crate::offers::OfferSignals>,
+    /// The resources clients subscribed to, with how many subscriptions each has: the
+    /// server is subscribed once per resource, and again after a reconnection.
+    pub(crate) subscribed: watch::Sender<std::collections::BTreeMap<String, usize>>,
     /// The tools' pinned definitions, kept beside the remembered listing.
     pub(crate) pins: Mutex<crate::pins::Pins>,
     /// Where a changed definition is reported.
@@ -155,7 +159,7 @@ impl ServerShared {
     pub(crate) fn new(
         config: McpServerConfig,
         changed: Arc<Notify>,
-        offers_changed: Arc<watch::Sender<u64>>,
+        offers_changed: Arc<crate::offers::OfferSignals>,
         remember_in: Option<&std::path::Path>,
         audit: crate::DefinitionAudit,
     ) -> Arc<Self> {
@@ -168,6 +172,7 @@ impl ServerShared {
             audit,
             offers: ArcSwap::default(),
             offers_changed,
+            subscribed: watch::channel(Default::default()).0,
             call_headers: Default::default(),
             http: OnceLock::new(),
             initialize_only: AtomicBool::new(false),

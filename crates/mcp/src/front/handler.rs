@@ -5,7 +5,7 @@ use std::{
     borrow::Cow,
     collections::HashMap,
     sync::{
-        Arc,
+        Arc, PoisonError,
         atomic::{AtomicUsize, Ordering},
     },
 };
@@ -19,8 +19,9 @@ use rmcp::{
         ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
         PaginatedRequestParams, ProgressNotificationParam, ProgressToken, Prompt,
         PromptsCapability, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
-        Resource, ResourceTemplate, ResourcesCapability, ResultType, ServerCapabilities,
-        ServerConfig, Tool, ToolsCapability,
+        Resource, ResourceTemplate, ResourceUpdatedNotificationParam, ResourcesCapability,
+        ResultType, ServerCapabilities, ServerConfig, SubscribeRequestParams, Tool,
+        ToolsCapability, UnsubscribeRequestParams,
     },
     service::{NotificationContext, Peer, RequestContext},
 };
@@ -85,6 +86,16 @@ pub trait Mesh: Send + Sync + 'static {
 
     /// A version that changes whenever what the servers offer changes.
     fn offer_changes(&self) -> tokio::sync::watch::Receiver<u64>;
+
+    /// Subscribes `caller` to the updates of the resource `uri`, at the server that offers
+    /// it (which must offer subscriptions); returns that server's name.
+    async fn subscribe(&self, caller: &Caller, uri: &str) -> Result<String, crate::OfferError>;
+
+    /// Ends one subscription to the resource `uri` of `server`.
+    async fn unsubscribe(&self, server: &str, uri: &str) -> Result<(), crate::OfferError>;
+
+    /// The updates of subscribed resources, from every server.
+    fn resource_updates(&self) -> tokio::sync::broadcast::Receiver<crate::ResourceUpdate>;
 }
 
 /// What the MCP servers offer besides tools, as one caller sees it.
@@ -132,6 +143,30 @@ pub(crate) struct Front {
     /// The least severity of the log messages relayed to this session (`logging/setLevel`),
     /// as a rank of [`LOG_LEVELS`]; every one until the client sets it.
     pub(crate) log_level: Arc<AtomicUsize>,
+    /// The resources this session subscribed to, as (server, URI).
+    pub(crate) subscriptions: Arc<std::sync::Mutex<std::collections::BTreeSet<(String, String)>>>,
+}
+
+/// Ends a session's subscriptions when the session ends.
+struct Unsubscribe {
+    mesh: Arc<dyn Mesh>,
+    subscriptions: Arc<std::sync::Mutex<std::collections::BTreeSet<(String, String)>>>,
+}
+
+impl Drop for Unsubscribe {
+    fn drop(&mut self) {
+        let ended =
+            std::mem::take(&mut *self.subscriptions.lock().unwrap_or_else(PoisonError::into_inner));
+        if ended.is_empty() {
+            return;
+        }
+        let mesh = self.mesh.clone();
+        tokio::spawn(async move {
+            for (server, uri) in ended {
+                let _ = mesh.unsubscribe(&server, &uri).await;
+            }
+        });
+    }
 }
 
 /// MCP's log severities, least first.
@@ -156,7 +191,13 @@ fn refused(message: &str) -> ErrorData {
 impl Front {
     /// The handler of a new session: the endpoint's, with a log level of its own.
     pub(crate) fn for_session(&self) -> Self {
-        Front { log_level: Arc::default(), ..self.clone() }
+        Front { log_level: Arc::default(), subscriptions: Arc::default(), ..self.clone() }
+    }
+
+    fn lock_subscriptions(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::BTreeSet<(String, String)>> {
+        self.subscriptions.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The caller of a request, from the HTTP request rmcp hands over.
@@ -263,6 +304,8 @@ impl ServerHandler for Front {
         capabilities.tools = Some(tools);
         let mut resources = ResourcesCapability::default();
         resources.list_changed = Some(true);
+        // Subscriptions go to the upstream server that offers the resource.
+        resources.subscribe = Some(true);
         capabilities.resources = Some(resources);
         let mut prompts = PromptsCapability::default();
         prompts.list_changed = Some(true);
@@ -294,10 +337,28 @@ impl ServerHandler for Front {
         changes.mark_unchanged();
         let mut offers = self.mesh.offer_changes();
         offers.mark_unchanged();
+        let mut updates = self.mesh.resource_updates();
+        let (mesh, subscriptions) = (self.mesh.clone(), self.subscriptions.clone());
+        let subscribed = move |update: &crate::ResourceUpdate| {
+            let subscriptions = subscriptions.lock().unwrap_or_else(PoisonError::into_inner);
+            subscriptions.contains(&(update.server.clone(), update.uri.clone()))
+        };
+        let subscriptions = self.subscriptions.clone();
         let peer = context.peer;
         tokio::spawn(async move {
+            let _unsubscribe = Unsubscribe { mesh, subscriptions };
             loop {
                 tokio::select! {
+                    update = updates.recv() => match update {
+                        Ok(update) if subscribed(&update) => {
+                            let param = ResourceUpdatedNotificationParam::new(update.uri);
+                            if peer.notify_resource_updated(param).await.is_err() {
+                                return;
+                            }
+                        }
+                        Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                    },
                     changed = changes.changed() => {
                         if changed.is_err() {
                             return;
@@ -351,6 +412,64 @@ impl ServerHandler for Front {
         let mut result = ListToolsResult::with_all_items(page.tools.iter().map(tool).collect());
         result.next_cursor = page.next;
         Ok(result)
+    }
+
+    async fn subscribe(
+        &self,
+        request: SubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let caller = self.caller(&context)?;
+        let span = server_span("resources/subscribe", None, &caller, &context);
+        let started = std::time::Instant::now();
+        let subscribed = self.mesh.subscribe(&caller, &request.uri).instrument(span).await;
+        let error = subscribed.as_ref().err().map(offer_error_type);
+        served("resources/subscribe", &context, error, started);
+        match subscribed {
+            Ok(server) => {
+                let key = (server, request.uri);
+                let fresh = self.lock_subscriptions().insert(key.clone());
+                // A repeated subscription is one: the server keeps the first.
+                if !fresh {
+                    let _ = self.mesh.unsubscribe(&key.0, &key.1).await;
+                }
+                Ok(())
+            }
+            Err(crate::OfferError::NotFound(message)) => {
+                Err(ErrorData::new(McpCode::INVALID_PARAMS, message, None))
+            }
+            Err(error) => Err(offer_failure(error)),
+        }
+    }
+
+    async fn unsubscribe(
+        &self,
+        request: UnsubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let caller = self.caller(&context)?;
+        let span = server_span("resources/unsubscribe", None, &caller, &context);
+        let started = std::time::Instant::now();
+        let ours = {
+            let mut subscriptions = self.lock_subscriptions();
+            let ours = subscriptions.iter().find(|(_, uri)| *uri == request.uri).cloned();
+            if let Some(key) = &ours {
+                subscriptions.remove(key);
+            }
+            ours
+        };
+        // Unsubscribing from what the session did not subscribe to changes nothing.
+        let ended = match ours {
+            Some((server, uri)) => self.mesh.unsubscribe(&server, &uri).instrument(span).await,
+            None => Ok(()),
+        };
+        served(
+            "resources/unsubscribe",
+            &context,
+            ended.as_ref().err().map(offer_error_type),
+            started,
+        );
+        ended.map_err(offer_failure)
     }
 
     async fn list_resources(

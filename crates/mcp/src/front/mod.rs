@@ -86,8 +86,12 @@ impl Endpoint {
         // stops reading at the answer. Anything said before the answer makes it a stream.
         http.json_response = true;
         http.cancellation_token = stop;
-        let front =
-            Front { mesh, path: Arc::from(path.trim_end_matches('/')), log_level: Arc::default() };
+        let front = Front {
+            mesh,
+            path: Arc::from(path.trim_end_matches('/')),
+            log_level: Arc::default(),
+            subscriptions: Arc::default(),
+        };
         let inner =
             StreamableHttpService::new(move || Ok(front.for_session()), manager.clone(), http);
         Endpoint { inner, manager, sessions }

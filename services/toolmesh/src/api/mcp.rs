@@ -132,4 +132,21 @@ impl Mesh for McpMesh {
     fn offer_changes(&self) -> tokio::sync::watch::Receiver<u64> {
         self.servers.offer_changes()
     }
+
+    /// Subscribing is reading's twin: the resource is routed and seen by policy as a read
+    /// is, and a caller may subscribe to what it may read.
+    async fn subscribe(&self, caller: &Caller, uri: &str) -> Result<String, OfferError> {
+        let principal = caller.principal.clone();
+        let server = super::offers::readable(&self.router, &self.servers, principal, uri, None)?;
+        self.servers.subscribe(&server, uri).await?;
+        Ok(server)
+    }
+
+    async fn unsubscribe(&self, server: &str, uri: &str) -> Result<(), OfferError> {
+        self.servers.unsubscribe(server, uri).await
+    }
+
+    fn resource_updates(&self) -> tokio::sync::broadcast::Receiver<toolmesh_mcp::ResourceUpdate> {
+        self.servers.resource_updates()
+    }
 }

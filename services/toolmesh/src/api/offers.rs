@@ -130,15 +130,27 @@ pub(crate) async fn read(
     uri: &str,
     server: Option<&str>,
 ) -> Result<(String, ReadResourceResult), OfferError> {
+    let server = readable(router, mcp, principal, uri, server)?;
+    let result = mcp.read_resource(&server, uri).await?;
+    Ok((server, result))
+}
+
+/// The server `principal` reads the resource `uri` from (`server`, when given), if policy
+/// lets it see the resource.
+pub(crate) fn readable(
+    router: &Router,
+    mcp: &McpManager,
+    principal: Arc<Principal>,
+    uri: &str,
+    server: Option<&str>,
+) -> Result<String, OfferError> {
     let route = mcp.resource(uri, server)?;
     let name = route.name.as_deref().unwrap_or(uri);
     let seen = spec(&route.server, name, route.description.as_deref(), RESOURCE_TAG);
     if scope(router, principal).hidden_by(&seen).is_some() {
         return Err(OfferError::NotFound(format!("no mcp server offers the resource {uri:?}")));
     }
-    let server = route.server;
-    let result = mcp.read_resource(&server, uri).await?;
-    Ok((server, result))
+    Ok(route.server)
 }
 
 /// Completes an argument of a prompt (named as the catalog names it) or of a resource
