@@ -395,6 +395,58 @@ async fn clients_keep_their_session_across_replicas_behind_a_balancer() {
     }
 }
 
+/// A call a policy rule holds back for approval asks the person behind an MCP session, as a
+/// form with one yes/no field; only a yes makes the call, and every answer is audited.
+#[tokio::test]
+async fn an_approval_is_asked_of_the_mcp_client_as_an_elicitation() {
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let config = format!(
+        r#"
+        {ALL}
+        [policy]
+        [policy.audit]
+        to = "{audit}"
+
+        [[policy.rules]]
+        name = "echo-needs-approval"
+        effect = "approve"
+        tools = ["echo"]
+        reason = "echo repeats what it is told"
+        "#,
+        audit = audit.display(),
+    );
+    let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
+    let url = endpoint(&server, "/mcp/all");
+    let call = json!([{"op": "call", "name": "echo", "arguments": {"message": "hi"}}]);
+    let yes = [("ELICIT_ACCEPT", r#"{"approve": true, "note": "fine"}"#)];
+    let got = python_client(&url, "2025-11-25", call.clone(), &yes).await;
+    assert_eq!(got[1]["is_error"], false, "{}", got[1]);
+    assert_eq!(got[1]["structured"], json!({"message": "hi"}), "{}", got[1]);
+    let no = [("ELICIT_ACCEPT", r#"{"approve": false, "note": "not today"}"#)];
+    let got = python_client(&url, "2025-11-25", call.clone(), &no).await;
+    assert_eq!(got[1]["is_error"], true, "{}", got[1]);
+    assert!(text_of(&got[1]).contains("not approved: not today"), "{}", got[1]);
+    // Declined (no ELICIT_ACCEPT): no call.
+    let got = python_client(&url, "2025-11-25", call, &[]).await;
+    assert_eq!(got[1]["is_error"], true, "{}", got[1]);
+    assert!(server.app.router().admission().policy().audit().flush(Duration::from_secs(5)));
+    let decisions: Vec<(String, String)> = std::fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .filter_map(|line| Some(serde_json::from_str::<Value>(line).ok()?["audit"].take()))
+        .filter(|line| line["event"] == "approval")
+        .map(|line| {
+            (line["decision"].as_str().unwrap().into(), line["note"].as_str().unwrap_or("").into())
+        })
+        .collect();
+    let expected = [("approved", "fine"), ("denied", "not today"), ("denied", "declined")];
+    let expected: Vec<(String, String)> =
+        expected.iter().map(|(d, n)| ((*d).into(), (*n).into())).collect();
+    assert_eq!(decisions, expected);
+    server.stop().await.unwrap();
+}
+
 /// With `[auth]`, a client without a credential gets 401 with a challenge naming the
 /// protected-resource metadata (RFC 9728), which names the token issuers; with an API key
 /// it sees only what policy lets it see, and a hidden tool cannot be called.

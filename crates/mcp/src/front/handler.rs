@@ -28,9 +28,9 @@ use rmcp::{
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 use toolmesh_core::{
-    CallEvent, CallFailure, ContentPart, ElicitationAnswer, ElicitationPrompt, ErrorCode,
-    EventReceiver, EventSink, Principal, ResourceBody, SamplingAnswer, SamplingPrompt, ToolOutput,
-    ToolSpec,
+    Approval, ApprovalAnswer, ApprovalPrompt, CallEvent, CallFailure, ContentPart,
+    ElicitationAnswer, ElicitationPrompt, ErrorCode, EventReceiver, EventSink, Principal,
+    ResourceBody, SamplingAnswer, SamplingPrompt, ToolOutput, ToolSpec,
 };
 use tracing::{Instrument as _, Span};
 
@@ -616,13 +616,24 @@ impl ServerHandler for Front {
         let elicits = client.as_ref().is_some_and(|info| info.capabilities.elicitation.is_some());
         #[allow(deprecated)]
         let samples = client.as_ref().is_some_and(|info| info.capabilities.sampling.is_some());
-        // 2026-07-28 has no logging.
-        let logs = client
+        // A session of the 2025 revisions has a channel back to the client; 2026-07-28 has
+        // none (and no logging).
+        let session = client
             .is_some_and(|info| info.protocol_version < rmcp::model::ProtocolVersion::V_2026_07_28);
+        let logs = session;
         let (events, receiver) = EventSink::channel();
         let (events, prompts) = if elicits {
             let (events, prompts) = events.with_elicitation();
             (events, Some(prompts))
+        } else {
+            (events, None)
+        };
+        // A session whose client can be asked is asked, as a form with one yes/no field, for
+        // the approvals policy rules require (bound to the call as on StreamCallTool);
+        // without one, a call that needs approval is refused.
+        let (events, approvals) = if elicits && session {
+            let (events, approvals) = events.with_approvals();
+            (events, Some(approvals))
         } else {
             (events, None)
         };
@@ -638,7 +649,7 @@ impl ServerHandler for Front {
         let mut receiver = receiver;
         let call = self.mesh.call(&caller, name.clone(), arguments, events, context.ct.clone());
         let outcome = async {
-            let relaying = relay.run(&mut receiver, prompts, samplings);
+            let relaying = relay.run(&mut receiver, Asked { prompts, approvals, samplings });
             tokio::pin!(relaying);
             tokio::select! {
                 biased;
@@ -702,32 +713,19 @@ impl Relay {
     }
 
     /// Relays events and asks questions until the call ends (the caller stops polling).
-    async fn run(
-        &self,
-        events: &mut EventReceiver,
-        mut prompts: Option<tokio::sync::mpsc::Receiver<ElicitationPrompt>>,
-        mut samplings: Option<tokio::sync::mpsc::Receiver<SamplingPrompt>>,
-    ) {
+    async fn run(&self, events: &mut EventReceiver, mut asked: Asked) {
         loop {
-            let prompt = async {
-                match prompts.as_mut() {
-                    Some(prompts) => prompts.recv().await,
-                    None => std::future::pending().await,
-                }
-            };
-            let sampling = async {
-                match samplings.as_mut() {
-                    Some(samplings) => samplings.recv().await,
-                    None => std::future::pending().await,
-                }
-            };
             tokio::select! {
                 event = events.recv() => self.deliver(event).await,
-                Some(prompt) = prompt => {
+                Some(prompt) = next(&mut asked.prompts) => {
                     let answer = ask(&self.peer, &prompt.elicitation).await;
                     let _ = prompt.reply.send(answer);
                 }
-                Some(sampling) = sampling => {
+                Some(approval) = next(&mut asked.approvals) => {
+                    let answer = ask_approval(&self.peer, &approval.approval).await;
+                    let _ = approval.reply.send(answer);
+                }
+                Some(sampling) = next(&mut asked.samplings) => {
                     let answer = sample(&self.peer, sampling.sampling).await;
                     let _ = sampling.reply.send(answer);
                 }
@@ -741,6 +739,53 @@ impl Relay {
             self.deliver(event).await;
         }
     }
+}
+
+/// The questions a call may ask the client, each while the client can answer them.
+struct Asked {
+    prompts: Option<tokio::sync::mpsc::Receiver<ElicitationPrompt>>,
+    approvals: Option<tokio::sync::mpsc::Receiver<ApprovalPrompt>>,
+    samplings: Option<tokio::sync::mpsc::Receiver<SamplingPrompt>>,
+}
+
+/// The next question of `asked`; pending forever when the client cannot be asked.
+async fn next<T>(asked: &mut Option<tokio::sync::mpsc::Receiver<T>>) -> Option<T> {
+    match asked.as_mut() {
+        Some(asked) => asked.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Asks the person behind the client to approve a call a policy rule holds back, as a form
+/// with one yes/no field (and an optional note). Only an accepted form that says yes
+/// approves; the answer names the approval it was asked for, which binds it to this call.
+async fn ask_approval(peer: &Peer<RoleServer>, approval: &Approval) -> ApprovalAnswer {
+    let message = format!(
+        "Approve the call of {} with {}? Policy rule {} asks: {}",
+        approval.tool, approval.arguments_json, approval.rule, approval.reason
+    );
+    let question = toolmesh_core::Elicitation {
+        message,
+        requested_schema: json!({
+            "type": "object",
+            "properties": {
+                "approve": {"type": "boolean", "title": "Approve this call", "default": false},
+                "note": {"type": "string", "title": "Note for the audit log"},
+            },
+            "required": ["approve"],
+        }),
+        url: None,
+    };
+    let answer = ask(peer, &question).await;
+    let (approved, note) = match answer {
+        ElicitationAnswer::Accept(form) => (
+            form.get("approve").and_then(Value::as_bool).unwrap_or(false),
+            form.get("note").and_then(Value::as_str).unwrap_or_default().to_owned(),
+        ),
+        ElicitationAnswer::Decline => (false, "declined".to_owned()),
+        ElicitationAnswer::Cancel => (false, "dismissed".to_owned()),
+    };
+    ApprovalAnswer { id: approval.id.clone(), approved, note }
 }
 
 /// Asks the client a tool's question.
