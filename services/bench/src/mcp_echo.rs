@@ -247,8 +247,11 @@ impl DirectLoad {
     }
 }
 
-/// Drives `tool` with `arguments` at `url` from one MCP client connection (as toolmesh
-/// holds one per server) with `concurrency` callers for `duration`.
+/// Drives `tool` with `arguments` at `url` from one MCP client (as toolmesh holds one per
+/// server) with `concurrency` callers for `duration`. Its HTTP client keeps connections
+/// open between requests, as production clients (and toolmesh's own) do: rmcp's default
+/// one opens a connection per request, which would measure TCP set-up on both sides
+/// rather than MCP.
 pub(crate) async fn direct_load(
     url: &str,
     tool: &str,
@@ -260,7 +263,7 @@ pub(crate) async fn direct_load(
     let mut config = StreamableHttpClientTransportConfig::with_uri(url.to_owned());
     config.max_concurrent_requests = 256;
     let client =
-        ().serve(StreamableHttpClientTransport::from_config(config))
+        ().serve(StreamableHttpClientTransport::with_client(reqwest::Client::new(), config))
             .await
             .map_err(|e| format!("connecting to {url}: {e}"))?;
     let peer = client.peer().clone();
