@@ -10,7 +10,7 @@ use toolmesh::AppOptions;
 use toolmesh_e2e::{
     BinaryServer, TestServer,
     balancer::RoundRobin,
-    eventually, py_server, python,
+    eventually, py_server, py_stdio_config, python,
     tools::{BlockingProbe, BlockingTool, ProgressTool},
 };
 use toolmesh_workers::ToolLimits;
@@ -127,7 +127,11 @@ fn mini_server(env: &str) -> String {
 #[tokio::test]
 async fn mcp_clients_list_and_call_local_and_upstream_tools() {
     let everything = "[[mcp.servers]]\nname = \"everything\"\ntransport = \"stdio\"\ncommand = \"mcp-server-everything\"\nargs = [\"stdio\"]\n";
-    let config = format!("{ALL}\n{}\n{everything}", mini_server("MINI_FORM_TOOL = \"1\""));
+    let config = format!(
+        "{ALL}\n{}\n{everything}\n{}",
+        mini_server("MINI_FORM_TOOL = \"1\""),
+        py_stdio_config()
+    );
     let options = AppOptions {
         tools: vec![(Arc::new(ProgressTool), ToolLimits::default())],
         ..Default::default()
@@ -138,7 +142,7 @@ async fn mcp_clients_list_and_call_local_and_upstream_tools() {
         let listed = python_client(&url, "2025-11-25", json!([{"op": "list"}]), &[]).await;
         let names = listed[1]["tools"].as_array()?;
         let published =
-            ["mini_form", "everything_echo"].iter().all(|n| names.iter().any(|t| t == n));
+            ["mini_form", "everything_echo", "py_ask"].iter().all(|n| names.iter().any(|t| t == n));
         published.then_some(())
     })
     .await
@@ -192,6 +196,18 @@ async fn mcp_clients_list_and_call_local_and_upstream_tools() {
         let got = client.run(&url, plan, &[("ELICIT_ACCEPT", r#"{"name": "Ada"}"#)]).await;
         let answered: Value = serde_json::from_str(&text_of(&got[1])).unwrap();
         assert_eq!(answered, json!({"name": "Ada", "greeting": "hello"}), "{client:?}");
+    }
+    // A 2026-07-28 server's question: asked of a session during the call (toolmesh answers
+    // the server's round), and handed to a 2026-07-28 client as an input round of its own,
+    // which its SDK answers in its next request (through any replica: nothing is kept).
+    for client in CLIENTS {
+        let plan = json!([{"op": "call", "name": "py_ask"}]);
+        let got = client.run(&url, plan, &[("ELICIT_ACCEPT", r#"{"name": "Ada"}"#)]).await;
+        assert_eq!(text_of(&got[1]), "hello Ada", "{client:?}: {}", got[1]);
+        let rounds = u64::from(matches!(client, Client::Python("2026-07-28")));
+        assert_eq!(got[1]["rounds"].as_u64().unwrap_or_default(), rounds, "{client:?}");
+        let got = client.run(&url, json!([{"op": "call", "name": "py_ask"}]), &[]).await;
+        assert_eq!(text_of(&got[1]), "no name (decline)", "{client:?}: {}", got[1]);
     }
     // A subscription reaches the upstream server, and its updates reach the session.
     let document = "demo://resource/static/document/architecture.md";

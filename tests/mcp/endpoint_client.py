@@ -24,7 +24,9 @@ order in one connection; the script prints one JSON list with each step's result
   -> {"updated": [uris heard so far]}
 - {"op": "sleep", "s": s}
 
-Elicitations are answered with $ELICIT_ACCEPT (JSON content) when set, else declined.
+Elicitations (asked during a call, or in an input round on 2026-07-28, which the script
+answers and sends the call again; `rounds` counts them) are answered with $ELICIT_ACCEPT
+(JSON content) when set, else declined.
 A token in $TOOLMESH_TOKEN is sent as `Authorization: Bearer`. When the client fails, the
 HTTP statuses it was answered with go to stderr (the SDK's error does not name them).
 """
@@ -49,6 +51,28 @@ async def elicit(context, params):
     if accept is None:
         return types.ElicitResult(action="decline")
     return types.ElicitResult(action="accept", content=json.loads(accept))
+
+
+# Input rounds (2026-07-28) the last call took.
+ROUNDS = [0]
+
+
+async def call_answering(session, name, arguments, **options):
+    """Calls `name`; an input round (2026-07-28) is answered as a question during the call
+    would be (elicitations only), and the call sent again with the answers and the state."""
+    ROUNDS[0] = 0
+    result = await session.call_tool(name, arguments, allow_input_required=True, **options)
+    while isinstance(result, types.InputRequiredResult):
+        ROUNDS[0] += 1
+        responses = {}
+        for key, request in (result.input_requests or {}).items():
+            if request.method != "elicitation/create":
+                raise RuntimeError(f"cannot answer {request.method}")
+            responses[key] = await elicit(None, request.params)
+        result = await session.call_tool(
+            name, arguments, allow_input_required=True, input_responses=responses,
+            request_state=result.request_state, **options)
+    return result
 
 
 LIST_CHANGED = []
@@ -109,12 +133,13 @@ async def run_step(session, step):
         async def on_progress(done, total, message):
             progress.append([done, total])
 
-        result = await session.call_tool(
-            step["name"], step.get("arguments", {}),
+        result = await call_answering(
+            session, step["name"], step.get("arguments", {}),
             progress_callback=on_progress if step.get("progress") else None,
         )
         return {"content": content_of(result), "structured": result.structured_content,
-                "is_error": bool(result.is_error), "progress": progress}
+                "is_error": bool(result.is_error), "progress": progress,
+                "rounds": ROUNDS[0]}
     if op == "call_error":
         try:
             await session.call_tool(step["name"], step.get("arguments", {}))

@@ -128,6 +128,71 @@ pub struct ApprovalPrompt {
     pub reply: oneshot::Sender<ApprovalAnswer>,
 }
 
+/// Input an MCP server asked for, to be answered by the caller in a request of its own: the
+/// 2026-07-28 input rounds, passed on to a caller that answers them itself (an MCP client of
+/// toolmesh's MCP endpoint, which keeps no connection open between requests).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct InputRound {
+    /// The server's input requests by key (each `{"method", "params"}`, as the server sent
+    /// them).
+    pub requests: serde_json::Map<String, Value>,
+    /// The server's opaque state for the next round.
+    pub state: Option<String>,
+}
+
+/// The caller's answers to an [`InputRound`], sent with the call again.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct InputAnswers {
+    /// The answers by the key of the request each answers.
+    pub responses: serde_json::Map<String, Value>,
+    /// The server's state, as the round carried it.
+    pub state: Option<String>,
+}
+
+/// How a caller that answers input in rounds takes part in a call: what it can answer, its
+/// answers to the last round, and the round the call ends with when the server asks again.
+#[derive(Debug, Default)]
+pub struct InputRounds {
+    /// The caller's client capabilities (MCP's `ClientCapabilities`: `elicitation`,
+    /// `sampling`, `roots`), which tell a server what it may ask.
+    pub capabilities: Value,
+    /// The answers this request carries.
+    pub answers: Option<InputAnswers>,
+    asked: std::sync::Mutex<Option<InputRound>>,
+}
+
+impl InputRounds {
+    /// Returns the rounds of a caller with these `capabilities`, whose request carries
+    /// `answers`.
+    pub fn new(capabilities: Value, answers: Option<InputAnswers>) -> Self {
+        InputRounds { capabilities, answers, asked: Default::default() }
+    }
+
+    /// Records the round the call ends with.
+    pub fn ask(&self, round: InputRound) {
+        *self.asked.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(round);
+    }
+
+    /// Takes the round the call ended with, if it ended asking for input.
+    pub fn asked(&self) -> Option<InputRound> {
+        self.asked.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()
+    }
+}
+
+/// The [`CallFailure::kind`](crate::CallFailure) of a call that ended asking its caller for
+/// input ([`InputRounds::asked`] holds what): not a failure of the tool.
+pub const INPUT_REQUIRED: &str = "input_required";
+
+/// The [`CallFailure::kind`](crate::CallFailure) of a call whose caller's answers to an
+/// input round the MCP server refused as invalid.
+pub const INVALID_INPUT_RESPONSES: &str = "invalid_input_responses";
+
+/// The [`CallFailure::kind`](crate::CallFailure) of a call an MCP server refused because
+/// the caller did not declare a client capability it needs; the failure's
+/// [`FailureDetail::Info`](crate::FailureDetail) names them (`requiredCapabilities`, MCP's
+/// `ClientCapabilities` as JSON).
+pub const MISSING_CLIENT_CAPABILITY: &str = "missing_client_capability";
+
 /// Events a stream holds for a reader that lags: partial outputs wait (the tool's
 /// `partial` does not return) once this many are queued.
 const QUEUED_EVENTS: usize = 16;
@@ -169,6 +234,7 @@ pub struct EventSink {
     elicit: Option<mpsc::Sender<ElicitationPrompt>>,
     approve: Option<mpsc::Sender<ApprovalPrompt>>,
     sample: Option<mpsc::Sender<SamplingPrompt>>,
+    rounds: Option<Arc<InputRounds>>,
 }
 
 /// The reading end of an [`EventSink`]; dropping it tells the tool nobody listens.
@@ -215,8 +281,13 @@ impl EventSink {
     /// Returns a sink whose events arrive, in order, on the returned receiver.
     pub fn channel() -> (Self, EventReceiver) {
         let queue = Arc::new(EventQueue::default());
-        let sink =
-            EventSink { queue: Some(queue.clone()), elicit: None, approve: None, sample: None };
+        let sink = EventSink {
+            queue: Some(queue.clone()),
+            elicit: None,
+            approve: None,
+            sample: None,
+            rounds: None,
+        };
         (sink, EventReceiver { queue })
     }
 
@@ -258,6 +329,24 @@ impl EventSink {
         (self, rx)
     }
 
+    /// Returns this sink for a caller that answers input in rounds of its own requests
+    /// (see [`InputRounds`]); the caller keeps the returned handle to read the round a call
+    /// ends with.
+    pub fn with_input_rounds(
+        mut self,
+        capabilities: Value,
+        answers: Option<InputAnswers>,
+    ) -> (Self, Arc<InputRounds>) {
+        let rounds = Arc::new(InputRounds::new(capabilities, answers));
+        self.rounds = Some(rounds.clone());
+        (self, rounds)
+    }
+
+    /// The input rounds of a caller that answers input in rounds of its own requests.
+    pub fn input_rounds(&self) -> Option<&InputRounds> {
+        self.rounds.as_deref()
+    }
+
     /// Returns whether the caller said it can sample.
     pub fn can_sample(&self) -> bool {
         self.sample.as_ref().is_some_and(|tx| !tx.is_closed())
@@ -284,7 +373,7 @@ impl EventSink {
 
     /// Returns a sink that drops every event.
     pub fn disabled() -> Self {
-        EventSink { queue: None, elicit: None, approve: None, sample: None }
+        EventSink { queue: None, elicit: None, approve: None, sample: None, rounds: None }
     }
 
     /// Returns whether the caller can answer elicitations.

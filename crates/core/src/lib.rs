@@ -29,8 +29,9 @@ pub mod vector;
 pub use backend::{Backend, RetryPolicy};
 pub use call::{
     Approval, ApprovalAnswer, ApprovalPrompt, CallContext, CallEvent, Elicitation,
-    ElicitationAnswer, ElicitationPrompt, EventReceiver, EventSink, Nesting, Sampling,
-    SamplingAnswer, SamplingPrompt,
+    ElicitationAnswer, ElicitationPrompt, EventReceiver, EventSink, INPUT_REQUIRED,
+    INVALID_INPUT_RESPONSES, InputAnswers, InputRound, InputRounds, MISSING_CLIENT_CAPABILITY,
+    Nesting, Sampling, SamplingAnswer, SamplingPrompt,
 };
 pub use content::{ContentPart, ResourceBody, ToolOutput};
 pub use error::{

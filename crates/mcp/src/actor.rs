@@ -12,7 +12,7 @@ use crate::{ServerHealth, schemas::compile_in_background, shared::ServerShared};
 use crate::{
     connection::{connect, describe, probe, reconnect_delay, watch_idle},
     group::ProcessGroupGuard,
-    listing::{Prepared, follow_tool_list, list_tools, prepare},
+    listing::{Prepared, follow_lists, list_tools, prepare},
     messages::{Connection, McpMsg},
     state::{Listing, McpClientState, Origin},
 };
@@ -365,7 +365,7 @@ impl McpClientActor {
         state.connection = Some(close.clone().drop_guard());
         if modern {
             let lost = CancellationToken::clone(&self.shared.lost.load());
-            self.spawn("subscription", follow_tool_list(peer.clone(), myself.clone(), lost));
+            self.spawn("subscription", follow_lists(peer.clone(), myself.clone(), lost));
             let lost = CancellationToken::clone(&self.shared.lost.load());
             let (server, subscribed) =
                 (self.shared.name().to_owned(), self.shared.subscribed.subscribe());

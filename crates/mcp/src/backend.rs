@@ -20,7 +20,7 @@ use crate::{convert, shared::ServerShared};
 const LOG_LEVEL_META: &str = "io.modelcontextprotocol/logLevel";
 
 /// The `_meta` key of a 2026-07-28 request's client capabilities.
-const CAPABILITIES_META: &str = "io.modelcontextprotocol/clientCapabilities";
+pub(crate) const CAPABILITIES_META: &str = "io.modelcontextprotocol/clientCapabilities";
 
 /// toolmesh's client capabilities for a call whose caller does not sample, as JSON.
 static NOT_SAMPLING: std::sync::LazyLock<Value> = std::sync::LazyLock::new(|| {
@@ -56,6 +56,28 @@ impl McpBackend {
                     backend: format!("mcp server {}", self.shared.name()),
                     reason: "the server's session expired during the call".into(),
                 }
+            }
+            // The server needs a capability the caller did not declare (2026-07-28): said
+            // as such, with what it needs, so that the caller's door can say it too.
+            ServiceError::McpError(error)
+                if error.code == McpErrorCode::MISSING_REQUIRED_CLIENT_CAPABILITY =>
+            {
+                let required = (error.data.as_ref())
+                    .and_then(|data| data.get("requiredCapabilities"))
+                    .map_or_else(|| "{}".to_owned(), Value::to_string);
+                BackendError::Failure(Box::new(toolmesh_core::CallFailure {
+                    code: ErrorCode::FailedPrecondition,
+                    kind: toolmesh_core::MISSING_CLIENT_CAPABILITY,
+                    message: format!(
+                        "mcp server {} needs a client capability the caller did not declare: {}",
+                        self.shared.name(),
+                        toolmesh_core::clip(&error.message, 1024)
+                    ),
+                    detail: toolmesh_core::FailureDetail::Info {
+                        reason: "MISSING_CLIENT_CAPABILITY",
+                        metadata: [("requiredCapabilities".to_owned(), required)].into(),
+                    },
+                }))
             }
             ServiceError::McpError(error) => {
                 let code = match error.code {
@@ -171,9 +193,12 @@ impl McpBackend {
         if asks_logs {
             meta.0.0.insert(LOG_LEVEL_META.into(), Value::String("debug".into()));
         }
-        // On 2026-07-28 the capabilities go with each request: a call whose caller does not
-        // sample says so, and the server does not ask it to.
-        if per_request && !ctx.events.can_sample() {
+        // On 2026-07-28 the capabilities go with each request: a caller that answers input
+        // rounds itself states its own, and a call whose caller does not sample says so;
+        // the server asks for nothing else.
+        if per_request && let Some(rounds) = ctx.events.input_rounds() {
+            meta.0.0.insert(CAPABILITIES_META.into(), rounds.capabilities.clone());
+        } else if per_request && !ctx.events.can_sample() {
             meta.0.0.insert(CAPABILITIES_META.into(), NOT_SAMPLING.clone());
         }
         let mut options = PeerRequestOptions::default();
@@ -317,6 +342,25 @@ impl McpBackend {
         (!self.shared.lost.load().is_cancelled()).then_some(peer)
     }
 
+    /// Ends a call whose caller answers input rounds itself with the round the server asks
+    /// for.
+    fn ask_caller(
+        &self,
+        rounds: &toolmesh_core::InputRounds,
+        required: rmcp::model::InputRequiredResult,
+    ) -> BackendError {
+        let requests = (required.input_requests.unwrap_or_default().into_iter())
+            .filter_map(|(key, request)| Some((key, serde_json::to_value(request).ok()?)))
+            .collect();
+        rounds.ask(toolmesh_core::InputRound { requests, state: required.request_state });
+        BackendError::Failure(Box::new(toolmesh_core::CallFailure {
+            code: ErrorCode::FailedPrecondition,
+            kind: toolmesh_core::INPUT_REQUIRED,
+            message: format!("mcp server {} asks the caller for input", self.shared.name()),
+            detail: Default::default(),
+        }))
+    }
+
     /// Answers one input request of a 2026-07-28 server through the caller.
     async fn answer(
         &self,
@@ -415,10 +459,34 @@ impl Backend for McpBackend {
                 }
             };
             // On protocol 2026-07-28 a server asks for input by answering with an
-            // InputRequiredResult; the call is then sent again with the answers.
+            // InputRequiredResult; the call is then sent again with the answers. A caller
+            // that answers rounds itself gets the round, and sends its answers (with the
+            // server's state) in a request of its own.
+            let rounds = ctx.events.input_rounds();
+            if let Some(answers) = rounds.and_then(|rounds| rounds.answers.as_ref()) {
+                params.input_responses = Some(answers.responses.clone().into_iter().collect());
+                params.request_state = answers.state.clone();
+            }
             for _ in 0..MAX_INPUT_ROUNDS {
                 let ticket = headers.as_ref().map(|ticket| ticket.id());
-                match self.round(&peer, params.clone(), &ctx, &lost, ticket).await? {
+                let answered = rounds.is_some() && params.input_responses.is_some();
+                let round = match self.round(&peer, params.clone(), &ctx, &lost, ticket).await {
+                    // The server refused the caller's answers: the caller's request was
+                    // wrong, as the server says.
+                    Err(BackendError::Remote { code: ErrorCode::InvalidArgument, message })
+                        if answered =>
+                    {
+                        return Err(BackendError::Failure(Box::new(
+                            toolmesh_core::CallFailure::new(
+                                ErrorCode::InvalidArgument,
+                                toolmesh_core::INVALID_INPUT_RESPONSES,
+                                message,
+                            ),
+                        )));
+                    }
+                    round => round?,
+                };
+                match round {
                     ServerResult::CallToolResult(result) => return Ok(convert::output(result)),
                     ServerResult::InputRequiredResult(required) => {
                         if required.input_requests.as_ref().is_none_or(|r| r.is_empty())
@@ -428,6 +496,9 @@ impl Backend for McpBackend {
                                 "mcp server {} asked for input without saying what",
                                 self.shared.name()
                             )));
+                        }
+                        if let Some(rounds) = rounds {
+                            return Err(self.ask_caller(rounds, required));
                         }
                         let mut responses = InputResponses::new();
                         for (key, request) in required.input_requests.unwrap_or_default() {

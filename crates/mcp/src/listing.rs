@@ -133,14 +133,18 @@ pub(crate) async fn pages<T>(
     }
 }
 
-/// Follows tool-list changes on a 2026-07-28 session, where they arrive on a
-/// `subscriptions/listen` stream instead of as plain notifications.
-pub(crate) async fn follow_tool_list(
+/// Follows the changes of the tool, prompt and resource lists of a 2026-07-28 server, which
+/// arrive on a `subscriptions/listen` stream instead of as plain notifications.
+pub(crate) async fn follow_lists(
     peer: rmcp::service::Peer<RoleClient>,
     actor: ActorRef<McpMsg>,
     lost: CancellationToken,
 ) {
-    let filter = SubscriptionFilter::builder().tools_list_changed().build();
+    let filter = SubscriptionFilter::builder()
+        .tools_list_changed()
+        .prompts_list_changed()
+        .resources_list_changed()
+        .build();
     let mut subscription = match peer.listen(filter).await {
         Ok(subscription) => subscription,
         Err(error) => {
@@ -154,6 +158,12 @@ pub(crate) async fn follow_tool_list(
             next = subscription.next() => match next {
                 Ok(Some(ServerNotification::ToolListChangedNotification(_))) => {
                     let _ = actor.cast(McpMsg::ToolsChanged);
+                }
+                Ok(Some(
+                    ServerNotification::PromptListChangedNotification(_)
+                    | ServerNotification::ResourceListChangedNotification(_),
+                )) => {
+                    let _ = actor.cast(McpMsg::OffersChanged);
                 }
                 Ok(Some(_)) => {}
                 Ok(None) | Err(_) => return,

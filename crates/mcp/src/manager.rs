@@ -615,17 +615,18 @@ impl McpManager {
             })
     }
 
-    /// Gets the prompt `name` (its name on `server`) with `arguments`.
+    /// Gets the prompt `name` (its name on `server`) with `arguments`, for a caller that
+    /// answers input rounds itself when `rounds` is given.
     pub async fn get_prompt(
         &self,
         server: &str,
         name: &str,
         arguments: Option<rmcp::model::JsonObject>,
-    ) -> Result<rmcp::model::GetPromptResult, OfferError> {
-        self.ask(
-            server,
-            |peer| async move { crate::offers::get_prompt(&peer, name, arguments).await },
-        )
+        rounds: Option<&toolmesh_core::InputRounds>,
+    ) -> Result<rmcp::model::GetPromptResponse, OfferError> {
+        self.ask(server, |peer| async move {
+            crate::offers::get_prompt(&peer, name, arguments, rounds).await
+        })
         .await
     }
 

@@ -3,17 +3,20 @@
 //! got through the server that offers them.
 
 use rmcp::{
-    RoleClient,
+    ErrorData, RoleClient,
     model::{
         ClientRequest, CompleteRequest, CompleteRequestParams, CompleteResult, GetPromptRequest,
-        GetPromptRequestParams, GetPromptResult, JsonObject, ListPromptsRequest,
+        GetPromptRequestParams, GetPromptResponse, JsonObject, ListPromptsRequest,
         ListResourceTemplatesRequest, ListResourcesRequest, Prompt, ReadResourceRequest,
-        ReadResourceRequestParams, ReadResourceResult, Resource, ResourceTemplate,
-        ServerNotification, ServerResult, SubscribeRequestParams, SubscriptionFilter,
-        UnsubscribeRequestParams,
+        ReadResourceRequestParams, ReadResourceResult, RequestMetaObject, Resource,
+        ResourceTemplate, ServerNotification, ServerResult, SubscribeRequestParams,
+        SubscriptionFilter, UnsubscribeRequestParams,
     },
-    service::{Peer, ServiceError},
+    service::{Peer, PeerRequestOptions, ServiceError},
 };
+use toolmesh_core::InputRounds;
+
+use crate::backend::CAPABILITIES_META;
 
 /// A resource a client subscribed to changed: the server said so with
 /// `notifications/resources/updated`.
@@ -209,17 +212,43 @@ pub(crate) async fn unsubscribe(peer: &Peer<RoleClient>, uri: &str) -> Result<()
     peer.send_request(ClientRequest::UnsubscribeRequest(request)).await.map(|_| ())
 }
 
-/// Gets the prompt `name` (its name on the server) with `arguments`.
+/// Gets the prompt `name` (its name on the server) with `arguments`. For a caller that
+/// answers input rounds itself (`rounds`), its answers go with the request and a round the
+/// server asks for is its answer; any other caller gets a server's round as an error.
 pub(crate) async fn get_prompt(
     peer: &Peer<RoleClient>,
     name: &str,
     arguments: Option<JsonObject>,
-) -> Result<GetPromptResult, ServiceError> {
+    rounds: Option<&InputRounds>,
+) -> Result<GetPromptResponse, ServiceError> {
     let mut params = GetPromptRequestParams::new(name);
     params.arguments = arguments;
-    let request = GetPromptRequest::new(params);
-    match peer.send_request(ClientRequest::GetPromptRequest(request)).await? {
-        ServerResult::GetPromptResult(result) => Ok(result),
+    let mut options = PeerRequestOptions::default();
+    if let Some(rounds) = rounds {
+        if let Some(answers) = &rounds.answers {
+            params.input_responses = Some(answers.responses.clone().into_iter().collect());
+            params.request_state = answers.state.clone();
+        }
+        let per_request = peer.peer_info().is_some_and(|info| {
+            info.protocol_version >= rmcp::model::ProtocolVersion::V_2026_07_28
+        });
+        if per_request {
+            let mut meta = RequestMetaObject::default();
+            meta.0.0.insert(CAPABILITIES_META.into(), rounds.capabilities.clone());
+            options.meta = Some(meta);
+        }
+    }
+    let request = ClientRequest::GetPromptRequest(GetPromptRequest::new(params));
+    match peer.send_request_with_option(request, options).await?.await_response().await? {
+        ServerResult::GetPromptResult(result) => Ok(GetPromptResponse::Complete(result)),
+        ServerResult::InputRequiredResult(required) if rounds.is_some() => {
+            Ok(GetPromptResponse::InputRequired(required))
+        }
+        ServerResult::InputRequiredResult(_) => Err(ServiceError::McpError(ErrorData::new(
+            rmcp::model::ErrorCode::INVALID_REQUEST,
+            "the prompt asks its caller for input, which only an MCP client can give",
+            None,
+        ))),
         _ => Err(ServiceError::UnexpectedResponse),
     }
 }

@@ -15,25 +15,27 @@ use rmcp::{
     model::{
         CallToolRequestParams, CallToolResponse, CallToolResult, CompleteRequestParams,
         CompleteResult, ContentBlock, ElicitRequestParams, ElicitationAction, ErrorCode as McpCode,
-        GetPromptRequestParams, GetPromptResponse, GetPromptResult, Implementation, JsonObject,
+        GetPromptRequestParams, GetPromptResponse, Implementation, InputRequiredResult, JsonObject,
         ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
         PaginatedRequestParams, ProgressNotificationParam, ProgressToken, Prompt,
         PromptsCapability, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
         Resource, ResourceTemplate, ResourceUpdatedNotificationParam, ResourcesCapability,
-        ResultType, ServerCapabilities, ServerConfig, SubscribeRequestParams, Tool,
-        ToolsCapability, UnsubscribeRequestParams,
+        ResultType, ServerCapabilities, ServerConfig, SubscribeRequestParams, SubscriptionFilter,
+        Tool, ToolsCapability, UnsubscribeRequestParams,
     },
-    service::{NotificationContext, Peer, RequestContext},
+    service::{NotificationContext, Peer, RequestContext, SubscriptionContext},
 };
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 use toolmesh_core::{
     Approval, ApprovalAnswer, ApprovalPrompt, CallEvent, CallFailure, ContentPart,
-    ElicitationAnswer, ElicitationPrompt, ErrorCode, EventReceiver, EventSink, Principal,
-    ResourceBody, SamplingAnswer, SamplingPrompt, ToolOutput, ToolSpec,
+    ElicitationAnswer, ElicitationPrompt, ErrorCode, EventReceiver, EventSink, INPUT_REQUIRED,
+    InputAnswers, InputRound, InputRounds, MISSING_CLIENT_CAPABILITY, Principal, ResourceBody,
+    SamplingAnswer, SamplingPrompt, ToolOutput, ToolSpec,
 };
 use tracing::{Instrument as _, Span};
 
+use super::rounds::{Bound, SignedRounds};
 use crate::metrics::Operation;
 
 /// Where the MCP endpoint finds tools and calls them: the API layer's view of the router,
@@ -68,13 +70,15 @@ pub trait Mesh: Send + Sync + 'static {
         uri: &str,
     ) -> Result<ReadResourceResult, crate::OfferError>;
 
-    /// Gets the prompt the catalog names `name` for `caller`.
+    /// Gets the prompt the catalog names `name` for `caller`; one that answers input rounds
+    /// itself passes `rounds`, and may get a round the server asks for.
     async fn get_prompt(
         &self,
         caller: &Caller,
         name: &str,
         arguments: Option<JsonObject>,
-    ) -> Result<GetPromptResult, crate::OfferError>;
+        rounds: Option<&InputRounds>,
+    ) -> Result<GetPromptResponse, crate::OfferError>;
 
     /// Completes an argument of a prompt or resource template `caller` sees, as the server
     /// that offers it completes it.
@@ -145,6 +149,9 @@ pub(crate) struct Front {
     pub(crate) log_level: Arc<AtomicUsize>,
     /// The resources this session subscribed to, as (server, URI).
     pub(crate) subscriptions: Arc<std::sync::Mutex<std::collections::BTreeSet<(String, String)>>>,
+    /// Wraps the upstream servers' states of the input rounds passed on to 2026-07-28
+    /// clients.
+    pub(crate) rounds: Arc<SignedRounds>,
 }
 
 /// Ends a session's subscriptions when the session ends.
@@ -442,6 +449,92 @@ impl ServerHandler for Front {
         }
     }
 
+    /// A 2026-07-28 client's notification stream accepts every category it asks for; the
+    /// resources among them are subscribed to in [`Self::listen`] where the caller may read
+    /// them (one it may not read, like one nobody offers, never changes).
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        Some(requested.clone())
+    }
+
+    /// Serves one `subscriptions/listen` stream (2026-07-28): the list changes and resource
+    /// updates it accepted, as a session hears them, until the client ends it. Its resource
+    /// subscriptions end with it.
+    async fn listen(&self, subscription: SubscriptionContext) -> Result<(), ErrorData> {
+        let caller = self.caller(subscription.request_context())?;
+        let accepted = subscription.accepted().clone();
+        let mut changes = self.mesh.changes();
+        changes.mark_unchanged();
+        let mut offers = self.mesh.offer_changes();
+        offers.mark_unchanged();
+        let mut updates = self.mesh.resource_updates();
+        let held = Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::new()));
+        let _unsubscribe = Unsubscribe { mesh: self.mesh.clone(), subscriptions: held.clone() };
+        for uri in accepted.resource_subscriptions.iter().flatten() {
+            match self.mesh.subscribe(&caller, uri).await {
+                Ok(server) => {
+                    held.lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .insert((server, uri.clone()));
+                }
+                Err(error) => {
+                    tracing::debug!(%uri, %error, "a listened-to resource is not followed")
+                }
+            }
+        }
+        let sink = subscription.sink().clone();
+        let wanted = |flag: Option<bool>| flag == Some(true);
+        loop {
+            let sent = tokio::select! {
+                () = subscription.cancelled() => return Ok(()),
+                update = updates.recv() => match update {
+                    Ok(update) => {
+                        let key = (update.server, update.uri);
+                        let held = held.lock().unwrap_or_else(PoisonError::into_inner).contains(&key);
+                        if !held {
+                            continue;
+                        }
+                        sink.notify_resource_updated(key.1).await
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return Ok(()),
+                },
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        return Ok(());
+                    }
+                    tokio::time::sleep(CHANGES_SETTLE).await;
+                    changes.mark_unchanged();
+                    if !wanted(accepted.tools_list_changed) {
+                        continue;
+                    }
+                    sink.notify_tool_list_changed().await
+                }
+                changed = offers.changed() => {
+                    if changed.is_err() {
+                        return Ok(());
+                    }
+                    tokio::time::sleep(CHANGES_SETTLE).await;
+                    offers.mark_unchanged();
+                    let mut sent = Ok(());
+                    if wanted(accepted.resources_list_changed) {
+                        sent = sink.notify_resource_list_changed().await;
+                    }
+                    if sent.is_ok() && wanted(accepted.prompts_list_changed) {
+                        sent = sink.notify_prompt_list_changed().await;
+                    }
+                    sent
+                }
+            };
+            if sent.is_err() {
+                // The stream has ended (or its client has gone).
+                return Ok(());
+            }
+        }
+    }
+
     async fn unsubscribe(
         &self,
         request: UnsubscribeRequestParams,
@@ -516,8 +609,23 @@ impl ServerHandler for Front {
                 result.result_type.get_or_insert(ResultType::COMPLETE);
                 Ok(ReadResourceResponse::Complete(result))
             }
-            Err(crate::OfferError::NotFound(message)) => {
-                Err(ErrorData::resource_not_found(message, Some(json!({"uri": request.uri}))))
+            // Nobody offers it, the caller may not see it, or the server that offers it says
+            // it is not there: "not found" with the URI, as -32602 on 2026-07-28 (SEP-2164)
+            // and -32002 before.
+            Err(error)
+                if matches!(error, crate::OfferError::NotFound(_))
+                    || matches!(error.code(), ErrorCode::NotFound | ErrorCode::InvalidArgument) =>
+            {
+                let code = if protocol_version(&context) >= "2026-07-28" {
+                    McpCode::INVALID_PARAMS
+                } else {
+                    McpCode::RESOURCE_NOT_FOUND
+                };
+                let message = match error {
+                    crate::OfferError::NotFound(message) => message,
+                    error => error.to_string(),
+                };
+                Err(ErrorData::new(code, message, Some(json!({"uri": request.uri}))))
             }
             Err(error) => Err(offer_failure(error)),
         }
@@ -544,16 +652,52 @@ impl ServerHandler for Front {
         let caller = self.caller(&context)?;
         let span = server_span("prompts/get", None, &caller, &context);
         let started = std::time::Instant::now();
-        let got = (self.mesh.get_prompt(&caller, &request.name, request.arguments))
-            .instrument(span)
-            .await;
+        // A 2026-07-28 client answers what the server asks in input rounds.
+        let session = context
+            .peer
+            .peer_info()
+            .is_some_and(|info| info.protocol_version < rmcp::model::ProtocolVersion::V_2026_07_28);
+        let (bound, rounds) = if session {
+            (None, None)
+        } else {
+            let bound = Bound::new(
+                "prompts/get",
+                &request.name,
+                request.arguments.as_ref(),
+                &caller.principal,
+            );
+            let answers = self.answers(&bound, request.input_responses, request.request_state)?;
+            let capabilities = answerable(&context);
+            (Some(bound), Some(InputRounds::new(capabilities, answers)))
+        };
+        let got =
+            (self.mesh.get_prompt(&caller, &request.name, request.arguments, rounds.as_ref()))
+                .instrument(span)
+                .await;
         let error = got.as_ref().err().map(offer_error_type);
         served("prompts/get", &context, error, started);
         match got {
-            Ok(mut result) => {
+            Ok(GetPromptResponse::Complete(mut result)) => {
                 result.result_type.get_or_insert(ResultType::COMPLETE);
                 Ok(GetPromptResponse::Complete(result))
             }
+            Ok(GetPromptResponse::InputRequired(required)) => {
+                let round = InputRound {
+                    requests: (required.input_requests.unwrap_or_default().into_iter())
+                        .filter_map(|(key, request)| {
+                            Some((key, serde_json::to_value(request).ok()?))
+                        })
+                        .collect(),
+                    state: required.request_state,
+                };
+                match &bound {
+                    Some(bound) => {
+                        Ok(GetPromptResponse::InputRequired(self.input_required(bound, round)))
+                    }
+                    None => Err(ErrorData::internal_error("an input round on a session", None)),
+                }
+            }
+            Ok(other) => Ok(other),
             Err(crate::OfferError::NotFound(message)) => {
                 Err(ErrorData::new(McpCode::INVALID_PARAMS, message, None))
             }
@@ -610,19 +754,38 @@ impl ServerHandler for Front {
             protocol_version: protocol_version(&context),
             error: None,
         };
-        let arguments = request.arguments.unwrap_or_default();
         let progress = context.meta.get_progress_token();
         let client = context.peer.peer_info();
+        // A session of the 2025 revisions has a channel back to the client; 2026-07-28 has
+        // none (and no logging): what an upstream server asks its client is asked in input
+        // rounds, and answered in the client's next request.
+        let session = client
+            .as_ref()
+            .is_some_and(|info| info.protocol_version < rmcp::model::ProtocolVersion::V_2026_07_28);
+        let bound = (!session).then(|| {
+            Bound::new("tools/call", &name, request.arguments.as_ref(), &caller.principal)
+        });
+        let answers = match &bound {
+            Some(bound) => {
+                Some(self.answers(bound, request.input_responses, request.request_state)?)
+            }
+            None => None,
+        };
+        let arguments = request.arguments.unwrap_or_default();
         let elicits = client.as_ref().is_some_and(|info| info.capabilities.elicitation.is_some());
         #[allow(deprecated)]
         let samples = client.as_ref().is_some_and(|info| info.capabilities.sampling.is_some());
-        // A session of the 2025 revisions has a channel back to the client; 2026-07-28 has
-        // none (and no logging).
-        let session = client
-            .is_some_and(|info| info.protocol_version < rmcp::model::ProtocolVersion::V_2026_07_28);
         let logs = session;
         let (events, receiver) = EventSink::channel();
-        let (events, prompts) = if elicits {
+        let (events, rounds) = match answers {
+            Some(answers) => {
+                let capabilities = answerable(&context);
+                let (events, rounds) = events.with_input_rounds(capabilities, answers);
+                (events, Some(rounds))
+            }
+            None => (events, None),
+        };
+        let (events, prompts) = if elicits && session {
             let (events, prompts) = events.with_elicitation();
             (events, Some(prompts))
         } else {
@@ -638,7 +801,7 @@ impl ServerHandler for Front {
             (events, None)
         };
         // A client that samples is asked for the completions upstream servers request.
-        let (events, samplings) = if samples {
+        let (events, samplings) = if samples && session {
             let (events, samplings) = events.with_sampling();
             (events, Some(samplings))
         } else {
@@ -663,15 +826,83 @@ impl ServerHandler for Front {
         operation.error = match &outcome {
             Ok(output) if output.is_error => Some("tool_error"),
             Ok(_) => None,
+            Err(failure) if failure.kind == INPUT_REQUIRED => None,
             Err(failure) => Some(failure.kind),
         };
         operation.served(started.elapsed().as_secs_f64());
+        // The call ended asking the client for input: the client answers in its next request.
+        if let Err(failure) = &outcome
+            && failure.kind == INPUT_REQUIRED
+            && let Some(round) = rounds.as_ref().and_then(|rounds| rounds.asked())
+            && let Some(bound) = &bound
+        {
+            return Ok(CallToolResponse::InputRequired(self.input_required(bound, round)));
+        }
         match outcome {
             Ok(output) => Ok(CallToolResponse::Complete(result(output))),
-            Err(failure) if failure.code == ErrorCode::NotFound => Err(protocol_error(failure)),
+            Err(failure)
+                if failure.code == ErrorCode::NotFound
+                    || failure.kind == toolmesh_core::INVALID_INPUT_RESPONSES =>
+            {
+                Err(protocol_error(failure))
+            }
+            Err(failure) if failure.kind == MISSING_CLIENT_CAPABILITY => {
+                Err(missing_capability(failure))
+            }
             Err(failure) => Ok(CallToolResponse::Complete(failed(failure))),
         }
     }
+}
+
+impl Front {
+    /// The answers a 2026-07-28 request carries for the round `bound` was asked, with the
+    /// upstream server's state unwrapped from toolmesh's; `None` for a first request. A
+    /// state toolmesh did not issue for this request is refused (-32602).
+    fn answers(
+        &self,
+        bound: &Bound,
+        responses: Option<rmcp::model::InputResponses>,
+        state: Option<String>,
+    ) -> Result<Option<InputAnswers>, ErrorData> {
+        let state = match state {
+            Some(state) => self.rounds.unwrap(&state, bound).map_err(|error| {
+                tracing::debug!(%error, "MCP request with a request state refused");
+                ErrorData::new(McpCode::INVALID_PARAMS, "Invalid or expired requestState", None)
+            })?,
+            None => None,
+        };
+        if responses.is_none() && state.is_none() {
+            return Ok(None);
+        }
+        let responses = responses.unwrap_or_default().into_iter().collect();
+        Ok(Some(InputAnswers { responses, state }))
+    }
+
+    /// The `InputRequiredResult` of a round an upstream server asked for, its state wrapped
+    /// in toolmesh's for the request `bound`.
+    fn input_required(&self, bound: &Bound, round: InputRound) -> InputRequiredResult {
+        let requests = (round.requests.into_iter())
+            .filter_map(|(key, request)| Some((key, serde_json::from_value(request).ok()?)))
+            .collect();
+        InputRequiredResult::new(Some(requests), Some(self.rounds.wrap(bound, round.state)))
+    }
+}
+
+/// What a 2026-07-28 client said it can answer in this request (elicitation, sampling,
+/// roots), as the client capabilities toolmesh states for it to upstream servers.
+#[allow(deprecated)]
+fn answerable(context: &RequestContext<RoleServer>) -> Value {
+    let declared = context
+        .meta
+        .client_capabilities()
+        .or_else(|| context.peer.peer_info().map(|client| client.capabilities.clone()));
+    let mut capabilities = rmcp::model::ClientCapabilities::default();
+    if let Some(declared) = declared {
+        capabilities.elicitation = declared.elicitation;
+        capabilities.sampling = declared.sampling;
+        capabilities.roots = declared.roots;
+    }
+    serde_json::to_value(capabilities).unwrap_or_else(|_| json!({}))
 }
 
 /// Forwards a call's progress (when the client asked for it with a token), log messages
@@ -872,6 +1103,23 @@ fn offer_failure(error: crate::OfferError) -> ErrorData {
         _ => McpCode::INTERNAL_ERROR,
     };
     ErrorData::new(code, error.to_string(), Some(json!({"kind": offer_error_type(&error)})))
+}
+
+/// A call an upstream server refused for a capability the client did not declare: MCP's
+/// own error for it (-32021, HTTP 400), naming the capabilities.
+fn missing_capability(failure: CallFailure) -> ErrorData {
+    let required = match &failure.detail {
+        toolmesh_core::FailureDetail::Info { metadata, .. } => metadata
+            .get("requiredCapabilities")
+            .and_then(|json| serde_json::from_str(json).ok())
+            .unwrap_or_else(|| json!({})),
+        _ => json!({}),
+    };
+    ErrorData::new(
+        McpCode::MISSING_REQUIRED_CLIENT_CAPABILITY,
+        failure.message,
+        Some(json!({"requiredCapabilities": required})),
+    )
 }
 
 fn protocol_error(failure: CallFailure) -> ErrorData {

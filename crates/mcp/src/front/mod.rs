@@ -10,6 +10,7 @@
 
 mod config;
 mod handler;
+mod rounds;
 mod session;
 
 use std::{
@@ -91,6 +92,7 @@ impl Endpoint {
             path: Arc::from(path.trim_end_matches('/')),
             log_level: Arc::default(),
             subscriptions: Arc::default(),
+            rounds: Arc::new(rounds::SignedRounds::new(key, rounds::ROUND_TTL)),
         };
         let inner =
             StreamableHttpService::new(move || Ok(front.for_session()), manager.clone(), http);

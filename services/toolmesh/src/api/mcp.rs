@@ -3,11 +3,11 @@
 //! retries, audit, spans), with the call's events relayed to the MCP client.
 
 use rmcp::model::{
-    CompleteRequestParams, CompleteResult, GetPromptResult, JsonObject, ReadResourceResult,
+    CompleteRequestParams, CompleteResult, GetPromptResponse, JsonObject, ReadResourceResult,
 };
 use serde_json::{Map, Value};
 use tokio_util::sync::CancellationToken;
-use toolmesh_core::{CallFailure, EventSink, MAX_LISTING_BYTES, ToolOutput};
+use toolmesh_core::{CallFailure, EventSink, InputRounds, MAX_LISTING_BYTES, ToolOutput};
 use toolmesh_mcp::{Caller, McpManager, Mesh, OfferError, Offered, Page};
 use toolmesh_meta::MetaTools;
 use toolmesh_router::{CallRequest, Router};
@@ -115,9 +115,10 @@ impl Mesh for McpMesh {
         caller: &Caller,
         name: &str,
         arguments: Option<JsonObject>,
-    ) -> Result<GetPromptResult, OfferError> {
+        rounds: Option<&InputRounds>,
+    ) -> Result<GetPromptResponse, OfferError> {
         let principal = caller.principal.clone();
-        super::offers::get(&self.router, &self.servers, principal, name, arguments).await
+        super::offers::get(&self.router, &self.servers, principal, name, arguments, rounds).await
     }
 
     async fn complete(

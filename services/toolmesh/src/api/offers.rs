@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use rmcp::model::{
-    CompleteRequestParams, CompleteResult, ContentBlock, GetPromptResult, Prompt,
+    CompleteRequestParams, CompleteResult, ContentBlock, GetPromptResponse, Prompt,
     ReadResourceResult, Reference, Resource, ResourceContents, ResourceTemplate, Role,
 };
 use serde_json::{Map, Value, json};
@@ -210,13 +210,14 @@ pub(crate) async fn get(
     principal: Arc<Principal>,
     name: &str,
     arguments: Option<Map<String, Value>>,
-) -> Result<GetPromptResult, OfferError> {
+    rounds: Option<&toolmesh_core::InputRounds>,
+) -> Result<GetPromptResponse, OfferError> {
     let (server, on_server) = mcp.prompt(name)?;
     let seen = spec(&server, name, None, PROMPT_TAG);
     if scope(router, principal).hidden_by(&seen).is_some() {
         return Err(OfferError::NotFound(format!("no mcp server offers the prompt {name:?}")));
     }
-    mcp.get_prompt(&server, &on_server, arguments).await
+    mcp.get_prompt(&server, &on_server, arguments, rounds).await
 }
 
 fn resource_contents(contents: ResourceContents) -> v1::ResourceContents {
@@ -295,8 +296,12 @@ pub(crate) async fn get_prompt(
     let arguments: Map<String, Value> =
         request.arguments.into_iter().map(|(k, v)| (k, Value::String(v))).collect();
     let arguments = (!arguments.is_empty()).then_some(arguments);
-    let result =
-        get(router, mcp, principal, &request.name, arguments).await.map_err(|e| status(&e))?;
+    let got = get(router, mcp, principal, &request.name, arguments, None).await;
+    let GetPromptResponse::Complete(result) = got.map_err(|e| status(&e))? else {
+        return Err(Status::failed_precondition(
+            "the prompt asks its caller for input, which only an MCP client can give",
+        ));
+    };
     let messages = result
         .messages
         .into_iter()
