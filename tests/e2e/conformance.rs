@@ -56,6 +56,48 @@ const THROUGH_TOOLMESH: &[&str] = &[
     "dns-rebinding-protection",
 ];
 
+/// The server scenarios of 2026-07-28 (what `--requirements 2026-07-28` scores), which the
+/// fixture server passes directly and toolmesh's MCP endpoint passes with it behind.
+const REQUIRED_2026: &[&str] = &[
+    "server-stateless",
+    "completion-complete",
+    "tools-list",
+    "tools-call-simple-text",
+    "tools-call-image",
+    "tools-call-audio",
+    "tools-call-embedded-resource",
+    "tools-call-mixed-content",
+    "tools-call-error",
+    "tools-call-with-progress",
+    "server-sse-multiple-streams",
+    "resources-list",
+    "resources-read-text",
+    "resources-read-binary",
+    "resources-templates-read",
+    "sep-2164-resource-not-found",
+    "prompts-list",
+    "prompts-get-simple",
+    "prompts-get-with-args",
+    "prompts-get-embedded-resource",
+    "prompts-get-with-image",
+    "dns-rebinding-protection",
+    "caching",
+    "input-required-result-basic-elicitation",
+    "input-required-result-basic-sampling",
+    "input-required-result-basic-list-roots",
+    "input-required-result-request-state",
+    "input-required-result-multiple-input-requests",
+    "input-required-result-multi-round",
+    "input-required-result-missing-input-response",
+    "input-required-result-non-tool-request",
+    "input-required-result-result-type",
+    "input-required-result-unsupported-methods",
+    "input-required-result-tampered-state",
+    "input-required-result-capability-check",
+    "input-required-result-ignore-extra-params",
+    "input-required-result-validate-input",
+];
+
 /// The client scenarios that need no OAuth, with the revision each is run at.
 const CLIENT_SCENARIOS: &[(&str, &str)] = &[
     ("initialize", "2025-11-25"),
@@ -109,21 +151,24 @@ fn failed_checks(out: &Path, prefix: &str) -> BTreeMap<String, Vec<String>> {
     scenarios
 }
 
-/// Runs the server scenarios (all of the active suite) against `url`; returns each
-/// scenario's checks that did not succeed, by scenario.
-async fn run_suite(url: &str) -> BTreeMap<String, Vec<String>> {
+/// Runs the server scenarios against `url` (the active suite, or what a revision requires
+/// with `["--requirements", revision]`); returns each scenario's checks that did not
+/// succeed, by scenario.
+async fn run_suite(url: &str, args: &[&str], expected: &[&str]) -> BTreeMap<String, Vec<String>> {
     let (node, script) = suite();
     let out = tempfile::tempdir().unwrap();
     let output = tokio::process::Command::new(node)
         .arg(script)
-        .args(["server", "--url", url, "--output-dir"])
+        .args(["server", "--url", url])
+        .args(args)
+        .arg("--output-dir")
         .arg(out.path())
         .stdin(Stdio::null())
         .output();
     let output = tokio::time::timeout(Duration::from_secs(300), output).await.unwrap().unwrap();
     let scenarios = failed_checks(out.path(), "server-");
     assert!(
-        scenarios.len() >= THROUGH_TOOLMESH.len(),
+        expected.iter().all(|scenario| scenarios.contains_key(*scenario)),
         "the suite ran too few scenarios:\n{}\n{}",
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
@@ -152,23 +197,30 @@ async fn fixture() -> (tokio::process::Child, String) {
     (child, format!("http://{address}/mcp"))
 }
 
-#[tokio::test]
-async fn the_fixture_server_passes_every_server_scenario_and_toolmesh_passes_it_through() {
-    let (_fixture, upstream) = fixture().await;
-    let direct = run_suite(&upstream).await;
-    let failing: Vec<_> = direct.iter().filter(|(_, failed)| !failed.is_empty()).collect();
-    assert!(failing.is_empty(), "the fixture server fails: {failing:#?}");
-
+/// Starts toolmesh, on its defaults, with the fixture server at `upstream` behind it (its
+/// names unprefixed); returns once the fixture's tools are published.
+async fn behind_toolmesh(upstream: &str) -> TestServer {
     let config = format!(
         "[[mcp.servers]]\nname = \"conformance\"\ntransport = \"streamable-http\"\nurl = \"{upstream}\"\nprefix = \"none\"\n"
     );
     let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
     let listed = toolmesh_e2e::eventually(Duration::from_secs(30), || async {
         let tools = server.app.registry().snapshot();
-        tools.contains("test_simple_text").then_some(())
+        tools.contains("test_input_required_result_elicitation").then_some(())
     });
     listed.await.expect("the fixture server's tools are published");
-    let through = run_suite(&format!("http://{}/mcp", server.addr)).await;
+    server
+}
+
+#[tokio::test]
+async fn the_fixture_server_passes_every_server_scenario_and_toolmesh_passes_it_through() {
+    let (_fixture, upstream) = fixture().await;
+    let direct = run_suite(&upstream, &[], THROUGH_TOOLMESH).await;
+    let failing: Vec<_> = direct.iter().filter(|(_, failed)| !failed.is_empty()).collect();
+    assert!(failing.is_empty(), "the fixture server fails: {failing:#?}");
+
+    let server = behind_toolmesh(&upstream).await;
+    let through = run_suite(&format!("http://{}/mcp", server.addr), &[], THROUGH_TOOLMESH).await;
     for scenario in THROUGH_TOOLMESH {
         let failed = through.get(*scenario).unwrap_or_else(|| panic!("{scenario} did not run"));
         assert!(failed.is_empty(), "{scenario} fails through toolmesh: {failed:#?}");
@@ -181,6 +233,31 @@ async fn the_fixture_server_passes_every_server_scenario_and_toolmesh_passes_it_
         .map(|(scenario, _)| scenario)
         .collect();
     assert!(newly.is_empty(), "these now pass through toolmesh; list them: {newly:?}");
+    server.stop().await.unwrap();
+}
+
+/// 2026-07-28: stateless requests, caching hints and input rounds, which toolmesh passes on
+/// to its client (the server's state wrapped in toolmesh's signed one) and back.
+#[tokio::test]
+async fn the_fixture_server_passes_the_2026_requirements_and_toolmesh_passes_them_through() {
+    let (_fixture, upstream) = fixture().await;
+    let args = ["--requirements", "2026-07-28"];
+    let direct = run_suite(&upstream, &args, REQUIRED_2026).await;
+    let failing: Vec<_> = (direct.iter())
+        .filter(|(scenario, failed)| {
+            REQUIRED_2026.contains(&scenario.as_str()) && !failed.is_empty()
+        })
+        .collect();
+    assert!(failing.is_empty(), "the fixture server fails: {failing:#?}");
+
+    let server = behind_toolmesh(&upstream).await;
+    let through = run_suite(&format!("http://{}/mcp", server.addr), &args, REQUIRED_2026).await;
+    let failing: Vec<_> = (through.iter())
+        .filter(|(scenario, failed)| {
+            REQUIRED_2026.contains(&scenario.as_str()) && !failed.is_empty()
+        })
+        .collect();
+    assert!(failing.is_empty(), "toolmesh fails: {failing:#?}");
     server.stop().await.unwrap();
 }
 

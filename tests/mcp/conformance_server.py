@@ -8,21 +8,25 @@ server whose answers toolmesh must pass on unchanged.
 
 import asyncio
 import base64
+import itertools
 import json
 import sys
 from typing import Annotated, Any, Literal
 
 from mcp import types
+from mcp.shared.exceptions import MCPError
 from mcp.server.elicitation import AcceptedElicitation
 from mcp.server.mcpserver import (
     Context, Elicit, ElicitationResult, MCPServer, Resolve, Sample,
 )
-from mcp.server.mcpserver.prompts.base import UserMessage
+from mcp.server.mcpserver.prompts.base import Prompt, UserMessage
 from pydantic import BaseModel, Field, WithJsonSchema
 from mcp_types import (
     AudioContent,
     EmbeddedResource,
     ImageContent,
+    MISSING_REQUIRED_CLIENT_CAPABILITY,
+    InputRequiredResult,
     TextContent,
     TextResourceContents,
 )
@@ -192,6 +196,206 @@ async def test_elicitation_sep1330_enums(
     answer: Annotated[ElicitationResult[Enums], Resolve(ask_enums)],
 ) -> str:
     return f"Elicitation completed: {outcome(answer)}"
+
+
+# The input rounds of 2026-07-28 as a server writes them by hand (SEP-2322): a tool (or
+# prompt) answers with an InputRequiredResult until its client's next request carries the
+# answers (and the state, which the SDK seals and checks).
+
+
+def input_required(requests: dict[str, Any], state: str | None = None) -> InputRequiredResult:
+    wire: dict[str, Any] = {"resultType": "input_required", "inputRequests": requests}
+    if state is not None:
+        wire["requestState"] = state
+    return InputRequiredResult.model_validate(wire)
+
+
+def elicit(message: str, field: str, kind: str = "string") -> dict[str, Any]:
+    return {"method": "elicitation/create", "params": {
+        "message": message,
+        "requestedSchema": {"type": "object", "properties": {field: {"type": kind}},
+                            "required": [field]}}}
+
+
+def sample(text: str, max_tokens: int) -> dict[str, Any]:
+    return {"method": "sampling/createMessage", "params": {
+        "messages": [{"role": "user", "content": {"type": "text", "text": text}}],
+        "maxTokens": max_tokens}}
+
+
+ROOTS = {"method": "roots/list", "params": {}}
+
+
+def answers(ctx: Context) -> dict[str, dict[str, Any]]:
+    """The client's answers by key, as JSON."""
+    return {key: value.model_dump(by_alias=True, exclude_none=True)
+            for key, value in (ctx.input_responses or {}).items()}
+
+
+def accepted(answer: dict[str, Any] | None, field: str) -> Any:
+    if answer and answer.get("action") == "accept":
+        return (answer.get("content") or {}).get(field)
+    return None
+
+
+def sampled_text(answer: dict[str, Any] | None) -> str | None:
+    content = (answer or {}).get("content")
+    return content.get("text") if isinstance(content, dict) else None
+
+
+@server.tool(description="Asks the user's name in an input round.")
+async def test_input_required_result_elicitation(ctx: Context) -> str | InputRequiredResult:
+    name = accepted(answers(ctx).get("user_name"), "name")
+    if name is None:
+        return input_required({"user_name": elicit("What is your name?", "name")})
+    return f"Hello, {name}!"
+
+
+@server.tool(description="Asks the client's model in an input round.")
+async def test_input_required_result_sampling(ctx: Context) -> str | InputRequiredResult:
+    text = sampled_text(answers(ctx).get("capital_question"))
+    if text is None:
+        return input_required(
+            {"capital_question": sample("What is the capital of France?", 100)})
+    return f"The model said: {text}"
+
+
+@server.tool(description="Asks for the client's roots in an input round.")
+async def test_input_required_result_list_roots(ctx: Context) -> str | InputRequiredResult:
+    roots = answers(ctx).get("client_roots", {}).get("roots")
+    if roots is None:
+        return input_required({"client_roots": ROOTS})
+    return "Roots: " + ", ".join(root["uri"] for root in roots)
+
+
+@server.tool(description="Asks for a confirmation, keeping state between the rounds.")
+async def test_input_required_result_request_state(ctx: Context) -> str | InputRequiredResult:
+    ok = accepted(answers(ctx).get("confirm"), "ok")
+    if ok is None or ctx.request_state != "awaiting-confirmation":
+        return input_required({"confirm": elicit("Please confirm", "ok", "boolean")},
+                              "awaiting-confirmation")
+    return f"state-ok: confirmed={ok}"
+
+
+@server.tool(description="Asks for a name, a greeting and the roots in one round.")
+async def test_input_required_result_multiple_inputs(ctx: Context) -> str | InputRequiredResult:
+    given = answers(ctx)
+    if not {"user_name", "greeting", "client_roots"} <= given.keys():
+        return input_required({
+            "user_name": elicit("What is your name?", "name"),
+            "greeting": sample("Generate a greeting", 50),
+            "client_roots": ROOTS,
+        }, "awaiting-all")
+    name = accepted(given["user_name"], "name")
+    return f"{sampled_text(given['greeting'])} {name}, with {len(given['client_roots']['roots'])} roots"
+
+
+@server.tool(description="Asks two questions, one round after the other.")
+async def test_input_required_result_multi_round(ctx: Context) -> str | InputRequiredResult:
+    given, state = answers(ctx), ctx.request_state or ""
+    if state.startswith("round-2:"):
+        color = accepted(given.get("step2"), "color")
+        if color is not None:
+            return f"{state.removeprefix('round-2:')} likes {color}"
+        name = state.removeprefix("round-2:")
+    else:
+        name = accepted(given.get("step1"), "name")
+        if name is None:
+            return input_required(
+                {"step1": elicit("Step 1: What is your name?", "name")}, "round-1")
+    return input_required(
+        {"step2": elicit("Step 2: What is your favorite color?", "color")}, f"round-2:{name}")
+
+
+@server.tool(description="Asks for a confirmation with state the SDK seals.")
+async def test_input_required_result_tampered_state(ctx: Context) -> str | InputRequiredResult:
+    ok = accepted(answers(ctx).get("confirm"), "ok")
+    if ok is None or ctx.request_state != "sealed":
+        return input_required({"confirm": elicit("Please confirm", "ok", "boolean")}, "sealed")
+    return "state verified"
+
+
+@server.tool(description="Asks only for what the client declared it can answer.")
+async def test_input_required_result_capabilities(ctx: Context) -> str | InputRequiredResult:
+    given = answers(ctx)
+    if given:
+        return "answered: " + ", ".join(sorted(given))
+    capabilities = ctx.client_capabilities
+    requests: dict[str, Any] = {}
+    if capabilities is not None and capabilities.sampling is not None:
+        requests["question"] = sample("What is the capital of France?", 100)
+    if capabilities is not None and capabilities.elicitation is not None:
+        requests["user_name"] = elicit("What is your name?", "name")
+    if capabilities is not None and capabilities.roots is not None:
+        requests["client_roots"] = ROOTS
+    if not requests:
+        return "the client can answer nothing"
+    return input_required(requests)
+
+
+@server.tool(description="Needs a client that samples; refuses any other (-32021).")
+async def test_missing_capability(ctx: Context) -> str:
+    capabilities = ctx.client_capabilities
+    if capabilities is None or capabilities.sampling is None:
+        raise MCPError(code=MISSING_REQUIRED_CLIENT_CAPABILITY,
+                       message="This tool needs a client that samples",
+                       data={"requiredCapabilities": {"sampling": {}}})
+    return "the client samples"
+
+
+# Hooks of the stateless scenario (2026-07-28).
+
+
+@server.tool(description="Asks the user during the call: an input round on 2026-07-28.")
+async def test_streaming_elicitation(ctx: Context) -> str | InputRequiredResult:
+    name = accepted(answers(ctx).get("user_name"), "name")
+    if name is None:
+        return input_required({"user_name": elicit("What is your name?", "name")})
+    return f"Hello, {name}!"
+
+
+@server.tool(description="Logs a message, which only a client that asked for logs hears.")
+async def test_logging_tool(ctx: Context) -> str:
+    await ctx.info("a log message")
+    return "logged"
+
+
+ADDED = itertools.count(1)
+
+
+def added_tool() -> str:
+    return "added"
+
+
+def added_prompt() -> str:
+    return "An added prompt."
+
+
+@server.tool(description="Adds a tool and announces the change.")
+async def test_trigger_tool_change(ctx: Context) -> str:
+    server.add_tool(added_tool, name=f"test_added_tool_{next(ADDED)}",
+                    description="A tool added while the server runs.")
+    await ctx.session.send_tool_list_changed()
+    await ctx.notify_tools_changed()
+    return "tools changed"
+
+
+@server.tool(description="Adds a prompt and announces the change.")
+async def test_trigger_prompt_change(ctx: Context) -> str:
+    server.add_prompt(Prompt.from_function(added_prompt, name=f"test_added_prompt_{next(ADDED)}",
+                                           description="A prompt added while the server runs."))
+    await ctx.session.send_prompt_list_changed()
+    await ctx.notify_prompts_changed()
+    return "prompts changed"
+
+
+@server.prompt(description="A prompt that asks for context in an input round.")
+async def test_input_required_result_prompt(ctx: Context) -> list[UserMessage] | InputRequiredResult:
+    context = accepted(answers(ctx).get("user_context"), "context")
+    if context is None:
+        return input_required(
+            {"user_context": elicit("What context should the prompt use?", "context")})
+    return [UserMessage(content=f"Use this context: {context}")]
 
 
 @server.resource("test://static-text", name="static-text", mime_type="text/plain",
