@@ -57,15 +57,48 @@ impl Bound {
         arguments: Option<&serde_json::Map<String, Value>>,
         principal: &Principal,
     ) -> Self {
-        // serde_json's maps are ordered by key, so equal arguments serialize alike.
-        let bytes = serde_json::to_vec(&arguments).unwrap_or_default();
-        let arguments = URL_SAFE_NO_PAD.encode(&Sha256::digest(&bytes)[..16]);
+        let mut hash = Sha256::new();
+        match arguments {
+            Some(arguments) => canonical_object(&mut hash, arguments),
+            None => hash.update(b"-"),
+        }
+        let arguments = URL_SAFE_NO_PAD.encode(&hash.finalize()[..16]);
         let mut hash = Sha256::new();
         hash.update(principal.name.as_bytes());
         hash.update([0]);
         hash.update(principal.issuer.as_deref().unwrap_or_default().as_bytes());
         let principal = URL_SAFE_NO_PAD.encode(&hash.finalize()[..8]);
         Bound { method, target: target.to_owned(), arguments, principal }
+    }
+}
+
+/// Feeds `object` to `hash` with its keys in order at every depth, so that equal arguments
+/// hash alike however their client ordered them (serde_json may keep insertion order).
+fn canonical_object(hash: &mut Sha256, object: &serde_json::Map<String, Value>) {
+    let mut keys: Vec<&String> = object.keys().collect();
+    keys.sort_unstable();
+    hash.update(b"{");
+    for key in keys {
+        hash.update(Value::from(key.as_str()).to_string().as_bytes());
+        hash.update(b":");
+        canonical(hash, &object[key]);
+        hash.update(b",");
+    }
+    hash.update(b"}");
+}
+
+fn canonical(hash: &mut Sha256, value: &Value) {
+    match value {
+        Value::Object(object) => canonical_object(hash, object),
+        Value::Array(items) => {
+            hash.update(b"[");
+            for item in items {
+                canonical(hash, item);
+                hash.update(b",");
+            }
+            hash.update(b"]");
+        }
+        scalar => hash.update(scalar.to_string().as_bytes()),
     }
 }
 
@@ -184,9 +217,25 @@ mod tests {
         let stateless = one.wrap(&bound, None);
         assert_eq!(two.unwrap(&stateless, &bound), Ok(None));
 
-        let reordered = arguments(json!({"days": 3, "city": "Paris"}));
+        // Built in the other order, as a client may send it.
+        let mut reordered = serde_json::Map::new();
+        reordered.insert("days".into(), json!(3));
+        reordered.insert("city".into(), json!("Paris"));
         let same = Bound::new("tools/call", "weather", Some(&reordered), &alice);
         assert_eq!(two.unwrap(&state, &same), Ok(Some("server state".into())));
+        let nested = arguments(json!({"city": "Paris", "days": 3, "at": [{"a": 1, "b": 2}]}));
+        let mut inner = serde_json::Map::new();
+        inner.insert("b".into(), json!(2));
+        inner.insert("a".into(), json!(1));
+        let mut nested_reordered = serde_json::Map::new();
+        nested_reordered.insert("at".into(), json!([inner]));
+        nested_reordered.insert("days".into(), json!(3));
+        nested_reordered.insert("city".into(), json!("Paris"));
+        let (first, second) = (
+            Bound::new("tools/call", "weather", Some(&nested), &alice),
+            Bound::new("tools/call", "weather", Some(&nested_reordered), &alice),
+        );
+        assert_eq!(first, second, "key order at any depth does not matter");
         let changed = arguments(json!({"city": "Rome", "days": 3}));
         let other = Bound::new("tools/call", "weather", Some(&changed), &alice);
         assert_eq!(two.unwrap(&state, &other), Err(StateError::OtherRequest));
