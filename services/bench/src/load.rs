@@ -549,6 +549,9 @@ pub(crate) struct McpCpu {
     pub(crate) server_via_ms: f64,
     /// The echo server's, per call proxied by toolmesh from its MCP endpoint.
     pub(crate) server_via_endpoint_ms: f64,
+    /// The load generator's own, per call of the direct phase: what the compiled MCP
+    /// client (rmcp, the library toolmesh's MCP client is built on) costs by itself.
+    pub(crate) client_direct_ms: Option<f64>,
 }
 
 /// The ways `toolmesh-bench --mcp` calls an echo tool, one phase each per round.
@@ -681,9 +684,12 @@ pub(crate) async fn run_mcp(
     let rounds = options.rounds.max(1);
     let slice = options.duration / rounds as u32;
     let mut counts: Vec<PhaseCount> = MCP_PHASES.iter().map(|_| PhaseCount::default()).collect();
+    // The load generator's own CPU time in the direct phase, and its calls.
+    let mut client = Some((Duration::ZERO, 0.0));
     for _ in 0..rounds {
         for (phase, count) in MCP_PHASES.iter().zip(counts.iter_mut()) {
             let (toolmesh_before, server_before) = (toolmesh.cpu_time(), echo.cpu_time());
+            let client_before = process_cpu_time(std::process::id());
             let sample = match phase {
                 McpPhase::Direct => Sample::of_load(mcp(&url, "echo", slice).await?),
                 McpPhase::Raw => Sample::of_load(
@@ -700,6 +706,10 @@ pub(crate) async fn run_mcp(
                 McpPhase::EndpointLocal => Sample::of_load(mcp(&endpoint, "echo", slice).await?),
             };
             let calls = sample.throughput * slice.as_secs_f64();
+            if *phase == McpPhase::Direct {
+                let spent = used(client_before, process_cpu_time(std::process::id()));
+                client = client.zip(spent).map(|((time, n), spent)| (time + spent, n + calls));
+            }
             let toolmesh_used = used(toolmesh_before, toolmesh.cpu_time());
             let server_used = used(server_before, echo.cpu_time());
             count.add(sample, calls, toolmesh_used, server_used);
@@ -716,6 +726,9 @@ pub(crate) async fn run_mcp(
             server_raw_ms: raw.1,
             server_via_ms: grpc.1,
             server_via_endpoint_ms: proxy.1,
+            client_direct_ms: client
+                .filter(|(_, calls)| *calls > 0.0)
+                .map(|(time, calls)| time.as_secs_f64() * 1e3 / calls),
         }),
         _ => None,
     };
@@ -1282,6 +1295,11 @@ pub(crate) fn render_mcp(options: &BenchOptions, report: &McpReport) -> String {
             s.errors,
             ms(toolmesh),
             ms(server)
+        ));
+    }
+    if let Some(client) = cpu.and_then(|c| c.client_direct_ms) {
+        out.push_str(&format!(
+            "\nthe direct MCP client's own CPU: {client:.3} ms per call (this process, rmcp)\n"
         ));
     }
     out.push_str(&format!(
