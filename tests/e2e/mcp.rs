@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tonic::Code;
 use toolmesh::AppOptions;
-use toolmesh_e2e::{BinaryServer, py_stdio_config, toolmesh_bin};
+use toolmesh_e2e::{BinaryServer, calls::open_stream, py_stdio_config, toolmesh_bin};
 use toolmesh_e2e::{PyHttpServer, TestServer, eventually, process_alive, py_server, python, text};
 use toolmesh_proto::v1::{
     CallToolClientMessage, CallToolRequest, CancelCall, ElicitationAction, ElicitationAnswer,
@@ -154,20 +154,13 @@ async fn exercise_everything(server: &TestServer, prefix: &str) {
 /// Calls `tool` over StreamCallTool as a caller that samples, answers its one sampling
 /// request with a fixed completion, and returns the request's params and the result's text.
 async fn answer_sampling(server: &TestServer, tool: &str, arguments: Value) -> (Value, String) {
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    let start = call_tool_client_message::Message::Start(CallToolRequest {
+    let request = CallToolRequest {
         name: tool.into(),
         arguments_json: arguments.to_string(),
         sampling: true,
         ..Default::default()
-    });
-    tx.send(CallToolClientMessage { message: Some(start) }).await.unwrap();
-    let mut client = server.client().await;
-    let mut responses = client
-        .stream_call_tool(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
+    };
+    let (tx, mut responses) = open_stream(&mut server.client().await, request).await;
     let mut asked = None;
     while let Some(message) = responses.message().await.unwrap() {
         match message.message.unwrap() {
@@ -205,18 +198,8 @@ async fn answer_elicitation(
     action: ElicitationAction,
     content: Value,
 ) -> String {
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    let start = call_tool_client_message::Message::Start(CallToolRequest {
-        name: tool.into(),
-        ..Default::default()
-    });
-    tx.send(CallToolClientMessage { message: Some(start) }).await.unwrap();
-    let mut client = server.client().await;
-    let mut responses = client
-        .stream_call_tool(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
+    let request = CallToolRequest { name: tool.into(), ..Default::default() };
+    let (tx, mut responses) = open_stream(&mut server.client().await, request).await;
     let mut asked = false;
     while let Some(message) = responses.message().await.unwrap() {
         match message.message.unwrap() {
@@ -443,19 +426,12 @@ env = {{ TOOLMESH_TEST_MARKER = "{}" }}
     assert!(matches!(messages.last(), Some(Message::Result(r)) if text(r) == "done after 5 steps"));
 
     // Cancelling the gRPC call reaches the server as notifications/cancelled.
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    let start = call_tool_client_message::Message::Start(CallToolRequest {
+    let request = CallToolRequest {
         name: "py_slow".into(),
         arguments_json: json!({"steps": 400}).to_string(),
         ..Default::default()
-    });
-    tx.send(CallToolClientMessage { message: Some(start) }).await.unwrap();
-    let mut calls = server.client().await;
-    let mut responses = calls
-        .stream_call_tool(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
+    };
+    let (tx, mut responses) = open_stream(&mut server.client().await, request).await;
     loop {
         if let Some(Message::Progress(_)) = responses.message().await.unwrap().unwrap().message {
             break;

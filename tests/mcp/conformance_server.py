@@ -346,12 +346,8 @@ async def test_missing_capability(ctx: Context) -> str:
 # Hooks of the stateless scenario (2026-07-28).
 
 
-@server.tool(description="Asks the user during the call: an input round on 2026-07-28.")
-async def test_streaming_elicitation(ctx: Context) -> str | InputRequiredResult:
-    name = accepted(answers(ctx).get("user_name"), "name")
-    if name is None:
-        return input_required({"user_name": elicit("What is your name?", "name")})
-    return f"Hello, {name}!"
+server.add_tool(test_input_required_result_elicitation, name="test_streaming_elicitation",
+                description="Asks the user during the call: an input round on 2026-07-28.")
 
 
 @server.tool(description="Logs a message, which only a client that asked for logs hears.")
