@@ -281,13 +281,7 @@ impl EventSink {
     /// Returns a sink whose events arrive, in order, on the returned receiver.
     pub fn channel() -> (Self, EventReceiver) {
         let queue = Arc::new(EventQueue::default());
-        let sink = EventSink {
-            queue: Some(queue.clone()),
-            elicit: None,
-            approve: None,
-            sample: None,
-            rounds: None,
-        };
+        let sink = EventSink { queue: Some(queue.clone()), ..Self::disabled() };
         (sink, EventReceiver { queue })
     }
 
@@ -332,12 +326,8 @@ impl EventSink {
     /// Returns this sink for a caller that answers input in rounds of its own requests
     /// (see [`InputRounds`]); the caller keeps the returned handle to read the round a call
     /// ends with.
-    pub fn with_input_rounds(
-        mut self,
-        capabilities: Value,
-        answers: Option<InputAnswers>,
-    ) -> (Self, Arc<InputRounds>) {
-        let rounds = Arc::new(InputRounds::new(capabilities, answers));
+    pub fn with_input_rounds(mut self, rounds: InputRounds) -> (Self, Arc<InputRounds>) {
+        let rounds = Arc::new(rounds);
         self.rounds = Some(rounds.clone());
         (self, rounds)
     }

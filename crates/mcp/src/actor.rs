@@ -2,7 +2,7 @@ use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use rayon::prelude::*;
-use rmcp::model::{ProtocolVersion, Tool};
+use rmcp::model::Tool;
 use tokio_util::sync::CancellationToken;
 use toolmesh_core::{SourceKind, ToolSource, Toolkit};
 use toolmesh_registry::{RegistryHandle, SourceUpdate};
@@ -122,7 +122,10 @@ impl McpClientActor {
         let Some(peer) = self.shared.peer.load_full() else { return };
         let uris: Vec<String> = self.shared.subscribed.borrow().keys().cloned().collect();
         // A 2026-07-28 connection listens to them on a stream of its own.
-        if uris.is_empty() || !crate::offers::subscribable(&peer) || crate::offers::listens(&peer) {
+        if uris.is_empty()
+            || !crate::offers::subscribable(&peer)
+            || crate::offers::per_request(&peer)
+        {
             return;
         }
         self.spawn("subscriptions", async move {
@@ -355,9 +358,7 @@ impl McpClientActor {
         );
         self.shared.protocol.store(protocol.map(Arc::new));
         let peer = connection.peer().clone();
-        let modern = connection
-            .peer_info()
-            .is_some_and(|info| info.protocol_version >= ProtocolVersion::V_2026_07_28);
+        let modern = crate::offers::per_request(&peer);
         // The new token before the new peer: a call that sees the peer sees its token.
         self.shared.lost.store(Arc::new(CancellationToken::new()));
         self.shared.peer.store(Some(Arc::new(peer.clone())));

@@ -186,9 +186,7 @@ impl McpBackend {
         }
         // On 2026-07-28 a server logs to a request only when asked to: a caller that hears
         // the call's events gets every level, and its own door filters them.
-        let per_request = peer.peer_info().is_some_and(|info| {
-            info.protocol_version >= rmcp::model::ProtocolVersion::V_2026_07_28
-        });
+        let per_request = crate::offers::per_request(peer);
         let asks_logs = ctx.events.is_enabled() && per_request;
         if asks_logs {
             meta.0.0.insert(LOG_LEVEL_META.into(), Value::String("debug".into()));
@@ -349,10 +347,7 @@ impl McpBackend {
         rounds: &toolmesh_core::InputRounds,
         required: rmcp::model::InputRequiredResult,
     ) -> BackendError {
-        let requests = (required.input_requests.unwrap_or_default().into_iter())
-            .filter_map(|(key, request)| Some((key, serde_json::to_value(request).ok()?)))
-            .collect();
-        rounds.ask(toolmesh_core::InputRound { requests, state: required.request_state });
+        rounds.ask(convert::input_round(required));
         BackendError::Failure(Box::new(toolmesh_core::CallFailure {
             code: ErrorCode::FailedPrecondition,
             kind: toolmesh_core::INPUT_REQUIRED,
@@ -464,8 +459,7 @@ impl Backend for McpBackend {
             // server's state) in a request of its own.
             let rounds = ctx.events.input_rounds();
             if let Some(answers) = rounds.and_then(|rounds| rounds.answers.as_ref()) {
-                params.input_responses = Some(answers.responses.clone().into_iter().collect());
-                params.request_state = answers.state.clone();
+                (params.input_responses, params.request_state) = convert::answered(answers);
             }
             for _ in 0..MAX_INPUT_ROUNDS {
                 let ticket = headers.as_ref().map(|ticket| ticket.id());

@@ -147,6 +147,30 @@ pub(crate) fn sampled(
     })
 }
 
+/// The round an `InputRequiredResult` asks for, in toolmesh's form (the requests as JSON).
+pub(crate) fn input_round(required: rmcp::model::InputRequiredResult) -> toolmesh_core::InputRound {
+    let requests = (required.input_requests.unwrap_or_default().into_iter())
+        .filter_map(|(key, request)| Some((key, serde_json::to_value(request).ok()?)))
+        .collect();
+    toolmesh_core::InputRound { requests, state: required.request_state }
+}
+
+/// The input requests of a round in toolmesh's form, as MCP's again.
+pub(crate) fn input_requests(
+    requests: serde_json::Map<String, Value>,
+) -> rmcp::model::InputRequests {
+    (requests.into_iter())
+        .filter_map(|(key, request)| Some((key, serde_json::from_value(request).ok()?)))
+        .collect()
+}
+
+/// The `inputResponses` and `requestState` a caller's answers to a round send again.
+pub(crate) fn answered(
+    answers: &toolmesh_core::InputAnswers,
+) -> (Option<rmcp::model::InputResponses>, Option<String>) {
+    (Some(answers.responses.clone().into_iter().collect()), answers.state.clone())
+}
+
 /// Adds to the form `content` the default of every property of `schema` it lacks; an
 /// answer without content gets the defaults alone. A value the caller gave is kept.
 fn with_defaults(content: &mut Value, schema: &Value) {

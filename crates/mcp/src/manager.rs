@@ -435,7 +435,7 @@ impl McpManager {
                 if !crate::offers::subscribable(&peer) {
                     return Ok(false);
                 }
-                if crate::offers::listens(&peer) {
+                if crate::offers::per_request(&peer) {
                     return Ok(true);
                 }
                 crate::offers::subscribe(&peer, uri).await.map(|()| true)
@@ -462,7 +462,7 @@ impl McpManager {
             return Ok(());
         }
         self.ask(server, |peer| async move {
-            match crate::offers::listens(&peer) {
+            match crate::offers::per_request(&peer) {
                 true => Ok(()),
                 false => crate::offers::unsubscribe(&peer, uri).await,
             }

@@ -142,9 +142,10 @@ pub(crate) fn subscribable(peer: &Peer<RoleClient>) -> bool {
         .unwrap_or(false)
 }
 
-/// Whether the server on `peer` speaks 2026-07-28, where subscriptions are one
-/// `subscriptions/listen` stream instead of `resources/subscribe` requests.
-pub(crate) fn listens(peer: &Peer<RoleClient>) -> bool {
+/// Whether the server on `peer` speaks 2026-07-28: it has no session, and what a 2025
+/// session holds (the client's capabilities, its log level, its subscriptions, the last a
+/// `subscriptions/listen` stream) goes with each request.
+pub(crate) fn per_request(peer: &Peer<RoleClient>) -> bool {
     peer.peer_info()
         .is_some_and(|info| info.protocol_version >= rmcp::model::ProtocolVersion::V_2026_07_28)
 }
@@ -226,13 +227,9 @@ pub(crate) async fn get_prompt(
     let mut options = PeerRequestOptions::default();
     if let Some(rounds) = rounds {
         if let Some(answers) = &rounds.answers {
-            params.input_responses = Some(answers.responses.clone().into_iter().collect());
-            params.request_state = answers.state.clone();
+            (params.input_responses, params.request_state) = crate::convert::answered(answers);
         }
-        let per_request = peer.peer_info().is_some_and(|info| {
-            info.protocol_version >= rmcp::model::ProtocolVersion::V_2026_07_28
-        });
-        if per_request {
+        if per_request(peer) {
             let mut meta = RequestMetaObject::default();
             meta.0.0.insert(CAPABILITIES_META.into(), rounds.capabilities.clone());
             options.meta = Some(meta);

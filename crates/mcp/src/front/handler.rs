@@ -30,8 +30,8 @@ use tokio_util::sync::CancellationToken;
 use toolmesh_core::{
     Approval, ApprovalAnswer, ApprovalPrompt, CallEvent, CallFailure, ContentPart,
     ElicitationAnswer, ElicitationPrompt, ErrorCode, EventReceiver, EventSink, INPUT_REQUIRED,
-    InputAnswers, InputRound, InputRounds, MISSING_CLIENT_CAPABILITY, Principal, ResourceBody,
-    SamplingAnswer, SamplingPrompt, ToolOutput, ToolSpec,
+    InputAnswers, InputRounds, MISSING_CLIENT_CAPABILITY, Principal, ResourceBody, SamplingAnswer,
+    SamplingPrompt, ToolOutput, ToolSpec,
 };
 use tracing::{Instrument as _, Span};
 
@@ -173,6 +173,59 @@ impl Drop for Unsubscribe {
                 let _ = mesh.unsubscribe(&server, &uri).await;
             }
         });
+    }
+}
+
+/// What a client that listens hears of.
+enum Heard {
+    /// The catalog changed (a burst of changes once).
+    Tools,
+    /// What the servers offer changed (a burst of changes once).
+    Offers,
+    /// A subscribed resource changed.
+    Updated(crate::ResourceUpdate),
+}
+
+/// The changes a session or a `subscriptions/listen` stream follows, from when it began.
+struct Listening {
+    changes: tokio::sync::watch::Receiver<u64>,
+    offers: tokio::sync::watch::Receiver<u64>,
+    updates: tokio::sync::broadcast::Receiver<crate::ResourceUpdate>,
+}
+
+impl Listening {
+    fn new(mesh: &dyn Mesh) -> Self {
+        let mut changes = mesh.changes();
+        changes.mark_unchanged();
+        let mut offers = mesh.offer_changes();
+        offers.mark_unchanged();
+        Listening { changes, offers, updates: mesh.resource_updates() }
+    }
+
+    /// The next change heard, a list's once its burst has settled; `None` once the mesh
+    /// has gone. Cancel-safe: a change not yet returned is returned by the next call.
+    async fn next(&mut self) -> Option<Heard> {
+        loop {
+            tokio::select! {
+                update = self.updates.recv() => match update {
+                    Ok(update) => return Some(Heard::Updated(update)),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                },
+                changed = self.changes.changed() => {
+                    changed.ok()?;
+                    tokio::time::sleep(CHANGES_SETTLE).await;
+                    self.changes.mark_unchanged();
+                    return Some(Heard::Tools);
+                }
+                changed = self.offers.changed() => {
+                    changed.ok()?;
+                    tokio::time::sleep(CHANGES_SETTLE).await;
+                    self.offers.mark_unchanged();
+                    return Some(Heard::Offers);
+                }
+            }
+        }
     }
 }
 
@@ -340,59 +393,34 @@ impl ServerHandler for Front {
     /// whenever what the servers offer changes (a burst of changes once), until the client
     /// has gone.
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
-        let mut changes = self.mesh.changes();
-        changes.mark_unchanged();
-        let mut offers = self.mesh.offer_changes();
-        offers.mark_unchanged();
-        let mut updates = self.mesh.resource_updates();
+        let mut heard = Listening::new(self.mesh.as_ref());
         let (mesh, subscriptions) = (self.mesh.clone(), self.subscriptions.clone());
-        let subscribed = move |update: &crate::ResourceUpdate| {
-            let subscriptions = subscriptions.lock().unwrap_or_else(PoisonError::into_inner);
-            subscriptions.contains(&(update.server.clone(), update.uri.clone()))
-        };
-        let subscriptions = self.subscriptions.clone();
         let peer = context.peer;
         tokio::spawn(async move {
-            let _unsubscribe = Unsubscribe { mesh, subscriptions };
+            let _unsubscribe = Unsubscribe { mesh, subscriptions: subscriptions.clone() };
+            let subscribed = |update: &crate::ResourceUpdate| {
+                let subscriptions = subscriptions.lock().unwrap_or_else(PoisonError::into_inner);
+                subscriptions.contains(&(update.server.clone(), update.uri.clone()))
+            };
             loop {
-                tokio::select! {
-                    update = updates.recv() => match update {
-                        Ok(update) if subscribed(&update) => {
+                let told = tokio::select! {
+                    heard = heard.next() => match heard {
+                        None => return,
+                        Some(Heard::Updated(update)) if subscribed(&update) => {
                             let param = ResourceUpdatedNotificationParam::new(update.uri);
-                            if peer.notify_resource_updated(param).await.is_err() {
-                                return;
-                            }
+                            peer.notify_resource_updated(param).await.is_ok()
                         }
-                        Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                        Some(Heard::Updated(_)) => true,
+                        Some(Heard::Tools) => peer.notify_tool_list_changed().await.is_ok(),
+                        Some(Heard::Offers) => {
+                            peer.notify_resource_list_changed().await.is_ok()
+                                && peer.notify_prompt_list_changed().await.is_ok()
+                        }
                     },
-                    changed = changes.changed() => {
-                        if changed.is_err() {
-                            return;
-                        }
-                        tokio::time::sleep(CHANGES_SETTLE).await;
-                        changes.mark_unchanged();
-                        if peer.notify_tool_list_changed().await.is_err() {
-                            return;
-                        }
-                    }
-                    changed = offers.changed() => {
-                        if changed.is_err() {
-                            return;
-                        }
-                        tokio::time::sleep(CHANGES_SETTLE).await;
-                        offers.mark_unchanged();
-                        if peer.notify_resource_list_changed().await.is_err()
-                            || peer.notify_prompt_list_changed().await.is_err()
-                        {
-                            return;
-                        }
-                    }
-                    () = tokio::time::sleep(CLIENT_CHECK) => {
-                        if peer.is_transport_closed() {
-                            return;
-                        }
-                    }
+                    () = tokio::time::sleep(CLIENT_CHECK) => !peer.is_transport_closed(),
+                };
+                if !told {
+                    return;
                 }
             }
         });
@@ -465,11 +493,7 @@ impl ServerHandler for Front {
     async fn listen(&self, subscription: SubscriptionContext) -> Result<(), ErrorData> {
         let caller = self.caller(subscription.request_context())?;
         let accepted = subscription.accepted().clone();
-        let mut changes = self.mesh.changes();
-        changes.mark_unchanged();
-        let mut offers = self.mesh.offer_changes();
-        offers.mark_unchanged();
-        let mut updates = self.mesh.resource_updates();
+        let mut heard = Listening::new(self.mesh.as_ref());
         let held = Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::new()));
         let _unsubscribe = Unsubscribe { mesh: self.mesh.clone(), subscriptions: held.clone() };
         for uri in accepted.resource_subscriptions.iter().flatten() {
@@ -487,37 +511,24 @@ impl ServerHandler for Front {
         let sink = subscription.sink().clone();
         let wanted = |flag: Option<bool>| flag == Some(true);
         loop {
-            let sent = tokio::select! {
+            let heard = tokio::select! {
                 () = subscription.cancelled() => return Ok(()),
-                update = updates.recv() => match update {
-                    Ok(update) => {
-                        let key = (update.server, update.uri);
-                        let held = held.lock().unwrap_or_else(PoisonError::into_inner).contains(&key);
-                        if !held {
-                            continue;
-                        }
-                        sink.notify_resource_updated(key.1).await
-                    }
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return Ok(()),
-                },
-                changed = changes.changed() => {
-                    if changed.is_err() {
-                        return Ok(());
-                    }
-                    tokio::time::sleep(CHANGES_SETTLE).await;
-                    changes.mark_unchanged();
-                    if !wanted(accepted.tools_list_changed) {
+                heard = heard.next() => heard,
+            };
+            let sent = match heard {
+                None => return Ok(()),
+                Some(Heard::Updated(update)) => {
+                    let key = (update.server, update.uri);
+                    if !held.lock().unwrap_or_else(PoisonError::into_inner).contains(&key) {
                         continue;
                     }
+                    sink.notify_resource_updated(key.1).await
+                }
+                Some(Heard::Tools) if wanted(accepted.tools_list_changed) => {
                     sink.notify_tool_list_changed().await
                 }
-                changed = offers.changed() => {
-                    if changed.is_err() {
-                        return Ok(());
-                    }
-                    tokio::time::sleep(CHANGES_SETTLE).await;
-                    offers.mark_unchanged();
+                Some(Heard::Tools) => continue,
+                Some(Heard::Offers) => {
                     let mut sent = Ok(());
                     if wanted(accepted.resources_list_changed) {
                         sent = sink.notify_resource_list_changed().await;
@@ -616,10 +627,10 @@ impl ServerHandler for Front {
                 if matches!(error, crate::OfferError::NotFound(_))
                     || matches!(error.code(), ErrorCode::NotFound | ErrorCode::InvalidArgument) =>
             {
-                let code = if protocol_version(&context) >= "2026-07-28" {
-                    McpCode::INVALID_PARAMS
-                } else {
+                let code = if in_session(&context) {
                     McpCode::RESOURCE_NOT_FOUND
+                } else {
+                    McpCode::INVALID_PARAMS
                 };
                 let message = match error {
                     crate::OfferError::NotFound(message) => message,
@@ -652,56 +663,40 @@ impl ServerHandler for Front {
         let caller = self.caller(&context)?;
         let span = server_span("prompts/get", None, &caller, &context);
         let started = std::time::Instant::now();
-        // A 2026-07-28 client answers what the server asks in input rounds.
-        let session = context
-            .peer
-            .peer_info()
-            .is_some_and(|info| info.protocol_version < rmcp::model::ProtocolVersion::V_2026_07_28);
-        let (bound, rounds) = if session {
-            (None, None)
-        } else {
-            let bound = Bound::new(
-                "prompts/get",
-                &request.name,
-                request.arguments.as_ref(),
-                &caller.principal,
-            );
-            let answers = self.answers(&bound, request.input_responses, request.request_state)?;
-            let capabilities = answerable(&context);
-            (Some(bound), Some(InputRounds::new(capabilities, answers)))
-        };
-        let got =
-            (self.mesh.get_prompt(&caller, &request.name, request.arguments, rounds.as_ref()))
-                .instrument(span)
-                .await;
+        let rounds = self.rounds(
+            &context,
+            || {
+                Bound::new(
+                    "prompts/get",
+                    &request.name,
+                    request.arguments.as_ref(),
+                    &caller.principal,
+                )
+            },
+            request.input_responses,
+            request.request_state,
+        )?;
+        let asking = rounds.as_ref().map(|(_, rounds)| rounds);
+        let got = (self.mesh.get_prompt(&caller, &request.name, request.arguments, asking))
+            .instrument(span)
+            .await;
         let error = got.as_ref().err().map(offer_error_type);
         served("prompts/get", &context, error, started);
-        match got {
-            Ok(GetPromptResponse::Complete(mut result)) => {
+        match (got, &rounds) {
+            (Ok(GetPromptResponse::Complete(mut result)), _) => {
                 result.result_type.get_or_insert(ResultType::COMPLETE);
                 Ok(GetPromptResponse::Complete(result))
             }
-            Ok(GetPromptResponse::InputRequired(required)) => {
-                let round = InputRound {
-                    requests: (required.input_requests.unwrap_or_default().into_iter())
-                        .filter_map(|(key, request)| {
-                            Some((key, serde_json::to_value(request).ok()?))
-                        })
-                        .collect(),
-                    state: required.request_state,
-                };
-                match &bound {
-                    Some(bound) => {
-                        Ok(GetPromptResponse::InputRequired(self.input_required(bound, round)))
-                    }
-                    None => Err(ErrorData::internal_error("an input round on a session", None)),
-                }
+            (Ok(GetPromptResponse::InputRequired(required)), Some((bound, _))) => {
+                let requests = required.input_requests.unwrap_or_default();
+                let required = self.input_required(bound, requests, required.request_state);
+                Ok(GetPromptResponse::InputRequired(required))
             }
-            Ok(other) => Ok(other),
-            Err(crate::OfferError::NotFound(message)) => {
+            (Ok(other), _) => Ok(other),
+            (Err(crate::OfferError::NotFound(message)), _) => {
                 Err(ErrorData::new(McpCode::INVALID_PARAMS, message, None))
             }
-            Err(error) => Err(offer_failure(error)),
+            (Err(error), _) => Err(offer_failure(error)),
         }
     }
 
@@ -759,29 +754,23 @@ impl ServerHandler for Front {
         // A session of the 2025 revisions has a channel back to the client; 2026-07-28 has
         // none (and no logging): what an upstream server asks its client is asked in input
         // rounds, and answered in the client's next request.
-        let session = client
-            .as_ref()
-            .is_some_and(|info| info.protocol_version < rmcp::model::ProtocolVersion::V_2026_07_28);
-        let bound = (!session).then(|| {
-            Bound::new("tools/call", &name, request.arguments.as_ref(), &caller.principal)
-        });
-        let answers = match &bound {
-            Some(bound) => {
-                Some(self.answers(bound, request.input_responses, request.request_state)?)
-            }
-            None => None,
-        };
+        let session = in_session(&context);
+        let rounds = self.rounds(
+            &context,
+            || Bound::new("tools/call", &name, request.arguments.as_ref(), &caller.principal),
+            request.input_responses,
+            request.request_state,
+        )?;
         let arguments = request.arguments.unwrap_or_default();
         let elicits = client.as_ref().is_some_and(|info| info.capabilities.elicitation.is_some());
         #[allow(deprecated)]
         let samples = client.as_ref().is_some_and(|info| info.capabilities.sampling.is_some());
         let logs = session;
         let (events, receiver) = EventSink::channel();
-        let (events, rounds) = match answers {
-            Some(answers) => {
-                let capabilities = answerable(&context);
-                let (events, rounds) = events.with_input_rounds(capabilities, answers);
-                (events, Some(rounds))
+        let (events, rounds) = match rounds {
+            Some((bound, rounds)) => {
+                let (events, rounds) = events.with_input_rounds(rounds);
+                (events, Some((bound, rounds)))
             }
             None => (events, None),
         };
@@ -833,10 +822,12 @@ impl ServerHandler for Front {
         // The call ended asking the client for input: the client answers in its next request.
         if let Err(failure) = &outcome
             && failure.kind == INPUT_REQUIRED
-            && let Some(round) = rounds.as_ref().and_then(|rounds| rounds.asked())
-            && let Some(bound) = &bound
+            && let Some((bound, rounds)) = &rounds
+            && let Some(round) = rounds.asked()
         {
-            return Ok(CallToolResponse::InputRequired(self.input_required(bound, round)));
+            let requests = crate::convert::input_requests(round.requests);
+            let required = self.input_required(bound, requests, round.state);
+            return Ok(CallToolResponse::InputRequired(required));
         }
         match outcome {
             Ok(output) => Ok(CallToolResponse::Complete(result(output))),
@@ -855,37 +846,54 @@ impl ServerHandler for Front {
 }
 
 impl Front {
-    /// The answers a 2026-07-28 request carries for the round `bound` was asked, with the
-    /// upstream server's state unwrapped from toolmesh's; `None` for a first request. A
-    /// state toolmesh did not issue for this request is refused (-32602).
-    fn answers(
+    /// How a request (`bound` describes it) takes part in input rounds: `None` on a 2025
+    /// session, which is asked during the call; for a 2026-07-28 request, what its client
+    /// can answer and the answers it carries, with the upstream server's state unwrapped
+    /// from toolmesh's. A state toolmesh did not issue for this request is refused (-32602).
+    fn rounds(
         &self,
-        bound: &Bound,
+        context: &RequestContext<RoleServer>,
+        bound: impl FnOnce() -> Bound,
         responses: Option<rmcp::model::InputResponses>,
         state: Option<String>,
-    ) -> Result<Option<InputAnswers>, ErrorData> {
+    ) -> Result<Option<(Bound, InputRounds)>, ErrorData> {
+        if in_session(context) {
+            return Ok(None);
+        }
+        let bound = bound();
         let state = match state {
-            Some(state) => self.rounds.unwrap(&state, bound).map_err(|error| {
+            Some(state) => self.rounds.unwrap(&state, &bound).map_err(|error| {
                 tracing::debug!(%error, "MCP request with a request state refused");
                 ErrorData::new(McpCode::INVALID_PARAMS, "Invalid or expired requestState", None)
             })?,
             None => None,
         };
-        if responses.is_none() && state.is_none() {
-            return Ok(None);
-        }
-        let responses = responses.unwrap_or_default().into_iter().collect();
-        Ok(Some(InputAnswers { responses, state }))
+        let answers = (responses.is_some() || state.is_some()).then(|| InputAnswers {
+            responses: responses.unwrap_or_default().into_iter().collect(),
+            state,
+        });
+        Ok(Some((bound, InputRounds::new(answerable(context), answers))))
     }
 
     /// The `InputRequiredResult` of a round an upstream server asked for, its state wrapped
     /// in toolmesh's for the request `bound`.
-    fn input_required(&self, bound: &Bound, round: InputRound) -> InputRequiredResult {
-        let requests = (round.requests.into_iter())
-            .filter_map(|(key, request)| Some((key, serde_json::from_value(request).ok()?)))
-            .collect();
-        InputRequiredResult::new(Some(requests), Some(self.rounds.wrap(bound, round.state)))
+    fn input_required(
+        &self,
+        bound: &Bound,
+        requests: rmcp::model::InputRequests,
+        state: Option<String>,
+    ) -> InputRequiredResult {
+        InputRequiredResult::new(Some(requests), Some(self.rounds.wrap(bound, state)))
     }
+}
+
+/// Whether a request belongs to a session of a 2025 revision, which has a channel back to
+/// the client for questions and log messages; a 2026-07-28 request has none.
+fn in_session(context: &RequestContext<RoleServer>) -> bool {
+    context
+        .peer
+        .peer_info()
+        .is_some_and(|info| info.protocol_version < rmcp::model::ProtocolVersion::V_2026_07_28)
 }
 
 /// What a 2026-07-28 client said it can answer in this request (elicitation, sampling,

@@ -11,6 +11,7 @@
 mod config;
 mod handler;
 mod rounds;
+mod sealed;
 mod session;
 
 use std::{

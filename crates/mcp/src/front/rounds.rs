@@ -14,17 +14,17 @@
 //! issued for (same method, target and arguments), from the same principal, until it
 //! expires. The server's state travels readable: servers protect their own.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
-use hmac::{Hmac, KeyInit, Mac};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use toolmesh_core::Principal;
 
+use super::sealed::{Sealer, now, principal_digest};
+
 const VERSION: u8 = 1;
-const MAC_LEN: usize = 16;
 /// How long a client has to answer a round.
 pub(crate) const ROUND_TTL: Duration = Duration::from_secs(600);
 
@@ -63,11 +63,7 @@ impl Bound {
             None => hash.update(b"-"),
         }
         let arguments = URL_SAFE_NO_PAD.encode(&hash.finalize()[..16]);
-        let mut hash = Sha256::new();
-        hash.update(principal.name.as_bytes());
-        hash.update([0]);
-        hash.update(principal.issuer.as_deref().unwrap_or_default().as_bytes());
-        let principal = URL_SAFE_NO_PAD.encode(&hash.finalize()[..8]);
+        let principal = URL_SAFE_NO_PAD.encode(principal_digest(principal));
         Bound { method, target: target.to_owned(), arguments, principal }
     }
 }
@@ -115,7 +111,7 @@ struct Claims {
 
 /// Wraps and unwraps the servers' states with one key.
 pub(crate) struct SignedRounds {
-    key: Hmac<Sha256>,
+    sealer: Sealer,
     ttl: Duration,
 }
 
@@ -125,22 +121,12 @@ impl std::fmt::Debug for SignedRounds {
     }
 }
 
-fn now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
-
 impl SignedRounds {
     /// Returns the signer of states under a key derived from the endpoint's `key`, each
     /// accepted for `ttl`.
     pub(crate) fn new(key: &[u8], ttl: Duration) -> Self {
         // A key of its own, so that no session id is ever taken for a state or back.
-        let mut derive = <Hmac<Sha256> as KeyInit>::new_from_slice(key)
-            .expect("HMAC accepts keys of any length");
-        derive.update(b"toolmesh mcp requestState");
-        let derived = derive.finalize().into_bytes();
-        let key = <Hmac<Sha256> as KeyInit>::new_from_slice(&derived)
-            .expect("HMAC accepts keys of any length");
-        SignedRounds { key, ttl }
+        SignedRounds { sealer: Sealer::derived(key, b"toolmesh mcp requestState"), ttl }
     }
 
     /// Wraps the server's `state` (if it gave one) for the next round of `bound`.
@@ -154,11 +140,7 @@ impl SignedRounds {
             p: bound.principal.clone(),
             s: state,
         };
-        let payload = serde_json::to_vec(&claims).unwrap_or_default();
-        let mut mac = self.key.clone();
-        mac.update(&payload);
-        let tag = mac.finalize().into_bytes();
-        format!("{}.{}", URL_SAFE_NO_PAD.encode(&payload), URL_SAFE_NO_PAD.encode(&tag[..MAC_LEN]))
+        self.sealer.seal(&serde_json::to_vec(&claims).unwrap_or_default())
     }
 
     /// Checks that `wrapped` was issued for `bound` and has not expired; returns the
@@ -168,15 +150,7 @@ impl SignedRounds {
         wrapped: &str,
         bound: &Bound,
     ) -> Result<Option<String>, StateError> {
-        let (payload, tag) = wrapped.trim().split_once('.').ok_or(StateError::Invalid)?;
-        let payload = URL_SAFE_NO_PAD.decode(payload).map_err(|_| StateError::Invalid)?;
-        let tag = URL_SAFE_NO_PAD.decode(tag).map_err(|_| StateError::Invalid)?;
-        if tag.len() != MAC_LEN {
-            return Err(StateError::Invalid);
-        }
-        let mut mac = self.key.clone();
-        mac.update(&payload);
-        mac.verify_truncated_left(&tag).map_err(|_| StateError::Invalid)?;
+        let payload = self.sealer.open(wrapped).ok_or(StateError::Invalid)?;
         let claims: Claims = serde_json::from_slice(&payload).map_err(|_| StateError::Invalid)?;
         if claims.v != VERSION {
             return Err(StateError::Invalid);

@@ -14,19 +14,18 @@
 use std::{
     collections::HashMap,
     sync::{Mutex, PoisonError},
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::Duration,
 };
 
-use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
-use hmac::{Hmac, KeyInit, Mac};
 use rmcp::transport::streamable_http_server::session::{
     SessionState, SessionStore, SessionStoreError,
 };
 use sha2::{Digest, Sha256};
 use toolmesh_core::Principal;
 
+use super::sealed::{Sealer, now, principal_digest};
+
 const VERSION: u8 = 1;
-const MAC_LEN: usize = 16;
 /// Version, issue time, principal digest, nonce.
 const FIXED: usize = 1 + 8 + 8 + 12;
 /// Handshakes held between rmcp storing one and the response naming its session; more
@@ -54,7 +53,7 @@ pub(crate) enum SessionError {
 /// handshake until the response's session id is replaced by a signed one, and `load`
 /// reads the handshake out of a signed id.
 pub(crate) struct SignedSessions {
-    key: Hmac<Sha256>,
+    sealer: Sealer,
     ttl: Duration,
     /// rmcp's own session id → the handshake it completed.
     pending: Mutex<HashMap<String, SessionState>>,
@@ -76,27 +75,11 @@ impl std::fmt::Debug for SignedSessions {
     }
 }
 
-fn now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
-
-fn principal_digest(principal: &Principal) -> [u8; 8] {
-    let mut hash = Sha256::new();
-    hash.update(principal.name.as_bytes());
-    hash.update([0]);
-    hash.update(principal.issuer.as_deref().unwrap_or_default().as_bytes());
-    let mut out = [0; 8];
-    out.copy_from_slice(&hash.finalize()[..8]);
-    out
-}
-
 impl SignedSessions {
     /// Returns the sessions signed with `key`, accepted for `ttl` after their handshake.
     pub(crate) fn new(key: &[u8], ttl: Duration) -> Self {
-        let key = <Hmac<Sha256> as KeyInit>::new_from_slice(key)
-            .expect("HMAC accepts keys of any length");
         SignedSessions {
-            key,
+            sealer: Sealer::new(key),
             ttl,
             pending: Mutex::default(),
             ended: Mutex::default(),
@@ -115,25 +98,13 @@ impl SignedSessions {
         payload.extend_from_slice(&principal_digest(principal));
         payload.extend_from_slice(&Sha256::digest(local.as_bytes())[..12]);
         payload.extend_from_slice(&params);
-        let mut mac = self.key.clone();
-        mac.update(&payload);
-        let tag = mac.finalize().into_bytes();
-        Some(format!(
-            "{}.{}",
-            URL_SAFE_NO_PAD.encode(&payload),
-            URL_SAFE_NO_PAD.encode(&tag[..MAC_LEN])
-        ))
+        Some(self.sealer.seal(&payload))
     }
 
     /// Checks `id`'s signature and returns its payload.
     fn payload(&self, id: &str) -> Result<Vec<u8>, SessionError> {
-        let (payload, tag) = id.trim().split_once('.').ok_or(SessionError::Invalid)?;
-        let payload = URL_SAFE_NO_PAD.decode(payload).map_err(|_| SessionError::Invalid)?;
-        let tag = URL_SAFE_NO_PAD.decode(tag).map_err(|_| SessionError::Invalid)?;
-        let mut mac = self.key.clone();
-        mac.update(&payload);
-        mac.verify_truncated_left(&tag).map_err(|_| SessionError::Invalid)?;
-        if tag.len() != MAC_LEN || payload.len() < FIXED || payload[0] != VERSION {
+        let payload = self.sealer.open(id).ok_or(SessionError::Invalid)?;
+        if payload.len() < FIXED || payload[0] != VERSION {
             return Err(SessionError::Invalid);
         }
         Ok(payload)
