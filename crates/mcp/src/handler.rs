@@ -15,6 +15,9 @@ use crate::{McpMsg, shared::ServerShared};
 
 /// How long a server request may wait for the call it belongs to to be registered.
 const ROUTE_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+/// How long a server request whose stream names the call it belongs to waits for that call
+/// to be registered.
+const NAMED_ROUTE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// toolmesh's side of one MCP connection: routes progress to the call it belongs to,
 /// tells the actor when the server's tool list changed, and answers server requests.
@@ -44,7 +47,13 @@ impl McpClientHandler {
         origin: Option<&InboundStreamOrigin>,
         fits: impl Fn(&toolmesh_core::EventSink) -> bool,
     ) -> Option<toolmesh_core::EventSink> {
-        let waited = tokio::time::Instant::now() + ROUTE_WAIT;
+        // A request that names its call waits for that call however loaded the machine is
+        // (nothing else can answer it); one that does not may belong to no call at all.
+        let wait = match origin {
+            Some(InboundStreamOrigin::OutboundRequest(_)) => NAMED_ROUTE_WAIT,
+            _ => ROUTE_WAIT,
+        };
+        let waited = tokio::time::Instant::now() + wait;
         loop {
             let registered = self.shared.registered.notified();
             tokio::pin!(registered);
