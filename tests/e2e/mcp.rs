@@ -339,6 +339,34 @@ async fn survives_a_restart(liveness: &str) {
     assert_eq!(text(&back), "Echo: back");
 }
 
+/// A server that forgot its sessions (restarted between two calls, with no call running
+/// and before a liveness probe noticed): the next call, sent in the old session, is refused
+/// before it runs and goes out again in a new session; the calls after it are sent in the
+/// new one. None of them fails, whatever the tool's annotations.
+#[tokio::test]
+async fn a_call_in_a_forgotten_session_goes_out_in_a_new_one() {
+    let port = free_port();
+    let mut upstream = HttpEverything::start(port).await;
+    // The probe would find the restart and reconnect; this is about a restart it misses.
+    let config = format!(
+        "[[mcp.servers]]\nname = \"web\"\ntransport = \"streamable-http\"\nurl = \"http://127.0.0.1:{port}/mcp\"\nping_interval_ms = 600000\n"
+    );
+    let server = TestServer::start(&config, AppOptions::default()).await.unwrap();
+    wait_for_tool(&server, "web_echo").await;
+    let first = server.call("web_echo", json!({"message": "one"})).await.unwrap();
+    assert_eq!(text(&first), "Echo: one");
+
+    upstream.child.kill().await.unwrap();
+    let _upstream = HttpEverything::start(port).await;
+    for message in ["two", "three", "four"] {
+        let output = server
+            .call("web_echo", json!({"message": message}))
+            .await
+            .unwrap_or_else(|e| panic!("the call {message} after the restart failed: {e:?}"));
+        assert_eq!(text(&output), format!("Echo: {message}"));
+    }
+}
+
 /// Kills the server (its annotations trusted) under a read-only call with a 20 s deadline,
 /// for good: the repeated
 /// call waits for the connection `reconnect_wait_ms` (5 s by default) after it was lost,

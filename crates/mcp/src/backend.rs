@@ -44,7 +44,11 @@ impl McpBackend {
 
     /// Maps a failed request on `peer`; a broken transport also tells the actor, which
     /// marks the connection lost at once instead of at the next liveness probe.
-    fn map_error(&self, peer: &Arc<Peer<RoleClient>>, error: ServiceError) -> BackendError {
+    pub(crate) fn map_error(
+        &self,
+        peer: &Arc<Peer<RoleClient>>,
+        error: ServiceError,
+    ) -> BackendError {
         match error {
             // rmcp renewed an expired streamable-HTTP session while the call was out: its
             // answer went with the old session, and whether it ran is unknown.
@@ -119,10 +123,10 @@ impl McpBackend {
 
 /// Sends `notifications/cancelled` for a request unless disarmed: a call that is dropped
 /// (the caller went away, the deadline passed) still tells the server to stop.
-struct CancelOnDrop {
-    peer: Peer<RoleClient>,
-    id: Option<RequestId>,
-    reason: &'static str,
+pub(crate) struct CancelOnDrop {
+    pub(crate) peer: Peer<RoleClient>,
+    pub(crate) id: Option<RequestId>,
+    pub(crate) reason: &'static str,
 }
 
 impl Drop for CancelOnDrop {
@@ -142,10 +146,10 @@ impl Drop for CancelOnDrop {
 }
 
 /// Removes a call's routes (progress, server requests) when the call ends, however it ends.
-struct CallRoutes<'a> {
-    shared: &'a ServerShared,
-    token: rmcp::model::ProgressToken,
-    id: RequestId,
+pub(crate) struct CallRoutes<'a> {
+    pub(crate) shared: &'a ServerShared,
+    pub(crate) token: rmcp::model::ProgressToken,
+    pub(crate) id: RequestId,
 }
 
 impl Drop for CallRoutes<'_> {
@@ -165,12 +169,11 @@ impl McpBackend {
     async fn round(
         &self,
         peer: &Arc<Peer<RoleClient>>,
-        params: CallToolRequestParams,
+        params: &mut CallToolRequestParams,
         ctx: &CallContext,
         lost: &tokio_util::sync::CancellationToken,
         headers: Option<u64>,
     ) -> Result<ServerResult, BackendError> {
-        let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
         // The W3C trace context rides in `params._meta`, so the server's spans join the
         // caller's trace.
         let mut meta = RequestMetaObject::default();
@@ -199,6 +202,14 @@ impl McpBackend {
         } else if per_request && !ctx.events.can_sample() {
             meta.0.0.insert(CAPABILITIES_META.into(), NOT_SAMPLING.clone());
         }
+        // Over streamable HTTP toolmesh sends the call itself once the session is known;
+        // rmcp sends what cannot go that way.
+        if let Some(session) = self.direct_session()
+            && let Some(answer) = self.send_direct(&session, peer, params, &meta, ctx, lost).await
+        {
+            return answer;
+        }
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(params.clone()));
         let mut options = PeerRequestOptions::default();
         options.meta = Some(meta);
         let handle = peer
@@ -464,7 +475,7 @@ impl Backend for McpBackend {
             for _ in 0..MAX_INPUT_ROUNDS {
                 let ticket = headers.as_ref().map(|ticket| ticket.id());
                 let answered = rounds.is_some() && params.input_responses.is_some();
-                let round = match self.round(&peer, params.clone(), &ctx, &lost, ticket).await {
+                let round = match self.round(&peer, &mut params, &ctx, &lost, ticket).await {
                     // The server refused the caller's answers: the caller's request was
                     // wrong, as the server says.
                     Err(BackendError::Remote { code: ErrorCode::InvalidArgument, message })

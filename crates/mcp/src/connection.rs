@@ -173,13 +173,28 @@ async fn open(
         }
         McpTransport::StreamableHttp { url, headers, sse_fallback } => {
             let mut http = StreamableHttpClientTransportConfig::with_uri(url.clone());
+            let mut base = http::HeaderMap::new();
             for (name, value) in headers {
-                let name = name.parse().map_err(|e| format!("header {name}: {e}"))?;
-                let value = value.parse().map_err(|e| format!("header value: {e}"))?;
-                http.custom_headers.insert(name, value);
+                let name: http::HeaderName =
+                    name.parse().map_err(|e| format!("header {name}: {e}"))?;
+                let value: http::HeaderValue =
+                    value.parse().map_err(|e| format!("header value: {e}"))?;
+                http.custom_headers.insert(name.clone(), value.clone());
+                base.insert(name, value);
             }
             http.max_concurrent_requests = 256;
-            let client = TracingHttpClient::new(shared.http_client(), shared.call_headers.clone());
+            // The new connection's session is noted once its client sends in it.
+            shared.http_session.store(None);
+            let endpoint = crate::direct::Endpoint {
+                url: url.parse().map_err(|e| format!("{url}: {e}"))?,
+                headers: base,
+            };
+            let client = TracingHttpClient::new(
+                shared.http_client(),
+                shared.call_headers.clone(),
+                shared.http_session.clone(),
+                endpoint,
+            );
             let transport = StreamableHttpClientTransport::with_client(client, http);
             match handler.serve_with_lifecycle(transport, lifecycle(&shared)).await {
                 Ok(connection) => connection,

@@ -6,6 +6,7 @@ use rmcp::{
     model::{
         ClientCapabilities, ClientConfig, ElicitRequestParams, ElicitResult, ElicitationAction,
         ElicitationCapability, Implementation, ProgressNotificationParam, SamplingCapability,
+        ServerNotification,
     },
     service::{InboundStreamOrigin, NotificationContext, RequestContext},
 };
@@ -38,6 +39,11 @@ pub(crate) fn capabilities(sampling: bool) -> ClientCapabilities {
     capabilities
 }
 
+/// Who toolmesh's MCP client says it is.
+pub(crate) fn client_info() -> Implementation {
+    Implementation::new("toolmesh", env!("CARGO_PKG_VERSION"))
+}
+
 impl McpClientHandler {
     /// Returns the sink of the call a server request that arrived on `origin` belongs to
     /// and that `fits` it, waiting a little for the call to be registered: the call
@@ -67,6 +73,74 @@ impl McpClientHandler {
         }
     }
 
+    /// Handles a notification that arrived on `origin` outside rmcp's transport (on the
+    /// stream of a call toolmesh sent itself), as rmcp's dispatch would.
+    #[allow(deprecated)]
+    pub(crate) fn notified(
+        &self,
+        notification: ServerNotification,
+        origin: Option<&InboundStreamOrigin>,
+    ) {
+        match notification {
+            ServerNotification::ProgressNotification(notification) => {
+                self.progress(notification.params);
+            }
+            ServerNotification::LoggingMessageNotification(notification) => {
+                self.logged(notification.params, origin);
+            }
+            ServerNotification::ToolListChangedNotification(_) => self.tools_changed(),
+            ServerNotification::ResourceListChangedNotification(_)
+            | ServerNotification::PromptListChangedNotification(_) => {
+                debug!(server = self.shared.name(), "resources or prompts changed");
+                let _ = self.actor.cast(McpMsg::OffersChanged);
+            }
+            ServerNotification::ResourceUpdatedNotification(notification) => {
+                self.resource_updated(notification.params);
+            }
+            other => debug!(server = self.shared.name(), ?other, "a notification left alone"),
+        }
+    }
+
+    fn progress(&self, params: ProgressNotificationParam) {
+        if let Some(sink) = self.shared.progress_sinks().get(&params.progress_token) {
+            sink.progress(params.progress, params.total, params.message.unwrap_or_default());
+        }
+    }
+
+    /// Passes a log message the server sends during a call on to that call's caller. Over
+    /// streamable HTTP the transport says which request's stream it arrived on; elsewhere it
+    /// goes to the only running call, and is left out when that is ambiguous.
+    #[allow(deprecated)]
+    fn logged(
+        &self,
+        params: rmcp::model::LoggingMessageNotificationParam,
+        origin: Option<&InboundStreamOrigin>,
+    ) {
+        let Some(sink) = self.caller(origin, |_| true) else {
+            debug!(server = self.shared.name(), "a log message outside any call");
+            return;
+        };
+        let level = serde_json::to_value(params.level)
+            .ok()
+            .and_then(|level| level.as_str().map(str::to_owned))
+            .unwrap_or_else(|| "info".into());
+        sink.log(level, params.logger.unwrap_or_default(), params.data);
+    }
+
+    fn tools_changed(&self) {
+        debug!(server = self.shared.name(), "tools/list_changed");
+        let _ = self.actor.cast(McpMsg::ToolsChanged);
+    }
+
+    /// Passes the update of a subscribed resource on to the clients subscribed to it.
+    fn resource_updated(&self, params: rmcp::model::ResourceUpdatedNotificationParam) {
+        debug!(server = self.shared.name(), uri = %params.uri, "resources/updated");
+        let update =
+            crate::ResourceUpdate { server: self.shared.name().to_owned(), uri: params.uri };
+        // Nobody listening is no error: the subscribers may have gone meanwhile.
+        let _ = self.shared.offers_changed.updated.send(update);
+    }
+
     /// Returns the sink of the call a server message that arrived on `origin` belongs to:
     /// the call of that request's stream, or else the only running call that `fits`.
     fn caller(
@@ -92,7 +166,7 @@ impl ClientHandler for McpClientHandler {
     fn get_info(&self) -> ClientConfig {
         let mut info = ClientConfig::default();
         info.capabilities = capabilities(true);
-        info.client_info = Implementation::new("toolmesh", env!("CARGO_PKG_VERSION"));
+        info.client_info = client_info();
         info
     }
 
@@ -101,35 +175,20 @@ impl ClientHandler for McpClientHandler {
         params: ProgressNotificationParam,
         _: NotificationContext<RoleClient>,
     ) {
-        if let Some(sink) = self.shared.progress_sinks().get(&params.progress_token) {
-            sink.progress(params.progress, params.total, params.message.unwrap_or_default());
-        }
+        self.progress(params);
     }
 
-    /// Passes a log message the server sends during a call on to that call's caller. Over
-    /// streamable HTTP the transport says which request's stream it arrived on; elsewhere it
-    /// goes to the only running call, and is left out when that is ambiguous.
     #[allow(deprecated)]
     async fn on_logging_message(
         &self,
         params: rmcp::model::LoggingMessageNotificationParam,
         context: NotificationContext<RoleClient>,
     ) {
-        let origin = context.extensions.get::<InboundStreamOrigin>();
-        let Some(sink) = self.caller(origin, |_| true) else {
-            debug!(server = self.shared.name(), "a log message outside any call");
-            return;
-        };
-        let level = serde_json::to_value(params.level)
-            .ok()
-            .and_then(|level| level.as_str().map(str::to_owned))
-            .unwrap_or_else(|| "info".into());
-        sink.log(level, params.logger.unwrap_or_default(), params.data);
+        self.logged(params, context.extensions.get::<InboundStreamOrigin>());
     }
 
     async fn on_tool_list_changed(&self, _: NotificationContext<RoleClient>) {
-        debug!(server = self.shared.name(), "tools/list_changed");
-        let _ = self.actor.cast(McpMsg::ToolsChanged);
+        self.tools_changed();
     }
 
     async fn on_resource_list_changed(&self, _: NotificationContext<RoleClient>) {
@@ -137,17 +196,12 @@ impl ClientHandler for McpClientHandler {
         let _ = self.actor.cast(McpMsg::OffersChanged);
     }
 
-    /// Passes the update of a subscribed resource on to the clients subscribed to it.
     async fn on_resource_updated(
         &self,
         params: rmcp::model::ResourceUpdatedNotificationParam,
         _: NotificationContext<RoleClient>,
     ) {
-        debug!(server = self.shared.name(), uri = %params.uri, "resources/updated");
-        let update =
-            crate::ResourceUpdate { server: self.shared.name().to_owned(), uri: params.uri };
-        // Nobody listening is no error: the subscribers may have gone meanwhile.
-        let _ = self.shared.offers_changed.updated.send(update);
+        self.resource_updated(params);
     }
 
     async fn on_prompt_list_changed(&self, _: NotificationContext<RoleClient>) {

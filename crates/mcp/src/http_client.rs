@@ -42,17 +42,38 @@ const TRACE_KEYS: [&str; 2] = ["traceparent", "tracestate"];
 pub(crate) const HEADERS_META: &str = "io.toolmesh/headers";
 
 /// reqwest's client for streamable HTTP, with trace headers and each call's own headers.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct TracingHttpClient {
     client: reqwest::Client,
     call_headers: CallHeaders,
+    /// Where the session this client's messages are sent in is noted, for the calls
+    /// toolmesh sends itself (see [`crate::direct`]).
+    session: crate::direct::SessionSlot,
+    /// The server's URL and the connection's configured headers.
+    endpoint: Arc<crate::direct::Endpoint>,
 }
 
 impl TracingHttpClient {
     /// Returns the client that adds the headers lent to `call_headers` to the requests
-    /// whose ticket they carry.
-    pub fn new(client: reqwest::Client, call_headers: CallHeaders) -> Self {
-        TracingHttpClient { client, call_headers }
+    /// whose ticket they carry, and notes in `session` the session its messages are sent
+    /// in (at `endpoint`).
+    pub(crate) fn new(
+        client: reqwest::Client,
+        call_headers: CallHeaders,
+        session: crate::direct::SessionSlot,
+        endpoint: crate::direct::Endpoint,
+    ) -> Self {
+        TracingHttpClient { client, call_headers, session, endpoint: Arc::new(endpoint) }
+    }
+
+    /// Notes the session a message after the handshake is sent in.
+    fn note(
+        &self,
+        message: &ClientJsonRpcMessage,
+        session_id: Option<&Arc<str>>,
+        headers: &HashMap<HeaderName, HeaderValue>,
+    ) {
+        crate::direct::note(&self.session, message, session_id, headers, &self.endpoint);
     }
 }
 
@@ -61,7 +82,7 @@ type Headers = Vec<(HeaderName, HeaderValue)>;
 
 /// The headers of the calls in flight, by ticket.
 #[derive(Clone, Default)]
-pub struct CallHeaders {
+pub(crate) struct CallHeaders {
     lent: Arc<Mutex<HashMap<u64, Headers>>>,
     next: Arc<AtomicU64>,
 }
@@ -106,23 +127,32 @@ fn prepare(
     mut headers: HashMap<HeaderName, HeaderValue>,
 ) -> (ClientJsonRpcMessage, HashMap<HeaderName, HeaderValue>) {
     if let JsonRpcMessage::Request(request) = &mut message {
-        let meta = request.request.get_meta_mut();
-        for key in TRACE_KEYS {
-            if let Some(serde_json::Value::String(value)) = meta.0.0.get(key)
-                && let Ok(value) = HeaderValue::from_str(value)
-            {
-                headers.insert(HeaderName::from_static(key), value);
-            }
-        }
-        if let Some(ticket) = meta.0.0.remove(HEADERS_META).and_then(|v| v.as_u64())
-            && let Some(lent) = call_headers.lent().get(&ticket)
-        {
-            for (name, value) in lent {
-                headers.insert(name.clone(), value.clone());
-            }
-        }
+        prepare_meta(call_headers, request.request.get_meta_mut(), &mut headers);
     }
     (message, headers)
+}
+
+/// Copies the trace context of a request's `meta` into `headers`, and the call's own
+/// headers whose ticket it carries (taking the ticket out).
+pub(crate) fn prepare_meta(
+    call_headers: &CallHeaders,
+    meta: &mut rmcp::model::RequestMetaObject,
+    headers: &mut HashMap<HeaderName, HeaderValue>,
+) {
+    for key in TRACE_KEYS {
+        if let Some(serde_json::Value::String(value)) = meta.0.0.get(key)
+            && let Ok(value) = HeaderValue::from_str(value)
+        {
+            headers.insert(HeaderName::from_static(key), value);
+        }
+    }
+    if let Some(ticket) = meta.0.0.remove(HEADERS_META).and_then(|v| v.as_u64())
+        && let Some(lent) = call_headers.lent().get(&ticket)
+    {
+        for (name, value) in lent {
+            headers.insert(name.clone(), value.clone());
+        }
+    }
 }
 
 type PostResult = Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>>;
@@ -155,6 +185,7 @@ impl StreamableHttpClient for TracingHttpClient {
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> impl Future<Output = PostResult> + Send + '_ {
         let (message, headers) = prepare(&self.call_headers, message, custom_headers);
+        self.note(&message, session_id.as_ref(), &headers);
         let in_session = session_id.is_some();
         async move {
             let result =
@@ -173,6 +204,7 @@ impl StreamableHttpClient for TracingHttpClient {
         max_sse_event_size: usize,
     ) -> impl Future<Output = PostResult> + Send + '_ {
         let (message, headers) = prepare(&self.call_headers, message, custom_headers);
+        self.note(&message, session_id.as_ref(), &headers);
         let in_session = session_id.is_some();
         async move {
             let result = self
@@ -200,6 +232,7 @@ impl StreamableHttpClient for TracingHttpClient {
         limits: StreamableHttpResponseLimits,
     ) -> impl Future<Output = PostResult> + Send + '_ {
         let (message, headers) = prepare(&self.call_headers, message, custom_headers);
+        self.note(&message, session_id.as_ref(), &headers);
         let in_session = session_id.is_some();
         async move {
             let result = self

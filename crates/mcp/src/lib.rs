@@ -27,6 +27,7 @@ mod backend;
 mod config;
 mod connection;
 mod convert;
+mod direct;
 mod front;
 mod group;
 mod handler;

@@ -134,6 +134,11 @@ pub(crate) struct ServerShared {
     /// The server answered `server/discover` with something that is no discover result:
     /// it is spoken to with `initialize` from then on.
     pub(crate) initialize_only: AtomicBool,
+    /// The streamable-HTTP session of the current connection, once its client sent a
+    /// message in it: calls are sent in it directly (see [`crate::direct`]).
+    pub(crate) http_session: crate::direct::SessionSlot,
+    /// The tools whose input schema names request headers of their own (`x-mcp-header`).
+    pub(crate) param_headers: ArcSwap<std::collections::HashSet<String>>,
 }
 
 impl ServerShared {
@@ -143,6 +148,11 @@ impl ServerShared {
     pub(crate) fn check_pins(&self, tools: Vec<Tool>) -> Vec<Tool> {
         let mut pins = self.pins.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let checked = pins.check(&self.config, tools);
+        let param_headers = (checked.tools.iter())
+            .filter(|tool| crate::direct::names_headers(&tool.input_schema))
+            .map(|tool| tool.name.to_string())
+            .collect();
+        self.param_headers.store(Arc::new(param_headers));
         if checked.changed
             && let Err(error) = pins.store()
         {
@@ -176,6 +186,8 @@ impl ServerShared {
             call_headers: Default::default(),
             http: OnceLock::new(),
             initialize_only: AtomicBool::new(false),
+            http_session: Default::default(),
+            param_headers: Default::default(),
             peer: ArcSwapOption::empty(),
             lost: ArcSwap::from_pointee(CancellationToken::new()),
             health: ArcSwap::from_pointee(ServerHealth::Connecting),
