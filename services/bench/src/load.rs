@@ -552,6 +552,9 @@ pub(crate) struct McpCpu {
     /// The load generator's own, per call of the direct phase: what the compiled MCP
     /// client (rmcp, the library toolmesh's MCP client is built on) costs by itself.
     pub(crate) client_direct_ms: Option<f64>,
+    /// The same in the raw phase: what a plain HTTP/1.1 client (hyper, no MCP library)
+    /// costs per call.
+    pub(crate) client_raw_ms: Option<f64>,
 }
 
 /// The ways `toolmesh-bench --mcp` calls an echo tool, one phase each per round.
@@ -684,8 +687,9 @@ pub(crate) async fn run_mcp(
     let rounds = options.rounds.max(1);
     let slice = options.duration / rounds as u32;
     let mut counts: Vec<PhaseCount> = MCP_PHASES.iter().map(|_| PhaseCount::default()).collect();
-    // The load generator's own CPU time in the direct phase, and its calls.
+    // The load generator's own CPU time in the direct and raw phases, and their calls.
     let mut client = Some((Duration::ZERO, 0.0));
+    let mut raw_client = Some((Duration::ZERO, 0.0));
     for _ in 0..rounds {
         for (phase, count) in MCP_PHASES.iter().zip(counts.iter_mut()) {
             let (toolmesh_before, server_before) = (toolmesh.cpu_time(), echo.cpu_time());
@@ -706,9 +710,14 @@ pub(crate) async fn run_mcp(
                 McpPhase::EndpointLocal => Sample::of_load(mcp(&endpoint, "echo", slice).await?),
             };
             let calls = sample.throughput * slice.as_secs_f64();
-            if *phase == McpPhase::Direct {
+            let own = match phase {
+                McpPhase::Direct => Some(&mut client),
+                McpPhase::Raw => Some(&mut raw_client),
+                _ => None,
+            };
+            if let Some(own) = own {
                 let spent = used(client_before, process_cpu_time(std::process::id()));
-                client = client.zip(spent).map(|((time, n), spent)| (time + spent, n + calls));
+                *own = own.zip(spent).map(|((time, n), spent)| (time + spent, n + calls));
             }
             let toolmesh_used = used(toolmesh_before, toolmesh.cpu_time());
             let server_used = used(server_before, echo.cpu_time());
@@ -726,9 +735,8 @@ pub(crate) async fn run_mcp(
             server_raw_ms: raw.1,
             server_via_ms: grpc.1,
             server_via_endpoint_ms: proxy.1,
-            client_direct_ms: client
-                .filter(|(_, calls)| *calls > 0.0)
-                .map(|(time, calls)| time.as_secs_f64() * 1e3 / calls),
+            client_direct_ms: per_own_call(client),
+            client_raw_ms: per_own_call(raw_client),
         }),
         _ => None,
     };
@@ -817,6 +825,11 @@ pub(crate) fn render_mcp_endpoint(options: &BenchOptions, report: &EndpointRepor
 }
 
 /// The CPU time used between two readings of [`ChildServer::cpu_time`].
+/// CPU time per call in milliseconds, from a total and a count of calls.
+fn per_own_call(spent: Option<(Duration, f64)>) -> Option<f64> {
+    spent.filter(|(_, calls)| *calls > 0.0).map(|(time, calls)| time.as_secs_f64() * 1e3 / calls)
+}
+
 fn used(before: Option<Duration>, after: Option<Duration>) -> Option<Duration> {
     before.zip(after).map(|(before, after)| after.saturating_sub(before))
 }
@@ -1300,6 +1313,11 @@ pub(crate) fn render_mcp(options: &BenchOptions, report: &McpReport) -> String {
     if let Some(client) = cpu.and_then(|c| c.client_direct_ms) {
         out.push_str(&format!(
             "\nthe direct MCP client's own CPU: {client:.3} ms per call (this process, rmcp)\n"
+        ));
+    }
+    if let Some(client) = cpu.and_then(|c| c.client_raw_ms) {
+        out.push_str(&format!(
+            "the plain HTTP clients' own CPU: {client:.3} ms per call (this process, hyper)\n"
         ));
     }
     out.push_str(&format!(
