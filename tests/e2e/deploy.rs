@@ -56,6 +56,8 @@ async fn the_kustomizations_render_and_validate_strictly() {
         "readinessProbe:",
         "livenessProbe:",
         "service: toolmesh.v1.ToolService",
+        // the worker's liveness, which a router outage does not fail
+        "service: liveness",
         "toolmesh-router-headless:50051",
         "replicas: 3",
     ] {

@@ -939,3 +939,38 @@ async fn tool_definitions_and_discovery_answers_are_bounded_in_bytes() {
     assert!(toolmesh_e2e::text(&meta).contains("toolsLeftOut"), "the cut is said");
     drop(sessions);
 }
+
+/// A worker's liveness does not hang on its routers: without a router it is not ready
+/// (the overall health NOT_SERVING) but alive (`liveness` SERVING), so that a router
+/// outage restarts no worker; with one it is ready.
+#[tokio::test]
+async fn a_worker_stays_alive_while_its_router_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger");
+    let router = BinaryServer::start(&[], ROUTER_ENV).await.unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let health_addr = format!("127.0.0.1:{port}");
+    let toml = worker_toml(dir.path(), "w1", &ledger, 0.0, "");
+    let worker =
+        BinaryWorker::start(&router.addr.to_string(), &toml, &["--health-listen", &health_addr])
+            .unwrap();
+    worker.joined(1).await.unwrap();
+    let status = |service: &'static str| {
+        let addr = health_addr.clone();
+        async move { health(&addr, service).await }
+    };
+    eventually(Duration::from_secs(10), || async {
+        (status("").await == Some(ServingStatus::Serving)).then_some(())
+    })
+    .await
+    .expect("the worker is ready while it has a router");
+    assert_eq!(status("liveness").await, Some(ServingStatus::Serving));
+
+    drop(router);
+    eventually(Duration::from_secs(20), || async {
+        (status("").await == Some(ServingStatus::NotServing)).then_some(())
+    })
+    .await
+    .expect("the worker is not ready without a router");
+    assert_eq!(status("liveness").await, Some(ServingStatus::Serving), "alive all the same");
+}

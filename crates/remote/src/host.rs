@@ -635,11 +635,18 @@ async fn run_call(
     }
 }
 
-/// Serves the gRPC health service on `addr`: the overall status ("") is SERVING while the
-/// worker has a session with a router, NOT_SERVING otherwise and while it drains.
+/// The health service that answers SERVING while the worker process runs: its liveness,
+/// which does not depend on reaching a router (a router outage would otherwise restart
+/// every worker).
+pub const LIVENESS_SERVICE: &str = "liveness";
+
+/// Serves the gRPC health service on `addr`: the overall status ("", the worker's
+/// readiness) is SERVING while the worker has a session with a router, NOT_SERVING
+/// otherwise and while it drains; [`LIVENESS_SERVICE`] is SERVING while it runs.
 async fn serve_health(addr: SocketAddr, host: Arc<Host>) -> anyhow::Result<()> {
     let (reporter, service) = tonic_health::server::health_reporter();
     reporter.set_service_status("", tonic_health::ServingStatus::NotServing).await;
+    reporter.set_service_status(LIVENESS_SERVICE, tonic_health::ServingStatus::Serving).await;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr} for health checks"))?;

@@ -174,7 +174,8 @@ struct WorkerArgs {
     /// Calls run at once (overrides worker.capacity; default workers.size).
     #[arg(long)]
     capacity: Option<usize>,
-    /// Serve the gRPC health service here: SERVING while connected to a router.
+    /// Serve the gRPC health service here: SERVING while connected to a router (the
+    /// service `liveness`: while the worker runs).
     #[arg(long)]
     health_listen: Option<SocketAddr>,
     /// The credential sent with every request: an API key or a JWT.
