@@ -753,3 +753,26 @@ async fn mcp_endpoint_calls_are_one_trace_from_the_client_to_the_upstream_server
         "the header-parented call has its span too"
     );
 }
+
+/// With `telemetry.log_format = "json"` every line on stderr is one JSON object, with the
+/// event's fields at its top level.
+#[tokio::test]
+async fn json_logs_are_one_object_per_line() {
+    let server =
+        BinaryServer::start(&[], &[("TOOLMESH__TELEMETRY__LOG_FORMAT", "json")]).await.unwrap();
+    let serving = eventually(Duration::from_secs(10), || async {
+        let stderr = server.stderr.lock().unwrap().clone();
+        stderr.contains("\"serving\"").then_some(stderr)
+    })
+    .await
+    .expect("the server logged that it serves");
+    let lines: Vec<serde_json::Value> = serving
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}")))
+        .collect();
+    let line = lines.iter().find(|line| line["message"] == "serving").unwrap();
+    assert_eq!(line["level"], "INFO", "{line}");
+    assert_eq!(line["addr"], server.addr.to_string(), "{line}");
+    assert!(line["tools"].as_u64().is_some_and(|n| n > 0), "{line}");
+    assert!(line["timestamp"].as_str().is_some_and(|t| t.starts_with("20")), "{line}");
+}

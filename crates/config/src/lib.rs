@@ -23,7 +23,7 @@ pub use model::Config;
 pub use section::{Reading, Section, SectionDef, defaults_text};
 pub use selector::{Selector, glob};
 pub use server::ServerConfig;
-pub use telemetry::TelemetryConfig;
+pub use telemetry::{LogFormat, TelemetryConfig};
 
 use std::{collections::HashMap, path::Path};
 

@@ -9,16 +9,29 @@ use serde::Deserialize;
 pub struct TelemetryConfig {
     /// Log filter.
     pub log: String,
+    /// How log lines are written.
+    pub log_format: LogFormat,
     /// OTLP/gRPC endpoint; `None` falls back to `OTEL_EXPORTER_OTLP_ENDPOINT`.
     pub otlp_endpoint: Option<String>,
     /// `service.name` of exported spans.
     pub service_name: String,
 }
 
+/// How log lines are written on standard error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    #[default]
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawTelemetry {
     pub(crate) log: String,
+    pub(crate) log_format: String,
     pub(crate) otlp_endpoint: String,
     pub(crate) service_name: String,
 }
@@ -61,8 +74,19 @@ pub(crate) fn telemetry(
     key_error: &dyn Fn(String, String) -> ConfigError,
 ) -> Result<TelemetryConfig, ConfigError> {
     log_filter(&raw.log).map_err(|reason| key_error("telemetry.log".into(), reason))?;
+    let log_format = match raw.log_format.trim() {
+        "text" => LogFormat::Text,
+        "json" => LogFormat::Json,
+        other => {
+            return Err(key_error(
+                "telemetry.log_format".into(),
+                format!("`{other}` is not a log format: \"text\" or \"json\""),
+            ));
+        }
+    };
     let telemetry = TelemetryConfig {
         log: raw.log,
+        log_format,
         otlp_endpoint: Some(raw.otlp_endpoint).filter(|s| !s.trim().is_empty()),
         service_name: raw.service_name,
     };

@@ -88,6 +88,22 @@ fn a_log_filter_that_would_silence_the_logs_is_refused() {
     }
 }
 
+#[test]
+fn the_log_format_is_text_json_or_refused() {
+    let format = |file: &str, vars: &[(&str, &str)]| {
+        load_str(Some(("f.toml", file)), &env(vars)).map(|config| config.telemetry.log_format)
+    };
+    assert_eq!(format("", &[]).unwrap(), crate::LogFormat::Text);
+    assert_eq!(
+        format("[telemetry]\nlog_format = \"json\"\n", &[]).unwrap(),
+        crate::LogFormat::Json
+    );
+    let from_env = format("", &[("TOOLMESH__TELEMETRY__LOG_FORMAT", "json")]);
+    assert_eq!(from_env.unwrap(), crate::LogFormat::Json);
+    let err = format("[telemetry]\nlog_format = \"logfmt\"\n", &[]).unwrap_err().to_string();
+    assert!(err.contains("telemetry.log_format") && err.contains("logfmt"), "{err}");
+}
+
 /// A section a crate defines, as the tests define one.
 #[derive(Debug, PartialEq)]
 struct Fleet {

@@ -22,6 +22,8 @@ use tracing_subscriber::{
 pub struct TelemetryOptions {
     /// Log filter in `EnvFilter` syntax; `RUST_LOG` wins when set.
     pub log_filter: String,
+    /// Write each log line as one JSON object instead of readable text.
+    pub json_logs: bool,
     /// OTLP/gRPC endpoint; `None` falls back to `OTEL_EXPORTER_OTLP_ENDPOINT`, and without
     /// that no spans are exported.
     pub otlp_endpoint: Option<String>,
@@ -107,11 +109,23 @@ pub fn init(options: &TelemetryOptions) -> Result<TelemetryGuard, TelemetryError
     // Logs are events; spans are for traces. Keeping spans away from the log layer means
     // it never formats the fields of the per-call spans, and with no exporter no layer
     // wants those spans at all, so creating them costs next to nothing.
-    let fmt = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
-        .with_filter(env_filter.and(filter_fn(|metadata| metadata.is_event())));
+    let events = env_filter.and(filter_fn(|metadata| metadata.is_event()));
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = if options.json_logs {
+        // One object per line with the event's fields at its top level, as log collectors
+        // read them; no ANSI colours, and no span context (spans are for traces).
+        fmt.json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .with_filter(events)
+            .boxed()
+    } else {
+        fmt.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_target(false)
+            .with_filter(events)
+            .boxed()
+    };
 
     let endpoint = options
         .otlp_endpoint

@@ -453,6 +453,7 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         .map_err(|error| anyhow::anyhow!("{error}"))?;
     let _telemetry = toolmesh_telemetry::init(&toolmesh_telemetry::TelemetryOptions {
         log_filter: config.telemetry.log.clone(),
+        json_logs: config.telemetry.log_format == toolmesh_config::LogFormat::Json,
         otlp_endpoint: config.telemetry.otlp_endpoint.clone(),
         service_name: config.telemetry.service_name.clone(),
     })?;
@@ -531,6 +532,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     let _telemetry = toolmesh_telemetry::init(&toolmesh_telemetry::TelemetryOptions {
         log_filter: config.telemetry.log.clone(),
+        json_logs: config.telemetry.log_format == toolmesh_config::LogFormat::Json,
         otlp_endpoint: config.telemetry.otlp_endpoint.clone(),
         service_name: config.telemetry.service_name.clone(),
     })?;
