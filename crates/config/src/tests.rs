@@ -104,6 +104,23 @@ fn the_log_format_is_text_json_or_refused() {
     assert!(err.contains("telemetry.log_format") && err.contains("logfmt"), "{err}");
 }
 
+#[test]
+fn the_variables_a_file_reads_and_the_environment_lacks_are_named() {
+    let file = r#"
+# ${IN_A_COMMENT} is no reference
+[[tools.http]]
+name = "weather"
+url = "https://weather.example/{{city}}"
+headers = { Authorization = "Bearer ${WEATHER_TOKEN}", "X-Team" = "${TEAM}-${WEATHER_TOKEN}" }
+
+[credentials.github]
+principals.alice = { env = "ALICE_GITHUB_TOKEN" }
+default = { env = "SHARED_GITHUB_TOKEN" }
+"#;
+    let unset = crate::values::unset_variables(file, &env(&[("TEAM", "search")]));
+    assert_eq!(unset, ["ALICE_GITHUB_TOKEN", "SHARED_GITHUB_TOKEN", "WEATHER_TOKEN"]);
+}
+
 /// A section a crate defines, as the tests define one.
 #[derive(Debug, PartialEq)]
 struct Fleet {

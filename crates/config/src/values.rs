@@ -62,3 +62,42 @@ pub fn resolve_env_refs(value: &str, env: &HashMap<String, String>) -> Result<St
     out.push_str(rest);
     Ok(out)
 }
+
+/// The environment variables the configuration `text` reads that `env` does not set: each
+/// `${NAME}` in its values, and each `env = "NAME"` of its `[credentials]`, by name. `toolmesh config check` reports them instead of failing, so that a
+/// file can be checked where its secrets are not (a build, a review).
+pub fn unset_variables(text: &str, env: &HashMap<String, String>) -> Vec<String> {
+    fn walk(value: &toml::Value, in_credentials: bool, key: &str, found: &mut Vec<String>) {
+        match value {
+            toml::Value::String(text) => {
+                if in_credentials && key == "env" {
+                    found.push(text.clone());
+                }
+                let mut rest = text.as_str();
+                while let Some(start) = rest.find("${") {
+                    let after = &rest[start + 2..];
+                    let Some(end) = after.find('}') else { break };
+                    found.push(after[..end].to_owned());
+                    rest = &after[end + 1..];
+                }
+            }
+            toml::Value::Array(items) => {
+                items.iter().for_each(|item| walk(item, in_credentials, key, found));
+            }
+            toml::Value::Table(table) => {
+                for (name, item) in table {
+                    walk(item, in_credentials, name, found);
+                }
+            }
+            _ => {}
+        }
+    }
+    let Ok(table) = text.parse::<toml::Table>() else { return Vec::new() };
+    let mut found = Vec::new();
+    for (name, value) in &table {
+        walk(value, name == "credentials", name, &mut found);
+    }
+    let unset: std::collections::BTreeSet<String> =
+        found.into_iter().filter(|name| !env.contains_key(name)).collect();
+    unset.into_iter().collect()
+}

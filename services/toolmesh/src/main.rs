@@ -274,7 +274,9 @@ enum ConfigCommand {
     /// crates that define them give them.
     Defaults,
     /// Checks a config file (and TOOLMESH__* overrides) and exits non-zero on a problem. A
-    /// file with a `[worker]` section is checked as `toolmesh worker` reads it.
+    /// file with a `[worker]` section is checked as `toolmesh worker` reads it. Environment
+    /// variables the file reads (`${NAME}`, a credential's `env`) that are not set here are
+    /// named on stderr, not refused.
     Check {
         /// The file.
         file: PathBuf,
@@ -387,9 +389,23 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Config { command: ConfigCommand::Check { file } } => {
-            let env: HashMap<String, String> = std::env::vars().collect();
+            let mut env: HashMap<String, String> = std::env::vars().collect();
+            // Secrets are often not where a file is checked: what the file reads and this
+            // environment lacks is checked with a stand-in and named, not refused.
+            let text = std::fs::read_to_string(&file)
+                .map_err(|error| anyhow::anyhow!("cannot read {}: {error}", file.display()))?;
+            let unset = toolmesh_config::values::unset_variables(&text, &env);
+            for name in &unset {
+                env.insert(name.clone(), format!("unset-{name}"));
+            }
             let config = toolmesh_config::load(Some(&file), &env)
                 .map_err(|error| anyhow::anyhow!("{error}"))?;
+            if !unset.is_empty() {
+                eprintln!(
+                    "note: not set here, and needed where toolmesh runs with this file: {}",
+                    unset.join(", ")
+                );
+            }
             // A worker's file is checked as `toolmesh worker` reads it.
             if toolmesh::worker::is_worker_file(&config) {
                 toolmesh::worker::check(&config)?;
