@@ -312,6 +312,39 @@ pub async fn call_streaming(
     Err(tonic::Status::unavailable("the stream ended without a result"))
 }
 
+/// The longest description `tools list` shows of a tool, in characters.
+const DESCRIPTION_CHARS: usize = 200;
+
+/// Renders `tools` as the table of `toolmesh tools list`, `width` columns wide (none: as
+/// wide as its longest row, for a pipe): names, sources and descriptions that do not fit
+/// are wrapped within their column instead of pushing the next ones out of line. A
+/// description shows its first line, cut at 200 characters.
+pub fn tools_table(tools: &[toolmesh_proto::v1::Tool], width: Option<u16>) -> String {
+    let mut table = comfy_table::Table::new();
+    table
+        .load_style(comfy_table::presets::NOTHING)
+        .set_content_arrangement(comfy_table::ContentArrangement::Dynamic)
+        .set_header(["NAME", "TOOLKIT", "SOURCE", "UPSTREAM", "DESCRIPTION"]);
+    if let Some(width) = width {
+        table.set_width(width);
+    }
+    // Columns two spaces apart, the first at the margin.
+    for column in table.column_iter_mut() {
+        column.set_padding((0, 2));
+    }
+    for tool in tools {
+        let (source, upstream) =
+            tool.source.as_ref().map_or(("", ""), |s| (s.name.as_str(), s.upstream_name.as_str()));
+        let first = tool.description.lines().next().unwrap_or_default();
+        let mut description: String = first.chars().take(DESCRIPTION_CHARS).collect();
+        if description.len() < first.len() {
+            description.push('…');
+        }
+        table.add_row([tool.name.as_str(), &tool.toolkit, source, upstream, &description]);
+    }
+    table.trim_fmt()
+}
+
 /// Renders one content part for a terminal.
 pub fn render_part(part: &Option<Part>) -> String {
     match part {
@@ -329,5 +362,75 @@ pub fn render_part(part: &Option<Part>) -> String {
             None => format!("[resource {}]", resource.uri),
         },
         None => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use toolmesh_proto::v1::{Tool, ToolSource};
+
+    use super::tools_table;
+
+    fn tool(name: &str, description: &str) -> Tool {
+        Tool {
+            name: name.into(),
+            description: description.into(),
+            source: Some(ToolSource { name: "github".into(), ..Default::default() }),
+            ..Default::default()
+        }
+    }
+
+    /// In a terminal of 80 columns no line is longer, however long a name or a description:
+    /// they wrap within their columns, and every word of them is still shown.
+    #[test]
+    fn long_names_and_descriptions_wrap_within_the_width() {
+        let long = "github_list_pull_request_review_comments_for_a_repository_and_branch";
+        let tools = [
+            tool(
+                long,
+                "Lists the review comments of every pull request of a repository, newest first, with their authors.",
+            ),
+            tool("echo", "Echoes its input."),
+        ];
+        let table = tools_table(&tools, Some(80));
+        for line in table.lines() {
+            assert!(
+                line.chars().count() <= 80,
+                "{} columns: {line}\n{table}",
+                line.chars().count()
+            );
+        }
+        // Each column read down its rows gives back what was put in.
+        let header = table.lines().next().unwrap();
+        let column = |from: &str, to: Option<&str>| -> Vec<String> {
+            let start = header.find(from).unwrap();
+            let end = to.map(|to| header.find(to).unwrap());
+            (table.lines().skip(1))
+                .map(|line| {
+                    let cells: String = line.chars().skip(start).collect();
+                    let cell: String = match end {
+                        Some(end) => cells.chars().take(end - start).collect(),
+                        None => cells,
+                    };
+                    cell.trim().to_owned()
+                })
+                .collect()
+        };
+        let names = column("NAME", Some("TOOLKIT")).concat();
+        assert_eq!(names, format!("{long}echo"), "{table}");
+        let descriptions = column("DESCRIPTION", None).join(" ");
+        assert!(descriptions.contains("newest first, with their authors."), "{table}");
+    }
+
+    /// In a pipe each tool is one line, whole, under the header.
+    #[test]
+    fn a_pipe_gets_one_line_per_tool() {
+        let long = "a_name_".repeat(20);
+        let table = tools_table(&[tool(&long, "First line.\nSecond line.")], None);
+        let lines: Vec<_> = table.lines().filter(|line| !line.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 2, "{table}");
+        assert!(lines[0].contains("NAME") && lines[0].contains("DESCRIPTION"), "{table}");
+        assert!(lines[1].contains(&long) && lines[1].contains("First line."), "{table}");
+        assert!(!table.contains("Second line"), "{table}");
     }
 }

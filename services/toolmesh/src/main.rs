@@ -707,13 +707,9 @@ async fn list(
         );
         return Ok(ExitCode::SUCCESS);
     }
-    out!("{:<28} {:<12} {:<10} {:<20} DESCRIPTION", "NAME", "TOOLKIT", "SOURCE", "UPSTREAM");
-    for tool in &tools {
-        let (source, upstream) =
-            tool.source.as_ref().map_or(("", ""), |s| (s.name.as_str(), s.upstream_name.as_str()));
-        let description: String = tool.description.chars().take(70).collect();
-        out!("{:<28} {:<12} {:<10} {upstream:<20} {description}", tool.name, tool.toolkit, source);
-    }
+    // A terminal gets the table wrapped to its width; a pipe gets one line per tool.
+    let width = console::Term::stdout().size_checked().map(|(_, columns)| columns);
+    out!("{}", client::tools_table(&tools, width));
     out!("{} tools, {} toolkits", tools.len(), toolkits.len());
     Ok(ExitCode::SUCCESS)
 }
