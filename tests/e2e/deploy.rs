@@ -13,9 +13,20 @@ fn root() -> PathBuf {
 }
 
 async fn run(program: &str, args: &[&str]) -> Output {
-    Command::new(program)
-        .args(args)
-        .current_dir(root())
+    run_env(program, args, &[]).await
+}
+
+/// [`run`] with `env` set (a value of `None` removes the variable).
+async fn run_env(program: &str, args: &[&str], env: &[(&str, Option<&str>)]) -> Output {
+    let mut command = Command::new(program);
+    command.args(args).current_dir(root());
+    for (name, value) in env {
+        match value {
+            Some(value) => command.env(name, value),
+            None => command.env_remove(name),
+        };
+    }
+    command
         .output()
         .await
         .unwrap_or_else(|e| panic!("{program} runs (tests/setup installs it): {e}"))
@@ -49,7 +60,6 @@ async fn the_kustomizations_render_and_validate_strictly() {
         "kind: HorizontalPodAutoscaler",
         "kind: PodDisruptionBudget",
         "kind: ConfigMap",
-        "kind: Secret",
         "clusterIP: None",
         "volumeClaimTemplates:",
         "startupProbe:",
@@ -63,6 +73,13 @@ async fn the_kustomizations_render_and_validate_strictly() {
     ] {
         assert!(production.contains(kind), "the production overlay has {kind}:\n{production}");
     }
+    // The token key comes from a Secret the operator creates: no key ships in the files.
+    assert!(!production.contains("kind: Secret"), "{production}");
+    assert!(
+        production.contains("name: toolmesh-routing"),
+        "the routers read the operator's Secret"
+    );
+    assert!(!production.contains("change-me"), "{production}");
     // Kubernetes waits longer than toolmesh's own grace period, so SIGTERM drains first.
     let config = std::fs::read_to_string(root().join("deploy/k8s/base/router.toml")).unwrap();
     let grace_ms: u64 = config
@@ -83,8 +100,16 @@ async fn the_kustomizations_render_and_validate_strictly() {
 
 #[tokio::test]
 async fn the_compose_file_is_valid() {
-    let checked = run("docker-compose", &["-f", "docker-compose.yml", "config", "-q"]).await;
+    let compose_config = |key: Option<&'static str>| async move {
+        let env = [("TOOLMESH_TOKEN_KEY", key)];
+        run_env("docker-compose", &["-f", "docker-compose.yml", "config", "-q"], &env).await
+    };
+    let checked = compose_config(Some("a key of the operator's own")).await;
     assert!(checked.status.success(), "{}", text(&checked));
+    // Without a key of the operator's own, compose refuses to start, saying what to set.
+    let keyless = compose_config(None).await;
+    assert!(!keyless.status.success(), "{}", text(&keyless));
+    assert!(text(&keyless).contains("set TOOLMESH_TOKEN_KEY"), "{}", text(&keyless));
     let compose = std::fs::read_to_string(root().join("docker-compose.yml")).unwrap();
     // Traces go to the collector unless told otherwise.
     assert!(compose.contains(

@@ -26,6 +26,10 @@ pub const DEFAULT_PROFILE: &str = "default";
 /// `top_k`).
 pub const MAX_TOP_K: usize = 50;
 
+/// Keys published as examples in toolmesh's own files: refused as `routing.token_key`, since
+/// anyone who read them could sign search tokens, MCP sessions and input-round states.
+const PUBLISHED_KEYS: [&str; 1] = ["change-me-to-32-random-bytes"];
+
 /// One `[[routing.profiles]]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProfileConfig {
@@ -129,6 +133,15 @@ fn routing(
         }
     }
     profiles.entry(DEFAULT_PROFILE.to_owned()).or_default();
+    if PUBLISHED_KEYS.contains(&raw.token_key.trim()) {
+        return Err(key_error(
+            "routing.token_key".into(),
+            "is the example key of toolmesh's own deploy files, which anyone can read and sign \
+             tokens and sessions with: set a random key of your own, for example the output of \
+             `openssl rand -base64 32`"
+                .into(),
+        ));
+    }
     let routing = RoutingConfig {
         token_key: Some(raw.token_key).filter(|k| !k.is_empty()),
         token_ttl: positive_ms(

@@ -70,3 +70,13 @@ enforce_search_before_call = false
     let err = routing(twice, &env(&[])).unwrap_err().to_string();
     assert!(err.contains("defined twice"), "{err}");
 }
+
+/// The example key of toolmesh's own deploy files is refused, wherever it comes from.
+#[test]
+fn the_published_example_key_is_refused() {
+    let key = "change-me-to-32-random-bytes";
+    let err = routing("", &env(&[("TOOLMESH__ROUTING__TOKEN_KEY", key)])).unwrap_err().to_string();
+    assert!(err.contains("routing.token_key") && err.contains("openssl rand"), "{err}");
+    let file = format!("[routing]\ntoken_key = \"{key}\"\n");
+    assert!(routing(&file, &env(&[])).is_err());
+}
