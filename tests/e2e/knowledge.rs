@@ -507,3 +507,93 @@ async fn toolmesh_ingest_loads_a_tree_names_each_bad_file_and_replaces_on_a_seco
     assert!(!missing.status.success());
     assert!(stderr(&missing).contains("no knowledge collection \"nope\""), "{}", stderr(&missing));
 }
+
+/// Two trees of the same file names go into one collection each under a prefix of its own
+/// (together they are refused, naming both files); a tree ingested again says how many
+/// documents it replaced; `toolmesh knowledge list` counts them and `delete` takes them out;
+/// a filter on a collection without filterable fields says which field is wrong.
+#[tokio::test]
+async fn trees_keep_apart_under_prefixes_and_knowledge_lists_and_deletes() {
+    let config = "[[knowledge.collections]]\nname = \"docs\"\ndescription = \"The handbook.\"\n";
+    let server = BinaryServer::with_config(config, &[]).await.unwrap();
+    let addr = server.addr.to_string();
+    let trees = tempfile::tempdir().unwrap();
+    for (root, text) in
+        [("handbook", "Expenses are filed monthly."), ("wiki", "The wiki has recipes.")]
+    {
+        std::fs::create_dir_all(trees.path().join(root)).unwrap();
+        std::fs::write(trees.path().join(root).join("README.md"), format!("# {root}\n\n{text}\n"))
+            .unwrap();
+    }
+    let tree = |root: &str| trees.path().join(root).display().to_string();
+    let ingest = |extra: Vec<String>| {
+        let addr = addr.clone();
+        async move {
+            let mut args = vec!["ingest".to_owned(), "--collection".into(), "docs".into()];
+            args.extend(["--server".to_owned(), addr]);
+            args.extend(extra);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            run(&args).await
+        }
+    };
+
+    // An undeclared collection is said before any path is looked at.
+    let missing =
+        run(&["ingest", "--collection", "nope", "--server", &addr, "/no/such/path"]).await;
+    let err = stderr(&missing);
+    assert!(err.contains("no knowledge collection \"nope\"; it has docs"), "{err}");
+
+    let together = ingest(vec![tree("handbook"), tree("wiki")]).await;
+    assert!(!together.status.success());
+    let err = stderr(&together);
+    assert!(err.contains("handbook/README.md") && err.contains("wiki/README.md"), "{err}");
+    assert!(err.contains("--prefix"), "{err}");
+
+    for root in ["handbook", "wiki"] {
+        let one = ingest(vec!["--prefix".into(), format!("{root}/"), tree(root)]).await;
+        assert!(one.status.success(), "{}", stderr(&one));
+        assert!(stdout(&one).contains("ingested 1 documents"), "{}", stdout(&one));
+        assert!(!stdout(&one).contains("replacing"), "{}", stdout(&one));
+    }
+    let again = ingest(vec!["--prefix".into(), "wiki/".into(), tree("wiki")]).await;
+    assert!(
+        stdout(&again).contains("1 of them replacing a document of the same id"),
+        "{}",
+        stdout(&again)
+    );
+
+    let list = run(&["knowledge", "list", "--server", &addr]).await;
+    assert!(list.status.success(), "{}", stderr(&list));
+    let row = stdout(&list).lines().find(|l| l.starts_with("docs")).map(str::to_owned);
+    let row = row.unwrap_or_else(|| panic!("{}", stdout(&list)));
+    assert_eq!(row.split_whitespace().nth(1), Some("2"), "two documents: {row}");
+
+    let delete = run(&[
+        "knowledge",
+        "delete",
+        "--collection",
+        "docs",
+        "--server",
+        &addr,
+        "wiki/README.md",
+        "wiki/nope.md",
+    ])
+    .await;
+    assert_eq!(delete.status.code(), Some(1), "{}", stderr(&delete));
+    assert!(stdout(&delete).contains("deleted 1 documents"), "{}", stdout(&delete));
+    assert!(stderr(&delete).contains("no document \"wiki/nope.md\""), "{}", stderr(&delete));
+    let list = run(&["knowledge", "list", "--server", &addr]).await;
+    let row = stdout(&list).lines().find(|l| l.starts_with("docs")).map(str::to_owned).unwrap();
+    assert_eq!(row.split_whitespace().nth(1), Some("1"), "one document left: {row}");
+
+    let mut client = toolmesh::client::connect(&addr, None).await.unwrap();
+    let request = CallToolRequest {
+        name: "search_docs".into(),
+        arguments_json: json!({ "query": "expenses", "filter": {"author": "ann"} }).to_string(),
+        ..Default::default()
+    };
+    let refused = client.call_tool(request).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("author"), "{}", refused.message());
+    assert!(!refused.message().contains("more than 0 properties"), "{}", refused.message());
+}

@@ -28,7 +28,8 @@ impl SearchTool {
     /// The tool's definition for `config`.
     pub(crate) fn spec(config: &CollectionConfig) -> ToolSpec {
         let filter = if config.filter_fields.is_empty() {
-            json!({"type": "object", "maxProperties": 0,
+            // Any field is refused by name ("'author' was unexpected"), not by a count.
+            json!({"type": "object", "properties": {}, "additionalProperties": false,
                    "description": "This collection has no filterable fields."})
         } else {
             json!({

@@ -345,6 +345,43 @@ pub fn tools_table(tools: &[toolmesh_proto::v1::Tool], width: Option<u16>) -> St
     table.trim_fmt()
 }
 
+/// Renders the knowledge collections as the table of `toolmesh knowledge list`, `width`
+/// columns wide as [`tools_table`] is; a collection whose counts could not be read says
+/// why in the last column.
+pub fn collections_table(
+    collections: &[toolmesh_proto::v1::CollectionInfo],
+    width: Option<u16>,
+) -> String {
+    let mut table = comfy_table::Table::new();
+    table
+        .load_style(comfy_table::presets::NOTHING)
+        .set_content_arrangement(comfy_table::ContentArrangement::Dynamic)
+        .set_header(["COLLECTION", "DOCUMENTS", "CHUNKS", "STORE", "TOOL", "DESCRIPTION"]);
+    if let Some(width) = width {
+        table.set_width(width);
+    }
+    for column in table.column_iter_mut() {
+        column.set_padding((0, 2));
+    }
+    for collection in collections {
+        let counts = |n: u64| if collection.error.is_empty() { n.to_string() } else { "?".into() };
+        let description = if collection.error.is_empty() {
+            collection.description.clone()
+        } else {
+            format!("(counts unknown: {})", collection.error)
+        };
+        table.add_row([
+            collection.name.clone(),
+            counts(collection.documents),
+            counts(collection.chunks),
+            collection.store.clone(),
+            collection.tool.clone(),
+            description,
+        ]);
+    }
+    table.trim_fmt()
+}
+
 /// Renders one content part for a terminal.
 pub fn render_part(part: &Option<Part>) -> String {
     match part {

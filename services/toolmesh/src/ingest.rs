@@ -1,9 +1,11 @@
 //! `toolmesh ingest`: text and Markdown files into a knowledge collection.
 //!
 //! Each file is a document whose id is its path relative to the directory given (a file
-//! given by itself: its name), so ingesting a tree again replaces its documents. Files are
-//! read and checked here (text, within the size limit) and sent in batches; each batch is
-//! one `Ingest` call, whose per-document results drive the progress.
+//! given by itself: its name), after an optional prefix, so ingesting a tree again replaces
+//! its documents; two files of one run with the same id are refused before anything is
+//! sent. Files are read and checked here (text, within the size limit) and sent in
+//! batches; each batch is one `Ingest` call, whose per-document results drive the
+//! progress.
 
 use std::{
     io::IsTerminal as _,
@@ -12,13 +14,63 @@ use std::{
 
 use anyhow::Context as _;
 use toolmesh_proto::v1::{
-    Document, DocumentFormat, IngestRequest, knowledge_service_client::KnowledgeServiceClient,
+    Document, DocumentFormat, IngestRequest, ListCollectionsRequest,
+    knowledge_service_client::KnowledgeServiceClient,
 };
 
 /// Bytes of documents sent in one call (well under the server's message limit).
 const BATCH_BYTES: usize = 1 << 20;
-/// Documents sent in one call.
+/// Documents sent in one call, at most.
 const BATCH_DOCUMENTS: usize = 64;
+
+/// Progress steps an ingestion aims at: a run of few documents sends them in small batches,
+/// so that the progress moves with the work (embedding, not sending, takes the time).
+const PROGRESS_STEPS: usize = 20;
+
+/// The documents of one batch, for `total` documents in all.
+fn batch_documents(total: usize) -> usize {
+    (total / PROGRESS_STEPS).clamp(1, BATCH_DOCUMENTS)
+}
+
+/// The knowledge client of a server.
+pub type KnowledgeClient = KnowledgeServiceClient<crate::client::Connection>;
+
+/// Connects to the knowledge service of the server at `addr`.
+pub async fn connect(
+    addr: &str,
+    token: Option<&str>,
+    tls: &crate::client::ClientTls,
+) -> anyhow::Result<KnowledgeClient> {
+    let channel = crate::client::channel_with(addr, token, tls).await?;
+    Ok(KnowledgeServiceClient::new(channel).max_decoding_message_size(16 << 20))
+}
+
+/// What the server says of `collection`: `Ok(None)` when the caller may not list the
+/// collections (ingesting may still be allowed); an error naming the collections there are
+/// when it has no such collection, before any file is read.
+pub async fn collection(
+    client: &mut KnowledgeClient,
+    collection: &str,
+) -> anyhow::Result<Option<toolmesh_proto::v1::CollectionInfo>> {
+    let listed = match client.list_collections(ListCollectionsRequest {}).await {
+        Ok(listed) => listed.into_inner().collections,
+        Err(status) if status.code() == tonic::Code::PermissionDenied => return Ok(None),
+        Err(status) => anyhow::bail!("cannot list the collections: {}", status.message()),
+    };
+    let names: Vec<&str> = listed.iter().map(|c| c.name.as_str()).collect();
+    match listed.iter().find(|c| c.name == collection) {
+        Some(info) => Ok(Some(info.clone())),
+        None if names.is_empty() => anyhow::bail!(
+            "the server has no knowledge collection {collection:?}, nor any other: declare it \
+             in [[knowledge.collections]]"
+        ),
+        None => anyhow::bail!(
+            "the server has no knowledge collection {collection:?}; it has {} (declare a new \
+             one in [[knowledge.collections]])",
+            names.join(", ")
+        ),
+    }
+}
 
 /// A file to ingest: its document id and its path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,7 +121,7 @@ pub struct Collected {
 /// Finds the files under `paths`, recursively, in a stable order. A symbolic link is
 /// followed only where it leads to a place inside the directory given (a link to
 /// `/etc/passwd` is not read), and every directory is read once, so links that loop end.
-pub fn collect(paths: &[PathBuf]) -> anyhow::Result<Collected> {
+pub fn collect(paths: &[PathBuf], prefix: &str) -> anyhow::Result<Collected> {
     let mut found = Collected::default();
     for root in paths {
         let meta = std::fs::metadata(root).with_context(|| format!("{}", root.display()))?;
@@ -113,7 +165,21 @@ pub fn collect(paths: &[PathBuf]) -> anyhow::Result<Collected> {
             }
         }
     }
+    for file in &mut found.files {
+        file.id.insert_str(0, prefix);
+    }
     found.files.sort_by(|a, b| a.id.cmp(&b.id));
+    // Two files of one id: the later would replace the earlier, unseen.
+    if let Some(pair) = found.files.windows(2).find(|pair| pair[0].id == pair[1].id) {
+        anyhow::bail!(
+            "{} and {} would both be the document {:?} (a document is named by its path \
+             within the directory given), and one would replace the other: ingest the \
+             directories one at a time, each with a --prefix of its own",
+            pair[0].path.display(),
+            pair[1].path.display(),
+            pair[0].id
+        );
+    }
     Ok(found)
 }
 
@@ -152,6 +218,8 @@ impl Progress {
                 )
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
             );
+            // The clock moves while a batch is being embedded.
+            bar.enable_steady_tick(std::time::Duration::from_millis(200));
             Progress::Bar(bar)
         } else {
             Progress::Lines { total, done: 0 }
@@ -185,19 +253,14 @@ impl Progress {
     }
 }
 
-/// Ingests `files` into `collection` on the server at `addr`, authenticated by `token`,
-/// over TLS as `tls` says.
+/// Ingests `files` into `collection` through `client`.
 pub async fn ingest(
-    addr: &str,
-    token: Option<&str>,
-    tls: &crate::client::ClientTls,
+    client: &mut KnowledgeClient,
     collection: &str,
     files: &[SourceFile],
     max_bytes: u64,
 ) -> anyhow::Result<IngestSummary> {
-    let mut client =
-        KnowledgeServiceClient::new(crate::client::channel_with(addr, token, tls).await?)
-            .max_decoding_message_size(16 << 20);
+    let batch_documents = batch_documents(files.len());
     let mut summary = IngestSummary::default();
     let mut progress = Progress::new(files.len() as u64);
     let mut batch: Vec<Document> = Vec::new();
@@ -205,7 +268,7 @@ pub async fn ingest(
     let mut pending = files.iter().peekable();
     while pending.peek().is_some() || !batch.is_empty() {
         while pending.peek().is_some() {
-            if !batch.is_empty() && (batch.len() >= BATCH_DOCUMENTS || bytes >= BATCH_BYTES) {
+            if !batch.is_empty() && (batch.len() >= batch_documents || bytes >= BATCH_BYTES) {
                 break;
             }
             let file = pending.next().expect("peeked");
@@ -269,13 +332,13 @@ mod tests {
         std::fs::write(dir.join("a.md"), "# A").unwrap();
         std::fs::write(dir.join("guide/deep/b.txt"), "b").unwrap();
         std::fs::write(dir.join("guide/logo.png"), [0u8, 1, 2]).unwrap();
-        let found = collect(std::slice::from_ref(&dir)).unwrap();
+        let found = collect(std::slice::from_ref(&dir), "").unwrap();
         let ids: Vec<(&str, bool)> =
             found.files.iter().map(|f| (f.id.as_str(), f.markdown)).collect();
         assert_eq!(ids, [("a.md", true), ("guide/deep/b.txt", false)]);
         assert_eq!(found.skipped, [dir.join("guide/logo.png")]);
         // A file given by itself is named by its file name.
-        let one = collect(&[dir.join("guide/deep/b.txt")]).unwrap();
+        let one = collect(&[dir.join("guide/deep/b.txt")], "").unwrap();
         assert_eq!(one.files[0].id, "b.txt");
         std::fs::write(dir.join("empty.md"), "  \n").unwrap();
         let empty =
@@ -303,7 +366,7 @@ mod tests {
         link(Path::new(".."), "guide/parent");
         link(Path::new("."), "guide/here");
         link(&dir.join("guide/a.md"), "same.md");
-        let found = collect(std::slice::from_ref(&dir)).unwrap();
+        let found = collect(std::slice::from_ref(&dir), "").unwrap();
         let ids: Vec<&str> = found.files.iter().map(|f| f.id.as_str()).collect();
         // The link inside the tree is a document of its own; nothing outside is read, and
         // the loops back to the root and to the directory itself end.
@@ -312,5 +375,31 @@ mod tests {
         out.sort();
         assert_eq!(out, [dir.join("passwd.txt"), dir.join("secrets"), dir.join("up")]);
         let _ = std::fs::remove_dir_all(&base);
+    }
+
+    /// Two trees with a file of the same relative path are refused, naming both files,
+    /// unless a prefix tells them apart; few documents go in small batches.
+    #[test]
+    fn same_named_files_of_two_trees_are_refused_and_a_prefix_keeps_them_apart() {
+        let base = std::env::temp_dir().join(format!("toolmesh-roots-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        for root in ["handbook", "wiki"] {
+            std::fs::create_dir_all(base.join(root)).unwrap();
+            std::fs::write(base.join(root).join("README.md"), format!("# {root}")).unwrap();
+        }
+        let both = [base.join("handbook"), base.join("wiki")];
+        let error = collect(&both, "").unwrap_err().to_string();
+        assert!(
+            error.contains("handbook/README.md") && error.contains("wiki/README.md"),
+            "{error}"
+        );
+        assert!(error.contains("--prefix"), "{error}");
+        let one = collect(&both[..1], "handbook/").unwrap();
+        assert_eq!(one.files[0].id, "handbook/README.md");
+        let _ = std::fs::remove_dir_all(&base);
+
+        assert_eq!(batch_documents(7), 1);
+        assert_eq!(batch_documents(100), 5);
+        assert_eq!(batch_documents(100_000), BATCH_DOCUMENTS);
     }
 }

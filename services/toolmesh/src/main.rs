@@ -52,6 +52,11 @@ enum Command {
     /// directory given (ingesting a tree again replaces its documents). Progress goes to
     /// stderr; exits 1 when a document failed.
     Ingest(IngestArgs),
+    /// Lists the knowledge collections of a running server, or deletes documents.
+    Knowledge {
+        #[command(subcommand)]
+        command: KnowledgeCommand,
+    },
     /// Serves the local tools of its config file ([[tools.http]], [[tools.command]], and
     /// the built-in ones with `[worker] builtins = true`) for a router: it connects to
     /// every address the router's name resolves to, resolving it again periodically, and
@@ -151,6 +156,45 @@ struct IngestArgs {
     /// knowledge.max_document_bytes).
     #[arg(long, default_value_t = 2 << 20)]
     max_bytes: u64,
+    /// Put before every document id (`--prefix handbook/`): documents of different trees
+    /// with the same relative path then keep apart in one collection.
+    #[arg(long, default_value = "")]
+    prefix: String,
+    /// The credential sent with every request: an API key or a JWT.
+    #[arg(long, env = "TOOLMESH_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    #[command(flatten)]
+    tls: client::ClientTls,
+}
+
+#[derive(Subcommand)]
+enum KnowledgeCommand {
+    /// Lists the collections with their documents, chunks, store and search tool.
+    List {
+        #[command(flatten)]
+        server: ServerArgs,
+    },
+    /// Deletes documents of a collection by id, with all their chunks. Exits 1 when the
+    /// collection had none of some of them.
+    Delete {
+        /// The collection.
+        #[arg(long)]
+        collection: String,
+        /// The document ids (`toolmesh ingest` names a document by its path within the
+        /// directory given, after its --prefix).
+        #[arg(required = true)]
+        ids: Vec<String>,
+        #[command(flatten)]
+        server: ServerArgs,
+    },
+}
+
+/// Where a client command finds the server, and how it authenticates.
+#[derive(Args)]
+struct ServerArgs {
+    /// The server's address.
+    #[arg(long, default_value = "127.0.0.1:50051", env = "TOOLMESH_SERVER")]
+    server: String,
     /// The credential sent with every request: an API key or a JWT.
     #[arg(long, env = "TOOLMESH_TOKEN", hide_env_values = true)]
     token: Option<String>,
@@ -339,6 +383,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Call(args) => call(args).await,
         Command::Ingest(args) => ingest(args).await,
+        Command::Knowledge { command } => knowledge(command).await,
         Command::Worker(args) => worker(args).await,
         Command::Health(args) => health(args).await,
         Command::Model { command: ModelCommand::Fetch { cache_dir, index } } => {
@@ -489,25 +534,37 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn ingest(args: IngestArgs) -> anyhow::Result<ExitCode> {
+    let mut client =
+        toolmesh::ingest::connect(&args.server, args.token.as_deref(), &args.tls).await?;
+    // An undeclared collection is said before any file is read.
+    let before = toolmesh::ingest::collection(&mut client, &args.collection).await?;
     let toolmesh::ingest::Collected { files, skipped, links_out } =
-        toolmesh::ingest::collect(&args.paths)?;
+        toolmesh::ingest::collect(&args.paths, &args.prefix)?;
     for path in &skipped {
         eprintln!("skipped {} (not .md, .markdown, .mdx, .txt or .text)", path.display());
     }
     for path in &links_out {
         eprintln!("skipped {} (a link out of the directory given)", path.display());
     }
-    let summary = toolmesh::ingest::ingest(
-        &args.server,
-        args.token.as_deref(),
-        &args.tls,
-        &args.collection,
-        &files,
-        args.max_bytes,
-    )
-    .await?;
+    let summary =
+        toolmesh::ingest::ingest(&mut client, &args.collection, &files, args.max_bytes).await?;
+    // Documents of an id the collection had are replaced: said, so that a tree ingested
+    // over another of the same names does not go unnoticed.
+    let after = match before {
+        Some(_) => toolmesh::ingest::collection(&mut client, &args.collection).await.ok().flatten(),
+        None => None,
+    };
+    let replaced = before
+        .zip(after)
+        .filter(|(before, after)| before.error.is_empty() && after.error.is_empty())
+        .map(|(before, after)| {
+            (before.documents + summary.ingested).saturating_sub(after.documents)
+        })
+        .filter(|replaced| *replaced > 0)
+        .map(|replaced| format!(", {replaced} of them replacing a document of the same id"))
+        .unwrap_or_default();
     out!(
-        "ingested {} documents ({} chunks) into {}; {} failed, {} skipped",
+        "ingested {} documents ({} chunks) into {}{replaced}; {} failed, {} skipped",
         summary.ingested,
         summary.chunks,
         args.collection,
@@ -516,6 +573,48 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<ExitCode> {
     );
     let clean = summary.failed.is_empty() && summary.unlisted_failures == 0;
     Ok(if clean { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+async fn knowledge(command: KnowledgeCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        KnowledgeCommand::List { server } => {
+            let mut client =
+                toolmesh::ingest::connect(&server.server, server.token.as_deref(), &server.tls)
+                    .await?;
+            let listed = client
+                .list_collections(toolmesh_proto::v1::ListCollectionsRequest {})
+                .await
+                .map_err(|s| anyhow::anyhow!("ListCollections failed: {}", s.message()))?
+                .into_inner()
+                .collections;
+            let width = console::Term::stdout().size_checked().map(|(_, columns)| columns);
+            out!("{}", client::collections_table(&listed, width));
+            Ok(ExitCode::SUCCESS)
+        }
+        KnowledgeCommand::Delete { collection, ids, server } => {
+            let mut client =
+                toolmesh::ingest::connect(&server.server, server.token.as_deref(), &server.tls)
+                    .await?;
+            let request = toolmesh_proto::v1::DeleteRequest {
+                collection: collection.clone(),
+                document_ids: ids.clone(),
+            };
+            let deleted = client
+                .delete(request)
+                .await
+                .map_err(|s| anyhow::anyhow!("delete from {collection:?}: {}", s.message()))?
+                .into_inner();
+            for id in &deleted.not_found {
+                eprintln!("{collection} has no document {id:?}");
+            }
+            out!(
+                "deleted {} documents ({} chunks) from {collection}",
+                ids.len() - deleted.not_found.len(),
+                deleted.deleted_chunks
+            );
+            Ok(if deleted.not_found.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
+    }
 }
 
 /// Whether the search tokens' key or lifetime differ: they take effect on restart only.
