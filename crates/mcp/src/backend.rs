@@ -123,10 +123,10 @@ impl McpBackend {
 
 /// Sends `notifications/cancelled` for a request unless disarmed: a call that is dropped
 /// (the caller went away, the deadline passed) still tells the server to stop.
-pub(crate) struct CancelOnDrop {
-    pub(crate) peer: Peer<RoleClient>,
-    pub(crate) id: Option<RequestId>,
-    pub(crate) reason: &'static str,
+struct CancelOnDrop {
+    peer: Peer<RoleClient>,
+    id: Option<RequestId>,
+    reason: &'static str,
 }
 
 impl Drop for CancelOnDrop {
@@ -146,10 +146,10 @@ impl Drop for CancelOnDrop {
 }
 
 /// Removes a call's routes (progress, server requests) when the call ends, however it ends.
-pub(crate) struct CallRoutes<'a> {
-    pub(crate) shared: &'a ServerShared,
-    pub(crate) token: rmcp::model::ProgressToken,
-    pub(crate) id: RequestId,
+struct CallRoutes<'a> {
+    shared: &'a ServerShared,
+    token: rmcp::model::ProgressToken,
+    id: RequestId,
 }
 
 impl Drop for CallRoutes<'_> {
@@ -216,21 +216,33 @@ impl McpBackend {
             .send_request_with_option(request, options)
             .await
             .map_err(|e| self.map_error(peer, e))?;
-        tracing::Span::current().record("jsonrpc.request.id", tracing::field::display(&handle.id));
-        self.shared.progress_sinks().insert(handle.progress_token.clone(), ctx.events.clone());
-        self.shared.inflight_calls().insert(handle.id.clone(), ctx.events.clone());
+        let (id, token) = (handle.id.clone(), handle.progress_token.clone());
+        let response = self.awaiting(peer, id, token, ctx, lost, handle.await_response()).await?;
+        response.map_err(|e| self.map_error(peer, e))
+    }
+
+    /// Waits for `answer` to call `id` (progress token `token`), with progress and the
+    /// server's requests on the call routed to its caller meanwhile; a call that is
+    /// cancelled or dropped before the answer tells the server with
+    /// `notifications/cancelled`, and one whose connection is declared lost ends with
+    /// [`BackendError::Lost`].
+    pub(crate) async fn awaiting<T>(
+        &self,
+        peer: &Arc<Peer<RoleClient>>,
+        id: RequestId,
+        token: rmcp::model::ProgressToken,
+        ctx: &CallContext,
+        lost: &tokio_util::sync::CancellationToken,
+        answer: impl Future<Output = T>,
+    ) -> Result<T, BackendError> {
+        tracing::Span::current().record("jsonrpc.request.id", tracing::field::display(&id));
+        self.shared.progress_sinks().insert(token.clone(), ctx.events.clone());
+        self.shared.inflight_calls().insert(id.clone(), ctx.events.clone());
         self.shared.registered.notify_waiters();
-        let _routes = CallRoutes {
-            shared: &self.shared,
-            token: handle.progress_token.clone(),
-            id: handle.id.clone(),
-        };
-        let mut cancel = CancelOnDrop {
-            peer: Peer::clone(peer),
-            id: Some(handle.id.clone()),
-            reason: "the caller cancelled",
-        };
-        let response = tokio::select! {
+        let _routes = CallRoutes { shared: &self.shared, token, id: id.clone() };
+        let mut cancel =
+            CancelOnDrop { peer: Peer::clone(peer), id: Some(id), reason: "the caller cancelled" };
+        let answer = tokio::select! {
             biased;
             () = ctx.cancel.cancelled() => return Err(BackendError::Cancelled),
             () = lost.cancelled() => {
@@ -241,10 +253,10 @@ impl McpBackend {
                     reason: "the connection was declared lost during the call".into(),
                 });
             }
-            response = handle.await_response() => response,
+            answer = answer => answer,
         };
         cancel.id = None;
-        response.map_err(|e| self.map_error(peer, e))
+        Ok(answer)
     }
 
     /// Returns the connection of a server that has none: an idle lazy server is opened and

@@ -60,8 +60,6 @@ pub(crate) struct HttpSession {
     id: Option<Arc<str>>,
     /// The negotiated protocol revision.
     version: ProtocolVersion,
-    /// The same, as the `MCP-Protocol-Version` header.
-    version_header: HeaderValue,
     endpoint: Arc<Endpoint>,
     /// The headers of every message in the session.
     headers: HeaderMap,
@@ -97,7 +95,7 @@ pub(crate) fn note(
     let current = slot.load();
     if let Some(current) = current.as_deref()
         && current.id.as_deref() == session_id.map(|id| &**id)
-        && current.version_header == version_header
+        && current.headers.get(&VERSION_HEADER) == Some(version_header)
         && Arc::ptr_eq(&current.endpoint, endpoint)
     {
         return;
@@ -120,7 +118,6 @@ pub(crate) fn note(
     slot.store(Some(Arc::new(HttpSession {
         id: session_id.cloned(),
         version,
-        version_header: version_header.clone(),
         endpoint: endpoint.clone(),
         headers: session_headers,
         meta,
@@ -229,32 +226,10 @@ impl McpBackend {
             Err(error) => return Some(Err(BackendError::Internal(error.to_string()))),
         };
 
-        tracing::Span::current().record("jsonrpc.request.id", tracing::field::display(&id));
-        self.shared.progress_sinks().insert(token.clone(), ctx.events.clone());
-        self.shared.inflight_calls().insert(id.clone(), ctx.events.clone());
-        self.shared.registered.notify_waiters();
-        let _routes = crate::backend::CallRoutes { shared: &self.shared, token, id: id.clone() };
-        let mut cancel = crate::backend::CancelOnDrop {
-            peer: Peer::clone(peer),
-            id: Some(id.clone()),
-            reason: "the caller cancelled",
-        };
-        let exchange = self.exchange(session, peer, &id, headers, body, ctx);
-        tokio::select! {
-            biased;
-            () = ctx.cancel.cancelled() => Some(Err(BackendError::Cancelled)),
-            () = lost.cancelled() => {
-                cancel.id = None;
-                // Whether the server ran the call is unknown, as for a closed transport.
-                Some(Err(BackendError::Lost {
-                    backend: format!("mcp server {}", self.shared.name()),
-                    reason: "the connection was declared lost during the call".into(),
-                }))
-            }
-            answer = exchange => {
-                cancel.id = None;
-                answer
-            }
+        let exchange = self.exchange(session, peer, &id, headers, body);
+        match self.awaiting(peer, id.clone(), token, ctx, lost, exchange).await {
+            Ok(answer) => answer,
+            Err(error) => Some(Err(error)),
         }
     }
 
@@ -266,7 +241,6 @@ impl McpBackend {
         id: &RequestId,
         headers: HeaderMap,
         body: Vec<u8>,
-        ctx: &CallContext,
     ) -> Option<Result<ServerResult, BackendError>> {
         let client = self.shared.http_client();
         let url = session.endpoint.url.clone();
@@ -284,7 +258,7 @@ impl McpBackend {
             return None;
         }
         if !status.is_success() {
-            return self.refused(session, status, response, id).await;
+            return self.refused(session, peer, status, response, id).await;
         }
         let content_type = response
             .headers()
@@ -293,10 +267,10 @@ impl McpBackend {
             .unwrap_or_default()
             .to_ascii_lowercase();
         let answer = if content_type.starts_with("text/event-stream") {
-            self.stream(session, peer, id, response, ctx).await
+            self.stream(session, peer, id, response).await
         } else if content_type.starts_with("application/json") {
             match read(response, MAX_ANSWER).await {
-                Ok(body) => match self.heard(session, peer, id, &body, ctx).await {
+                Ok(body) => match self.heard(session, peer, id, &body).await {
                     Some(answer) => answer,
                     None => Err(self.unanswered("its JSON answer is not the call's")),
                 },
@@ -315,6 +289,7 @@ impl McpBackend {
     async fn refused(
         &self,
         session: &HttpSession,
+        peer: &Arc<Peer<RoleClient>>,
         status: StatusCode,
         response: reqwest::Response,
         id: &RequestId,
@@ -324,11 +299,13 @@ impl McpBackend {
             && let Some(error) = message.error
         {
             return match message.id {
-                Some(answered) if answered == *id => Some(Err(self.map_direct_error(error))),
+                Some(answered) if answered == *id => {
+                    Some(Err(self.map_error(peer, ServiceError::McpError(error))))
+                }
                 // An id-less error to a message sent in a session refuses the session (many
                 // servers answer so instead of 404).
                 None if session.id.is_some() => None,
-                _ => Some(Err(self.map_direct_error(error))),
+                _ => Some(Err(self.map_error(peer, ServiceError::McpError(error)))),
             };
         }
         let text = String::from_utf8_lossy(&body);
@@ -350,7 +327,6 @@ impl McpBackend {
         peer: &Arc<Peer<RoleClient>>,
         id: &RequestId,
         response: reqwest::Response,
-        ctx: &CallContext,
     ) -> Result<ServerResult, BackendError> {
         let mut events = sse_stream::SseStream::from_bytes_stream(response.bytes_stream());
         let mut last_event: Option<String> = None;
@@ -372,8 +348,7 @@ impl McpBackend {
                     if data.len() > MAX_ANSWER {
                         return Err(self.unanswered("an event of its stream is over 16 MiB"));
                     }
-                    if let Some(answer) = self.heard(session, peer, id, data.as_bytes(), ctx).await
-                    {
+                    if let Some(answer) = self.heard(session, peer, id, data.as_bytes()).await {
                         return answer;
                     }
                 }
@@ -437,7 +412,6 @@ impl McpBackend {
         peer: &Arc<Peer<RoleClient>>,
         id: &RequestId,
         text: &[u8],
-        ctx: &CallContext,
     ) -> Option<Result<ServerResult, BackendError>> {
         let message: Incoming = match serde_json::from_slice(text) {
             Ok(message) => message,
@@ -452,7 +426,7 @@ impl McpBackend {
             Incoming { error: Some(error), id: answered, .. }
                 if answered.as_ref().is_none_or(|answered| answered == id) =>
             {
-                Some(Err(self.map_direct_error(error)))
+                Some(Err(self.map_error(peer, ServiceError::McpError(error))))
             }
             Incoming { method: Some(method), id: None, params, .. }
                 if method == "notifications/progress" =>
@@ -460,15 +434,7 @@ impl McpBackend {
                 if let Some(progress) =
                     params.and_then(|params| ProgressNotificationParam::deserialize(params).ok())
                 {
-                    let sink = if progress.progress_token.0 == *id {
-                        Some(ctx.events.clone())
-                    } else {
-                        self.shared.progress_sinks().get(&progress.progress_token).cloned()
-                    };
-                    if let Some(sink) = sink {
-                        let message = progress.message.unwrap_or_default();
-                        sink.progress(progress.progress, progress.total, message);
-                    }
+                    self.shared.progress(progress);
                 }
                 None
             }
@@ -554,21 +520,6 @@ impl McpBackend {
                 self.shared.name()
             ))
         })
-    }
-
-    fn map_direct_error(&self, error: ErrorData) -> BackendError {
-        match self.shared.peer.load_full() {
-            Some(peer) => self.map_error(&peer, ServiceError::McpError(error)),
-            None => BackendError::Remote {
-                code: ErrorCode::Internal,
-                message: format!(
-                    "mcp server {} answered {}: {}",
-                    self.shared.name(),
-                    error.code.0,
-                    error.message
-                ),
-            },
-        }
     }
 
     /// A call whose request left and whose exchange broke: whether it ran is unknown, and the

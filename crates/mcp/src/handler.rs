@@ -83,27 +83,22 @@ impl McpClientHandler {
     ) {
         match notification {
             ServerNotification::ProgressNotification(notification) => {
-                self.progress(notification.params);
+                self.shared.progress(notification.params);
             }
             ServerNotification::LoggingMessageNotification(notification) => {
                 self.logged(notification.params, origin);
             }
             ServerNotification::ToolListChangedNotification(_) => self.tools_changed(),
-            ServerNotification::ResourceListChangedNotification(_)
-            | ServerNotification::PromptListChangedNotification(_) => {
-                debug!(server = self.shared.name(), "resources or prompts changed");
-                let _ = self.actor.cast(McpMsg::OffersChanged);
+            ServerNotification::ResourceListChangedNotification(_) => {
+                self.offers_changed("resources/list_changed");
+            }
+            ServerNotification::PromptListChangedNotification(_) => {
+                self.offers_changed("prompts/list_changed");
             }
             ServerNotification::ResourceUpdatedNotification(notification) => {
                 self.resource_updated(notification.params);
             }
             other => debug!(server = self.shared.name(), ?other, "a notification left alone"),
-        }
-    }
-
-    fn progress(&self, params: ProgressNotificationParam) {
-        if let Some(sink) = self.shared.progress_sinks().get(&params.progress_token) {
-            sink.progress(params.progress, params.total, params.message.unwrap_or_default());
         }
     }
 
@@ -125,6 +120,12 @@ impl McpClientHandler {
             .and_then(|level| level.as_str().map(str::to_owned))
             .unwrap_or_else(|| "info".into());
         sink.log(level, params.logger.unwrap_or_default(), params.data);
+    }
+
+    /// Tells the actor that the server's resources or prompts changed (`what` says which).
+    fn offers_changed(&self, what: &'static str) {
+        debug!(server = self.shared.name(), what);
+        let _ = self.actor.cast(McpMsg::OffersChanged);
     }
 
     fn tools_changed(&self) {
@@ -175,7 +176,7 @@ impl ClientHandler for McpClientHandler {
         params: ProgressNotificationParam,
         _: NotificationContext<RoleClient>,
     ) {
-        self.progress(params);
+        self.shared.progress(params);
     }
 
     #[allow(deprecated)]
@@ -192,8 +193,7 @@ impl ClientHandler for McpClientHandler {
     }
 
     async fn on_resource_list_changed(&self, _: NotificationContext<RoleClient>) {
-        debug!(server = self.shared.name(), "resources/list_changed");
-        let _ = self.actor.cast(McpMsg::OffersChanged);
+        self.offers_changed("resources/list_changed");
     }
 
     async fn on_resource_updated(
@@ -205,8 +205,7 @@ impl ClientHandler for McpClientHandler {
     }
 
     async fn on_prompt_list_changed(&self, _: NotificationContext<RoleClient>) {
-        debug!(server = self.shared.name(), "prompts/list_changed");
-        let _ = self.actor.cast(McpMsg::OffersChanged);
+        self.offers_changed("prompts/list_changed");
     }
 
     /// Forwards the question to the caller of the call it belongs to. Over streamable HTTP

@@ -282,6 +282,13 @@ impl ServerShared {
         self.inflight.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Passes a progress notification on to the call whose progress token it names.
+    pub(crate) fn progress(&self, params: rmcp::model::ProgressNotificationParam) {
+        if let Some(sink) = self.progress_sinks().get(&params.progress_token) {
+            sink.progress(params.progress, params.total, params.message.unwrap_or_default());
+        }
+    }
+
     pub(crate) fn progress_sinks(
         &self,
     ) -> std::sync::MutexGuard<'_, HashMap<ProgressToken, EventSink>> {

@@ -312,6 +312,23 @@ pub async fn call_streaming(
     Err(tonic::Status::unavailable("the stream ended without a result"))
 }
 
+/// A table of the CLI under `header`: no lines, columns two spaces apart and the first at
+/// the margin, wrapped to `width` columns (none: as wide as its longest row).
+fn table(header: &[&str], width: Option<u16>) -> comfy_table::Table {
+    let mut table = comfy_table::Table::new();
+    table
+        .load_style(comfy_table::presets::NOTHING)
+        .set_content_arrangement(comfy_table::ContentArrangement::Dynamic)
+        .set_header(header.to_vec());
+    if let Some(width) = width {
+        table.set_width(width);
+    }
+    for column in table.column_iter_mut() {
+        column.set_padding((0, 2));
+    }
+    table
+}
+
 /// The longest description `tools list` shows of a tool, in characters.
 const DESCRIPTION_CHARS: usize = 200;
 
@@ -320,18 +337,7 @@ const DESCRIPTION_CHARS: usize = 200;
 /// are wrapped within their column instead of pushing the next ones out of line. A
 /// description shows its first line, cut at 200 characters.
 pub fn tools_table(tools: &[toolmesh_proto::v1::Tool], width: Option<u16>) -> String {
-    let mut table = comfy_table::Table::new();
-    table
-        .load_style(comfy_table::presets::NOTHING)
-        .set_content_arrangement(comfy_table::ContentArrangement::Dynamic)
-        .set_header(["NAME", "TOOLKIT", "SOURCE", "UPSTREAM", "DESCRIPTION"]);
-    if let Some(width) = width {
-        table.set_width(width);
-    }
-    // Columns two spaces apart, the first at the margin.
-    for column in table.column_iter_mut() {
-        column.set_padding((0, 2));
-    }
+    let mut table = table(&["NAME", "TOOLKIT", "SOURCE", "UPSTREAM", "DESCRIPTION"], width);
     for tool in tools {
         let (source, upstream) =
             tool.source.as_ref().map_or(("", ""), |s| (s.name.as_str(), s.upstream_name.as_str()));
@@ -352,17 +358,8 @@ pub fn collections_table(
     collections: &[toolmesh_proto::v1::CollectionInfo],
     width: Option<u16>,
 ) -> String {
-    let mut table = comfy_table::Table::new();
-    table
-        .load_style(comfy_table::presets::NOTHING)
-        .set_content_arrangement(comfy_table::ContentArrangement::Dynamic)
-        .set_header(["COLLECTION", "DOCUMENTS", "CHUNKS", "STORE", "TOOL", "DESCRIPTION"]);
-    if let Some(width) = width {
-        table.set_width(width);
-    }
-    for column in table.column_iter_mut() {
-        column.set_padding((0, 2));
-    }
+    let header = ["COLLECTION", "DOCUMENTS", "CHUNKS", "STORE", "TOOL", "DESCRIPTION"];
+    let mut table = table(&header, width);
     for collection in collections {
         let counts = |n: u64| if collection.error.is_empty() { n.to_string() } else { "?".into() };
         let description = if collection.error.is_empty() {

@@ -443,7 +443,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             for name in &unset {
                 env.insert(name.clone(), format!("unset-{name}"));
             }
-            let config = toolmesh_config::load(Some(&file), &env)
+            let name = file.display().to_string();
+            let config = toolmesh_config::load_str(Some((&name, &text)), &env)
                 .map_err(|error| anyhow::anyhow!("{error}"))?;
             if !unset.is_empty() {
                 eprintln!(
