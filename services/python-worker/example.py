@@ -1,5 +1,6 @@
 """An example toolmesh worker in Python: two text tools for the pool "python".
 
+    pip install ./clients/python
     python3 services/python-worker/example.py 127.0.0.1:50051
 
 Then, through the router: `toolmesh call word_count '{"text": "one two three"}'`.
@@ -9,7 +10,7 @@ import logging
 import sys
 import time
 
-from toolmesh_worker import ToolError, Worker
+from toolmesh import ToolError, Worker
 
 worker = Worker(pool="python", capacity=4)
 

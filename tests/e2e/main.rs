@@ -7,6 +7,7 @@
 mod auth;
 mod bench;
 mod cli;
+mod clients;
 mod config_tools;
 mod conformance;
 mod credentials;

@@ -12,11 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from . import stubs
+from ._channel import bearer, channel
+from .v1 import tools_pb2, worker_pb2, worker_pb2_grpc
 
-tools_pb2, worker_pb2, worker_pb2_grpc = stubs.load()
-
-log = logging.getLogger("toolmesh_worker")
+log = logging.getLogger("toolmesh.worker")
 
 # gRPC status code numbers a worker reports (google.rpc.Code).
 INVALID_ARGUMENT, DEADLINE_EXCEEDED, CANCELLED, INTERNAL, NOT_FOUND = 3, 4, 1, 13, 5
@@ -60,27 +59,6 @@ class Call:
         self._send(worker_pb2.WorkerMessage(event=event))
 
 
-def _read(variable):
-    path = os.environ.get(variable)
-    if not path:
-        return None
-    with open(path, "rb") as file:
-        return file.read()
-
-
-def _channel(router):
-    """A channel to ``router``: TLS verified by the CA of ``TOOLMESH_CA_CERT`` when it is set
-    (a router with ``[tls]``), mutual TLS with ``TOOLMESH_CLIENT_CERT`` and
-    ``TOOLMESH_CLIENT_KEY`` too; plaintext otherwise."""
-    ca = _read("TOOLMESH_CA_CERT")
-    if ca is None:
-        return grpc.insecure_channel(router)
-    credentials = grpc.ssl_channel_credentials(
-        root_certificates=ca, private_key=_read("TOOLMESH_CLIENT_KEY"),
-        certificate_chain=_read("TOOLMESH_CLIENT_CERT"))
-    return grpc.secure_channel(router, credentials)
-
-
 class Worker:
     """Serves the tools registered with ``tool`` to the routers of ``run``."""
 
@@ -89,8 +67,7 @@ class Worker:
         JWT sent as ``authorization: Bearer`` to a router that requires credentials; its
         principal needs the router's worker role (``[remote] worker_role``)."""
         self.pool = pool
-        token = token if token is not None else os.environ.get("TOOLMESH_TOKEN", "")
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._metadata = bearer(token)
         self.capacity = capacity
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-py"
         self._tools = {}
@@ -158,9 +135,9 @@ class Worker:
         send(worker_pb2.WorkerMessage(hello=hello))
         calls = {}
         lock = threading.Lock()
-        with _channel(router) as channel, \
+        with channel(router) as connection, \
                 ThreadPoolExecutor(max_workers=self.capacity) as pool:
-            stub = worker_pb2_grpc.WorkerServiceStub(channel)
+            stub = worker_pb2_grpc.WorkerServiceStub(connection)
             responses = stub.Connect(requests(), metadata=self._metadata)
             first = next(responses)
             if first.WhichOneof("message") != "welcome":

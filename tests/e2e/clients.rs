@@ -1,0 +1,80 @@
+//! The client packages of `clients/` against a running toolmesh, installed as a user installs
+//! them (tests/setup: `pip install ./clients/python`, `npm ci` in clients/typescript): list,
+//! call, errors, search, streaming calls with progress, questions and approvals, cancelling,
+//! and knowledge ingest.
+
+use std::path::Path;
+
+use toolmesh_e2e::cli::{stderr, stdout};
+use toolmesh_e2e::{BinaryServer, py_server, python};
+
+/// The router both clients call: tests/mcp/py_server.py as the MCP server `py`, an approval
+/// rule on `py_add`, and a knowledge collection with a filter field.
+fn config() -> String {
+    format!(
+        r#"
+[[mcp.servers]]
+name = "py"
+transport = "stdio"
+command = "{}"
+args = ["{}"]
+
+[[policy.rules]]
+name = "sums-need-approval"
+effect = "approve"
+tools = ["py_add"]
+reason = "sums matter"
+
+[[knowledge.collections]]
+name = "handbook"
+description = "The product handbook."
+filter_fields = ["lang"]
+"#,
+        python(),
+        py_server()
+    )
+}
+
+fn script(path: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path).display().to_string()
+}
+
+#[tokio::test]
+async fn the_python_client_streams_asks_approves_and_ingests() {
+    let server = BinaryServer::with_config(&config(), &[]).await.unwrap();
+    let output = tokio::process::Command::new(python())
+        .arg(script("python/stream_test.py"))
+        .arg(server.addr.to_string())
+        .env_remove("TOOLMESH_TOKEN")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "the Python client failed (tests/setup installs clients/python):\n{}\n{}\n{}",
+        stdout(&output),
+        stderr(&output),
+        server.logs()
+    );
+    assert!(stdout(&output).contains("knowledge as expected"), "{}", stdout(&output));
+}
+
+#[tokio::test]
+async fn the_node_client_lists_calls_streams_and_ingests() {
+    let server = BinaryServer::with_config(&config(), &[]).await.unwrap();
+    let output = tokio::process::Command::new("node")
+        .arg(script("typescript/client_test.mjs"))
+        .arg(server.addr.to_string())
+        .env_remove("TOOLMESH_TOKEN")
+        .output()
+        .await
+        .expect("node runs");
+    assert!(
+        output.status.success(),
+        "the Node client failed (tests/setup builds clients/typescript):\n{}\n{}\n{}",
+        stdout(&output),
+        stderr(&output),
+        server.logs()
+    );
+    assert!(stdout(&output).contains("knowledge as expected"), "{}", stdout(&output));
+}
