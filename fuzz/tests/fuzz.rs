@@ -167,6 +167,7 @@ fn bearer_credential_parsing() {
         api_keys: vec![toolmesh_identity::ApiKeyConfig {
             principal: "fuzz".into(),
             sha256: toolmesh_identity::key_digest(&key),
+            key_env: None,
             roles: vec![],
             attributes: Default::default(),
         }],

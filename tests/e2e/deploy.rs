@@ -1,12 +1,13 @@
 //! The deployment files, checked without a cluster or a container engine: the kustomize
 //! base and production overlay rendered by a real kustomize (`kubectl kustomize`) and
 //! validated with `kubernetes-validate --strict`, the compose file by `docker-compose
-//! config`, and `toolmesh health`, which their health checks run.
+//! config`, and `toolmesh health`, which their health checks run; the shipped router and
+//! worker files run as a router and a worker.
 
-use std::{path::PathBuf, process::Output};
+use std::{path::PathBuf, process::Output, time::Duration};
 
 use tokio::process::Command;
-use toolmesh_e2e::BinaryServer;
+use toolmesh_e2e::{BinaryServer, BinaryWorker, cli, eventually};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -80,6 +81,24 @@ async fn the_kustomizations_render_and_validate_strictly() {
         "the routers read the operator's Secret"
     );
     assert!(!production.contains("change-me"), "{production}");
+    // Callers and workers authenticate with the keys of the operator's Secret toolmesh-keys.
+    assert!(production.contains("name: toolmesh-keys"), "{production}");
+    for key in ["key: agent-key", "key: worker-key", "name: TOOLMESH_TOKEN"] {
+        assert!(production.contains(key), "the pods read {key}");
+    }
+    // Locked down: every pod under the runtime's seccomp profile, as a user, read-only; and
+    // NetworkPolicies that select the pods by the label they carry.
+    let pods = production.matches("\n  template:\n").count();
+    assert_eq!(pods, 3, "the router, the worker and Qdrant");
+    assert_eq!(production.matches("type: RuntimeDefault").count(), pods, "{production}");
+    assert_eq!(production.matches("runAsNonRoot: true").count(), pods, "{production}");
+    assert_eq!(production.matches("readOnlyRootFilesystem: true").count(), pods);
+    assert_eq!(production.matches("allowPrivilegeEscalation: false").count(), pods);
+    assert_eq!(production.matches("kind: NetworkPolicy").count(), 3, "{production}");
+    for template in production.split("\n  template:\n").skip(1) {
+        let labels = template.split("spec:").next().unwrap();
+        assert!(labels.contains("app.kubernetes.io/part-of: toolmesh"), "{labels}");
+    }
     // Kubernetes waits longer than toolmesh's own grace period, so SIGTERM drains first.
     let config = std::fs::read_to_string(root().join("deploy/k8s/base/router.toml")).unwrap();
     let grace_ms: u64 = config
@@ -100,16 +119,22 @@ async fn the_kustomizations_render_and_validate_strictly() {
 
 #[tokio::test]
 async fn the_compose_file_is_valid() {
-    let compose_config = |key: Option<&'static str>| async move {
-        let env = [("TOOLMESH_TOKEN_KEY", key)];
+    const KEYS: [&str; 3] = ["TOOLMESH_TOKEN_KEY", "TOOLMESH_AGENT_KEY", "TOOLMESH_WORKER_KEY"];
+    let compose_config = |without: Option<&'static str>| async move {
+        let env: Vec<_> = KEYS
+            .iter()
+            .map(|k| (*k, (Some(*k) != without).then_some("a key of one's own")))
+            .collect();
         run_env("docker-compose", &["-f", "docker-compose.yml", "config", "-q"], &env).await
     };
-    let checked = compose_config(Some("a key of the operator's own")).await;
+    let checked = compose_config(None).await;
     assert!(checked.status.success(), "{}", text(&checked));
     // Without a key of the operator's own, compose refuses to start, saying what to set.
-    let keyless = compose_config(None).await;
-    assert!(!keyless.status.success(), "{}", text(&keyless));
-    assert!(text(&keyless).contains("set TOOLMESH_TOKEN_KEY"), "{}", text(&keyless));
+    for key in KEYS {
+        let keyless = compose_config(Some(key)).await;
+        assert!(!keyless.status.success(), "{}", text(&keyless));
+        assert!(text(&keyless).contains(&format!("set {key}")), "{}", text(&keyless));
+    }
     let compose = std::fs::read_to_string(root().join("docker-compose.yml")).unwrap();
     // Traces go to the collector unless told otherwise.
     assert!(compose.contains(
@@ -148,4 +173,84 @@ async fn toolmesh_health_exits_by_status() {
     drop(listener);
     let unreachable = run(bin, &["health", "--server", &closed, "--timeout-ms", "2000"]).await;
     assert_eq!(unreachable.status.code(), Some(2), "{}", text(&unreachable));
+}
+
+/// A key as `openssl rand -hex 32` makes them, as the deploy files say to.
+fn random_key() -> String {
+    let mut bytes = [0u8; 32];
+    std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom").unwrap(), &mut bytes)
+        .unwrap();
+    bytes.iter().map(|b| format!("{b:02x}")).fold(String::from("tm_"), |key, b| key + &b)
+}
+
+#[tokio::test]
+async fn the_shipped_router_and_worker_authenticate_callers_and_workers() {
+    let (agent, worker_key) = (random_key(), random_key());
+    let router_file = root().join("deploy/k8s/base/router.toml").display().to_string();
+    let token_key = random_key();
+    // As the pods run them, but with the embedded store: no Qdrant server at qdrant:6334.
+    let env = [
+        ("TOOLMESH_AGENT_KEY", agent.as_str()),
+        ("TOOLMESH_WORKER_KEY", worker_key.as_str()),
+        ("TOOLMESH__ROUTING__TOKEN_KEY", token_key.as_str()),
+        ("TOOLMESH__VECTOR__BACKEND", "embedded"),
+    ];
+    let router = BinaryServer::start(&["--config", &router_file], &env).await.unwrap();
+    let addr = router.addr.to_string();
+
+    // A caller without a key is refused; the agents' key lists the catalog.
+    let open = cli::run(&["tools", "list", "--server", &addr]).await;
+    assert!(!open.status.success(), "{}", cli::stdout(&open));
+    assert!(cli::stderr(&open).contains("requires a credential"), "{}", cli::stderr(&open));
+    let listed = cli::run(&["tools", "list", "--server", &addr, "--token", &agent]).await;
+    assert!(listed.status.success(), "{}", cli::stderr(&listed));
+
+    // The shipped worker joins with the workers' key, and its tool serves the agents.
+    let worker_file = std::fs::read_to_string(root().join("deploy/k8s/base/worker.toml")).unwrap();
+    let worker =
+        BinaryWorker::start_with_env(&addr, &worker_file, &[], &[("TOOLMESH_TOKEN", &worker_key)])
+            .unwrap();
+    worker.joined(1).await.unwrap();
+    let names = || async {
+        let listed = cli::run(&["tools", "list", "--server", &addr, "--token", &agent]).await;
+        cli::stdout(&listed).contains("disk_usage").then_some(())
+    };
+    eventually(Duration::from_secs(20), names).await.expect("the worker's tool is listed");
+    let called =
+        cli::run(&["call", "disk_usage", "{}", "--server", &addr, "--token", &agent]).await;
+    assert!(called.status.success(), "{}", cli::stderr(&called));
+    assert!(cli::stdout(&called).contains("Filesystem"), "{}", cli::stdout(&called));
+
+    // The agents' key is no worker's: a worker with it is refused.
+    let intruder =
+        BinaryWorker::start_with_env(&addr, &worker_file, &[], &[("TOOLMESH_TOKEN", &agent)])
+            .unwrap();
+    let refused = eventually(Duration::from_secs(20), || async {
+        intruder.logs().contains("needs the role \"worker\"").then_some(())
+    })
+    .await;
+    assert!(refused.is_some(), "{}", intruder.logs());
+    drop(router);
+
+    // A router given a key from the documentation, or none, does not start, naming it.
+    for (value, says) in [(Some("change-me"), "at least 32"), (None, "is not set")] {
+        let mut env = env.to_vec();
+        env.retain(|(name, _)| *name != "TOOLMESH_AGENT_KEY");
+        if let Some(value) = value {
+            env.push(("TOOLMESH_AGENT_KEY", value));
+        }
+        let mut command = Command::new(toolmesh_e2e::toolmesh_bin());
+        command.args(["serve", "--listen", "127.0.0.1:0", "--config", &router_file]);
+        command.env_remove("TOOLMESH_AGENT_KEY").envs(env.iter().copied());
+        let data = tempfile::tempdir().unwrap();
+        command.arg("--data-dir").arg(data.path());
+        let output = tokio::time::timeout(Duration::from_secs(30), command.output())
+            .await
+            .expect("a router with a bad key exits")
+            .unwrap();
+        assert!(!output.status.success());
+        let said = text(&output);
+        assert!(said.contains("TOOLMESH_AGENT_KEY") && said.contains(says), "{said}");
+        assert!(said.contains("auth.api_keys[0].key_env"), "{said}");
+    }
 }

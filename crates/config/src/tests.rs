@@ -116,9 +116,23 @@ headers = { Authorization = "Bearer ${WEATHER_TOKEN}", "X-Team" = "${TEAM}-${WEA
 [credentials.github]
 principals.alice = { env = "ALICE_GITHUB_TOKEN" }
 default = { env = "SHARED_GITHUB_TOKEN" }
+
+[[auth.api_keys]]
+principal = "workers"
+key_env = "WORKER_KEY"
+
+[[auth.jwt]]
+issuer = "https://idp.example/"
+secret_env = "JWT_SECRET"
+
+[vector]
+api_key_env = "NOT_A_SECRET_TOOLMESH_NEEDS"
 "#;
     let unset = crate::values::unset_variables(file, &env(&[("TEAM", "search")]));
-    assert_eq!(unset, ["ALICE_GITHUB_TOKEN", "SHARED_GITHUB_TOKEN", "WEATHER_TOKEN"]);
+    assert_eq!(
+        unset,
+        ["ALICE_GITHUB_TOKEN", "JWT_SECRET", "SHARED_GITHUB_TOKEN", "WEATHER_TOKEN", "WORKER_KEY"]
+    );
 }
 
 /// A section a crate defines, as the tests define one.

@@ -64,13 +64,20 @@ pub fn resolve_env_refs(value: &str, env: &HashMap<String, String>) -> Result<St
 }
 
 /// The environment variables the configuration `text` reads that `env` does not set: each
-/// `${NAME}` in its values, and each `env = "NAME"` of its `[credentials]`, by name. `toolmesh config check` reports them instead of failing, so that a
-/// file can be checked where its secrets are not (a build, a review).
+/// `${NAME}` in its values, each `env = "NAME"` of its `[credentials]`, and each
+/// `key_env`/`secret_env` of its `[auth]`, by name. `toolmesh config check` reports them
+/// instead of failing, so that a file can be checked where its secrets are not (a build, a
+/// review).
 pub fn unset_variables(text: &str, env: &HashMap<String, String>) -> Vec<String> {
-    fn walk(value: &toml::Value, in_credentials: bool, key: &str, found: &mut Vec<String>) {
+    fn walk(value: &toml::Value, section: &str, key: &str, found: &mut Vec<String>) {
         match value {
             toml::Value::String(text) => {
-                if in_credentials && key == "env" {
+                let names_a_variable = match section {
+                    "credentials" => key == "env",
+                    "auth" => key == "key_env" || key == "secret_env",
+                    _ => false,
+                };
+                if names_a_variable {
                     found.push(text.clone());
                 }
                 let mut rest = text.as_str();
@@ -82,11 +89,11 @@ pub fn unset_variables(text: &str, env: &HashMap<String, String>) -> Vec<String>
                 }
             }
             toml::Value::Array(items) => {
-                items.iter().for_each(|item| walk(item, in_credentials, key, found));
+                items.iter().for_each(|item| walk(item, section, key, found));
             }
             toml::Value::Table(table) => {
                 for (name, item) in table {
-                    walk(item, in_credentials, name, found);
+                    walk(item, section, name, found);
                 }
             }
             _ => {}
@@ -95,7 +102,7 @@ pub fn unset_variables(text: &str, env: &HashMap<String, String>) -> Vec<String>
     let Ok(table) = text.parse::<toml::Table>() else { return Vec::new() };
     let mut found = Vec::new();
     for (name, value) in &table {
-        walk(value, name == "credentials", name, &mut found);
+        walk(value, name, name, &mut found);
     }
     let unset: std::collections::BTreeSet<String> =
         found.into_iter().filter(|name| !env.contains_key(name)).collect();

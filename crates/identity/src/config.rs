@@ -75,15 +75,20 @@ fn default_leeway_s() -> u64 {
     30
 }
 
-/// One `[[auth.api_keys]]`: a key, known by its SHA-256 digest, and the principal it
-/// authenticates.
+/// One `[[auth.api_keys]]`: a key, known by its SHA-256 digest or read from the
+/// environment, and the principal it authenticates.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ApiKeyConfig {
     /// The principal's name.
     pub principal: String,
     /// The key's SHA-256 digest, in hex (`toolmesh auth new-key` prints a key with it).
+    #[serde(default)]
     pub sha256: String,
+    /// Instead of `sha256`: the environment variable that holds the key itself (a key from
+    /// a Kubernetes Secret, say). Only its digest is kept.
+    #[serde(default)]
+    pub key_env: Option<String>,
     /// The principal's roles.
     #[serde(default)]
     pub roles: Vec<String>,

@@ -178,9 +178,30 @@ impl Authenticator {
             if key.principal.is_empty() {
                 return Err((at("principal"), "must not be empty".into()));
             }
-            let digest = parse_digest(&key.sha256).ok_or_else(|| {
-                (at("sha256"), "must be 64 hexadecimal digits (the key's SHA-256)".to_owned())
-            })?;
+            let digest = match (&key.key_env, key.sha256.is_empty()) {
+                (Some(_), false) | (None, true) => {
+                    return Err((at("sha256"), "set exactly one of sha256 and key_env".into()));
+                }
+                (Some(name), true) => {
+                    let value = env(name).ok_or_else(|| {
+                        (at("key_env"), format!("the environment variable {name} is not set"))
+                    })?;
+                    if value.trim().len() < MIN_KEY_LEN {
+                        return Err((
+                            at("key_env"),
+                            format!(
+                                "the key in {name} has {} characters; a key needs at least \
+                                 {MIN_KEY_LEN} (toolmesh auth new-key makes one)",
+                                value.trim().len()
+                            ),
+                        ));
+                    }
+                    Sha256::digest(value.trim().as_bytes()).into()
+                }
+                (None, false) => parse_digest(&key.sha256).ok_or_else(|| {
+                    (at("sha256"), "must be 64 hexadecimal digits (the key's SHA-256)".to_owned())
+                })?,
+            };
             let principal = Principal {
                 name: key.principal.clone(),
                 kind: PrincipalKind::ApiKey,
@@ -355,6 +376,9 @@ fn parse_digest(hex: &str) -> Option<[u8; 32]> {
 pub fn key_digest(key: &str) -> String {
     Sha256::digest(key.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// The shortest key `key_env` accepts: 24 random bytes in base64. Keys of `new_key` have 46.
+const MIN_KEY_LEN: usize = 32;
 
 /// Returns a new random API key: `tm_` and 256 random bits in URL-safe base64.
 pub fn new_key() -> String {

@@ -21,8 +21,16 @@ fn claims(sub: &str) -> Value {
     json!({"iss": ISSUER, "aud": AUDIENCE, "sub": sub, "exp": now() + 300, "roles": ["reader"]})
 }
 
+/// A key as an operator's Secret would hold it.
+const ENV_KEY: &str = "tm_kX1y9cQ0a8s7d6f5g4h3j2k1l0zZyYxXwWvVuUtTsS";
+
 fn env(name: &str) -> Option<String> {
-    (name == "TEST_JWT_SECRET").then(|| SECRET.to_owned())
+    match name {
+        "TEST_JWT_SECRET" => Some(SECRET.to_owned()),
+        "TEST_WORKER_KEY" => Some(format!("{ENV_KEY}\n")),
+        "TEST_SHORT_KEY" => Some("change-me".to_owned()),
+        _ => None,
+    }
 }
 
 fn jwt(issuer: &str) -> JwtConfig {
@@ -71,6 +79,7 @@ async fn an_api_key_is_its_principal_and_an_unknown_one_is_refused() {
         api_keys: vec![ApiKeyConfig {
             principal: "ci-bot".into(),
             sha256: key_digest(&key),
+            key_env: None,
             roles: vec!["ops".into()],
             attributes: [("agent".to_owned(), "deployer".to_owned())].into(),
         }],
@@ -297,6 +306,27 @@ async fn a_key_set_is_fetched_from_a_url_and_tokens_are_routed_to_their_issuer()
 }
 
 #[tokio::test]
+async fn a_key_from_the_environment_is_known_by_its_digest() {
+    let config = AuthConfig {
+        api_keys: vec![ApiKeyConfig {
+            principal: "workers".into(),
+            sha256: String::new(),
+            key_env: Some("TEST_WORKER_KEY".into()),
+            roles: vec!["worker".into()],
+            attributes: Default::default(),
+        }],
+        ..AuthConfig::default()
+    };
+    let auth = authenticator(config).await;
+    // The Secret's trailing newline is not part of the key.
+    let principal = bearer(&auth, ENV_KEY).await.expect("the key of the variable");
+    assert_eq!(principal.name, "workers");
+    assert_eq!(principal.roles, ["worker"]);
+    let unknown = bearer(&auth, &new_key()).await;
+    assert_eq!(unknown, Err(AuthError::Invalid), "an unknown key is no credential");
+}
+
+#[tokio::test]
 async fn a_bad_section_names_its_key() {
     let bad = |config: AuthConfig| async move {
         Authenticator::new(&config, &env).await.expect_err("refused")
@@ -304,11 +334,28 @@ async fn a_bad_section_names_its_key() {
     let key = ApiKeyConfig {
         principal: "p".into(),
         sha256: "xyz".into(),
+        key_env: None,
         roles: Vec::new(),
         attributes: Default::default(),
     };
-    let (key, reason) = bad(AuthConfig { api_keys: vec![key], ..AuthConfig::default() }).await;
-    assert_eq!(key, "api_keys[0].sha256", "{reason}");
+    let (at, reason) =
+        bad(AuthConfig { api_keys: vec![key.clone()], ..AuthConfig::default() }).await;
+    assert_eq!(at, "api_keys[0].sha256", "{reason}");
+    // Exactly one of sha256 and key_env; the variable set, and long enough to be a secret.
+    let both = ApiKeyConfig { key_env: Some("TEST_WORKER_KEY".into()), ..key.clone() };
+    let (at, reason) = bad(AuthConfig { api_keys: vec![both], ..AuthConfig::default() }).await;
+    assert_eq!(at, "api_keys[0].sha256", "{reason}");
+    assert!(reason.contains("exactly one of sha256 and key_env"), "{reason}");
+    for (name, says) in
+        [("UNSET_VARIABLE", "UNSET_VARIABLE is not set"), ("TEST_SHORT_KEY", "at least 32")]
+    {
+        let from_env =
+            ApiKeyConfig { sha256: String::new(), key_env: Some(name.into()), ..key.clone() };
+        let (at, reason) =
+            bad(AuthConfig { api_keys: vec![from_env], ..AuthConfig::default() }).await;
+        assert_eq!(at, "api_keys[0].key_env", "{reason}");
+        assert!(reason.contains(says), "{reason}");
+    }
     let (key, _) = bad(AuthConfig { jwt: vec![jwt(ISSUER)], ..AuthConfig::default() }).await;
     assert_eq!(key, "jwt[0].issuer");
     let missing = JwtConfig { secret_env: Some("UNSET_VARIABLE".into()), ..jwt(ISSUER) };

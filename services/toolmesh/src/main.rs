@@ -441,7 +441,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .map_err(|error| anyhow::anyhow!("cannot read {}: {error}", file.display()))?;
             let unset = toolmesh_config::values::unset_variables(&text, &env);
             for name in &unset {
-                env.insert(name.clone(), format!("unset-{name}"));
+                // Long enough for what must be a secret (an API key, a signing key).
+                env.insert(name.clone(), format!("unset-{name}-{}", "x".repeat(32)));
             }
             let name = file.display().to_string();
             let config = toolmesh_config::load_str(Some((&name, &text)), &env)
