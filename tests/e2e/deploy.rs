@@ -117,6 +117,25 @@ async fn the_kustomizations_render_and_validate_strictly() {
     }
 }
 
+/// The Qdrant version the server tests run against (tests/run).
+fn tested_qdrant() -> String {
+    let run = std::fs::read_to_string(root().join("tests/run")).unwrap();
+    let version = run.lines().find_map(|l| l.strip_prefix("qdrant_version=")).unwrap();
+    format!("qdrant/qdrant:v{}", version.trim())
+}
+
+#[tokio::test]
+async fn the_deploy_files_pin_the_qdrant_the_tests_ran() {
+    let tested = tested_qdrant();
+    for file in ["docker-compose.yml", "deploy/k8s/base/qdrant.yaml"] {
+        let text = std::fs::read_to_string(root().join(file)).unwrap();
+        let images: Vec<&str> =
+            text.lines().filter_map(|l| l.trim().strip_prefix("image: qdrant/")).collect();
+        assert_eq!(images.len(), 1, "{file} runs one Qdrant");
+        assert_eq!(format!("qdrant/{}", images[0]), tested, "{file}");
+    }
+}
+
 #[tokio::test]
 async fn the_compose_file_is_valid() {
     const KEYS: [&str; 3] = ["TOOLMESH_TOKEN_KEY", "TOOLMESH_AGENT_KEY", "TOOLMESH_WORKER_KEY"];

@@ -15,6 +15,7 @@ use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
 
 use serde::Deserialize;
 use toolmesh_core::{StoreError, VectorStore, VectorStores};
+use tracing::warn;
 
 pub use embedded::EmbeddedStore;
 pub use provider::VectorProvider;
@@ -143,7 +144,16 @@ pub async fn open(config: &VectorConfig, dir: &Path) -> Result<Arc<dyn VectorSto
             let url = config.url.as_deref().unwrap_or_default();
             let api_key = std::env::var(&config.api_key_env).ok().filter(|k| !k.is_empty());
             let timeout = Duration::from_millis(config.timeout_ms);
-            Ok(Arc::new(ServerStore::connect(url, api_key, timeout)?))
+            let store = ServerStore::connect(url, api_key, timeout)?;
+            // A server too old for the store's queries is refused at start. One that does
+            // not answer yet is not: the store reports it down until it does, and is
+            // checked again then.
+            match store.check().await {
+                Err(error @ StoreError::Failed { .. }) => return Err(error),
+                Err(error) => warn!(%error, "the vector store does not answer at start"),
+                Ok(()) => {}
+            }
+            Ok(Arc::new(store))
         }
     }
 }

@@ -32,6 +32,19 @@ use crate::filter::server_filter;
 /// Points per page when ids are scrolled.
 const SCROLL_PAGE: u32 = 10_000;
 
+/// The oldest Qdrant server the store works with: hybrid queries fuse with a parametrised
+/// reciprocal rank fusion (`Rrf { k }`), which Qdrant has from 1.16.
+pub(crate) const MIN_SERVER_VERSION: (u64, u64) = (1, 16);
+
+/// Returns `version` (`1.19.0`, `v1.16.2-dev`) as (major, minor); `None` when it is no
+/// version.
+fn major_minor(version: &str) -> Option<(u64, u64)> {
+    let mut parts = version.trim().trim_start_matches('v').split(['.', '-', '+']);
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
 /// A Qdrant server.
 pub struct ServerStore {
     client: Qdrant,
@@ -428,7 +441,36 @@ impl VectorStore for ServerStore {
         Ok(())
     }
 
+    /// Checks that the server answers and is new enough: an older one is refused, saying
+    /// which version it is and which the store needs.
     async fn check(&self) -> Result<(), StoreError> {
-        self.client.health_check().await.map(|_| ()).map_err(|e| self.error("", e))
+        let reply = self.client.health_check().await.map_err(|e| self.error("", e))?;
+        let (min_major, min_minor) = MIN_SERVER_VERSION;
+        match major_minor(&reply.version) {
+            Some(version) if version >= MIN_SERVER_VERSION => Ok(()),
+            _ => Err(StoreError::Failed {
+                store: self.describe(),
+                reason: format!(
+                    "the server is Qdrant {:?}; toolmesh needs Qdrant {min_major}.{min_minor} or \
+                     newer (its hybrid queries use parametrised RRF fusion)",
+                    reply.version
+                ),
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::major_minor;
+
+    #[test]
+    fn versions_are_read_as_major_and_minor() {
+        assert_eq!(major_minor("1.19.0"), Some((1, 19)));
+        assert_eq!(major_minor("v1.16.2-dev"), Some((1, 16)));
+        assert_eq!(major_minor("2.0"), Some((2, 0)));
+        assert!(major_minor("1.15.4") < Some(super::MIN_SERVER_VERSION));
+        assert!(major_minor("1.9.9") < Some(super::MIN_SERVER_VERSION));
+        assert_eq!(major_minor("dev"), None);
     }
 }
