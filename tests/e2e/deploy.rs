@@ -94,7 +94,10 @@ async fn the_kustomizations_render_and_validate_strictly() {
     assert_eq!(production.matches("runAsNonRoot: true").count(), pods, "{production}");
     assert_eq!(production.matches("readOnlyRootFilesystem: true").count(), pods);
     assert_eq!(production.matches("allowPrivilegeEscalation: false").count(), pods);
-    assert_eq!(production.matches("kind: NetworkPolicy").count(), 3, "{production}");
+    assert_eq!(production.matches("kind: NetworkPolicy").count(), 4, "{production}");
+    // Prometheus scrapes the routers and workers; workers scale on the calls waiting for them.
+    assert_eq!(production.matches("prometheus.io/scrape: \"true\"").count(), 2, "{production}");
+    assert!(production.contains("name: toolmesh_remote_pending"), "{production}");
     for template in production.split("\n  template:\n").skip(1) {
         let labels = template.split("spec:").next().unwrap();
         assert!(labels.contains("app.kubernetes.io/part-of: toolmesh"), "{labels}");
@@ -207,12 +210,15 @@ async fn the_shipped_router_and_worker_authenticate_callers_and_workers() {
     let (agent, worker_key) = (random_key(), random_key());
     let router_file = root().join("deploy/k8s/base/router.toml").display().to_string();
     let token_key = random_key();
-    // As the pods run them, but with the embedded store: no Qdrant server at qdrant:6334.
+    // As the pods run them, but with the embedded store (no Qdrant server at qdrant:6334)
+    // and the metrics on a loopback port of their own.
+    let metrics = ("TOOLMESH__TELEMETRY__METRICS_LISTEN", "127.0.0.1:0");
     let env = [
         ("TOOLMESH_AGENT_KEY", agent.as_str()),
         ("TOOLMESH_WORKER_KEY", worker_key.as_str()),
         ("TOOLMESH__ROUTING__TOKEN_KEY", token_key.as_str()),
         ("TOOLMESH__VECTOR__BACKEND", "embedded"),
+        metrics,
     ];
     let router = BinaryServer::start(&["--config", &router_file], &env).await.unwrap();
     let addr = router.addr.to_string();
@@ -226,9 +232,13 @@ async fn the_shipped_router_and_worker_authenticate_callers_and_workers() {
 
     // The shipped worker joins with the workers' key, and its tool serves the agents.
     let worker_file = std::fs::read_to_string(root().join("deploy/k8s/base/worker.toml")).unwrap();
-    let worker =
-        BinaryWorker::start_with_env(&addr, &worker_file, &[], &[("TOOLMESH_TOKEN", &worker_key)])
-            .unwrap();
+    let worker = BinaryWorker::start_with_env(
+        &addr,
+        &worker_file,
+        &[],
+        &[("TOOLMESH_TOKEN", &worker_key), metrics],
+    )
+    .unwrap();
     worker.joined(1).await.unwrap();
     let names = || async {
         let listed = cli::run(&["tools", "list", "--server", &addr, "--token", &agent]).await;
@@ -241,9 +251,13 @@ async fn the_shipped_router_and_worker_authenticate_callers_and_workers() {
     assert!(cli::stdout(&called).contains("Filesystem"), "{}", cli::stdout(&called));
 
     // The agents' key is no worker's: a worker with it is refused.
-    let intruder =
-        BinaryWorker::start_with_env(&addr, &worker_file, &[], &[("TOOLMESH_TOKEN", &agent)])
-            .unwrap();
+    let intruder = BinaryWorker::start_with_env(
+        &addr,
+        &worker_file,
+        &[],
+        &[("TOOLMESH_TOKEN", &agent), metrics],
+    )
+    .unwrap();
     let refused = eventually(Duration::from_secs(20), || async {
         intruder.logs().contains("needs the role \"worker\"").then_some(())
     })

@@ -48,6 +48,12 @@ async fn traces_reach_an_otlp_receiver_as_one_tree_under_the_callers_span() {
     client.list_tools(ListToolsRequest::default()).await.unwrap();
 
     let spans = receiver.spans_after_stop(&mut server, "toolmesh.worker.execute").await;
+    // Every span has a name a reader understands; the actor runtime's own spans (one per
+    // actor and message) stay out of the export by default.
+    for (_, span) in &spans {
+        assert!(!span.name.is_empty(), "an unnamed span: {span:?}");
+        assert!(!["Actor", "message_parent"].contains(&span.name.as_str()), "{}", span.name);
+    }
 
     let find = |name: &str, call_id: Option<&str>| {
         spans
@@ -775,4 +781,127 @@ async fn json_logs_are_one_object_per_line() {
     assert_eq!(line["addr"], server.addr.to_string(), "{line}");
     assert!(line["tools"].as_u64().is_some_and(|n| n > 0), "{line}");
     assert!(line["timestamp"].as_str().is_some_and(|t| t.starts_with("20")), "{line}");
+}
+
+/// Scrapes `/metrics` of a server whose log names the address it serves them on.
+async fn scrape(server: &BinaryServer) -> String {
+    let addr = eventually(Duration::from_secs(10), || async {
+        let logs = server.logs();
+        let line = logs.lines().find(|l| l.contains("serving metrics at /metrics"))?;
+        line.split("addr=").nth(1)?.split_whitespace().next().map(str::to_owned)
+    })
+    .await
+    .expect("the server says where its metrics are");
+    let response = reqwest::get(format!("http://{addr}/metrics")).await.unwrap();
+    assert!(response.status().is_success());
+    let content_type = response.headers()[reqwest::header::CONTENT_TYPE].to_str().unwrap();
+    assert!(content_type.starts_with("text/plain; version=0.0.4"), "{content_type}");
+    response.text().await.unwrap()
+}
+
+/// The value of the sample whose line starts with `series` (name and labels as written).
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[tokio::test]
+async fn prometheus_scrapes_calls_queues_and_source_health_on_the_metrics_address() {
+    let config = format!(
+        "[telemetry]\nmetrics_listen = \"127.0.0.1:0\"\n\n[workers]\nsize = 4\n\n{}",
+        py_stdio_config()
+    );
+    let server = BinaryServer::with_config(&config, &[]).await.unwrap();
+    let mut client = toolmesh::client::connect(&server.addr.to_string(), None).await.unwrap();
+    let call = |name: &str, arguments: serde_json::Value| CallToolRequest {
+        name: name.into(),
+        arguments_json: arguments.to_string(),
+        ..Default::default()
+    };
+    for _ in 0..3 {
+        client.call_tool(call("echo", json!({"n": 1}))).await.unwrap();
+    }
+    eventually(Duration::from_secs(30), || async {
+        tool_names(&server.addr.to_string()).await.iter().any(|n| n == "py_add").then_some(())
+    })
+    .await
+    .expect("the MCP server's tools are listed");
+    client.call_tool(call("py_add", json!({"a": 1, "b": 2}))).await.unwrap();
+    assert_eq!(client.call_tool(call("nope", json!({}))).await.unwrap_err().code(), Code::NotFound);
+
+    let text = scrape(&server).await;
+    // Calls: per tool, source and outcome, in buckets from 50 µs on.
+    let echo = r#"gen_ai_tool_name="echo",toolmesh_call_outcome="ok",toolmesh_source_kind="local",toolmesh_source_name="builtin""#;
+    assert_eq!(
+        sample(&text, &format!("toolmesh_call_duration_seconds_count{{{echo}}}")),
+        Some(3.0),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("toolmesh_call_duration_seconds_bucket{{{echo},le=\"0.00005\"}}")),
+        "{text}"
+    );
+    let buckets = text
+        .lines()
+        .filter(|l| l.starts_with(&format!("toolmesh_call_duration_seconds_bucket{{{echo},")))
+        .count();
+    assert_eq!(buckets, 23, "22 bounds and +Inf");
+    assert!(text.contains(r#"gen_ai_tool_name="py_add",toolmesh_call_outcome="ok",toolmesh_source_kind="mcp",toolmesh_source_name="py""#), "{text}");
+    // A name no tool has is counted without being a label.
+    assert!(!text.contains(r#"gen_ai_tool_name="nope""#), "{text}");
+    assert!(
+        text.contains(r#"error_type="tool_not_found",toolmesh_call_outcome="error""#),
+        "{text}"
+    );
+    // Queues and calls in flight, and the health of every source.
+    assert_eq!(sample(&text, "toolmesh_pool_workers"), Some(4.0), "{text}");
+    assert_eq!(sample(&text, "toolmesh_pool_queued"), Some(0.0), "{text}");
+    assert_eq!(sample(&text, r#"toolmesh_mcp_in_flight{mcp_server="py"}"#), Some(0.0), "{text}");
+    assert_eq!(
+        sample(
+            &text,
+            r#"toolmesh_source_up{toolmesh_source_kind="mcp",toolmesh_source_name="py"}"#
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(text.contains("# TYPE toolmesh_call_duration_seconds histogram"), "{text}");
+}
+
+#[tokio::test]
+async fn an_unreachable_collector_is_said_once_and_shows_in_health() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+
+    // Nothing listens there: every export fails at once.
+    let env =
+        [("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9"), ("OTEL_BSP_SCHEDULE_DELAY", "100")];
+    let server = BinaryServer::start(&[], &env).await.unwrap();
+    let addr = server.addr.to_string();
+    let mut client = toolmesh::client::connect(&addr, None).await.unwrap();
+    let echo = || CallToolRequest {
+        name: "echo".into(),
+        arguments_json: "{}".into(),
+        ..Default::default()
+    };
+    let otlp = "toolmesh.telemetry.otlp";
+    for _ in 0..5 {
+        client.call_tool(echo()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let down = eventually(Duration::from_secs(20), || async {
+        let status = toolmesh_e2e::cli::health_of(&addr, otlp).await?;
+        (status == ServingStatus::NotServing as i32).then_some(())
+    })
+    .await;
+    assert!(down.is_some(), "the export's health says so:\n{}", server.logs());
+    // Said once, with the endpoint, however many exports failed.
+    for _ in 0..5 {
+        client.call_tool(echo()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let logs = server.logs();
+    assert_eq!(logs.matches("spans cannot be exported").count(), 1, "{logs}");
+    assert!(logs.contains("127.0.0.1:9"), "{logs}");
+    // The API stays ready: traces are not what it serves.
+    let overall = toolmesh_e2e::cli::health_of(&addr, "").await;
+    assert_eq!(overall, Some(ServingStatus::Serving as i32));
 }

@@ -15,6 +15,10 @@ pub struct TelemetryConfig {
     pub otlp_endpoint: Option<String>,
     /// `service.name` of exported spans.
     pub service_name: String,
+    /// Where `/metrics` is served for Prometheus; `None`: nowhere.
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Export the actor runtime's own spans too.
+    pub actor_spans: bool,
 }
 
 /// How log lines are written on standard error.
@@ -34,6 +38,8 @@ pub(crate) struct RawTelemetry {
     pub(crate) log_format: String,
     pub(crate) otlp_endpoint: String,
     pub(crate) service_name: String,
+    pub(crate) metrics_listen: String,
+    pub(crate) actor_spans: bool,
 }
 
 /// Refuses a log filter whose directive cannot mean what was written: a bare word that is
@@ -84,11 +90,22 @@ pub(crate) fn telemetry(
             ));
         }
     };
+    let metrics_listen = match raw.metrics_listen.trim() {
+        "" => None,
+        addr => Some(addr.parse().map_err(|_| {
+            key_error(
+                "telemetry.metrics_listen".into(),
+                format!("`{addr}` is not an address and port, such as 0.0.0.0:9464"),
+            )
+        })?),
+    };
     let telemetry = TelemetryConfig {
         log: raw.log,
         log_format,
         otlp_endpoint: Some(raw.otlp_endpoint).filter(|s| !s.trim().is_empty()),
         service_name: raw.service_name,
+        metrics_listen,
+        actor_spans: raw.actor_spans,
     };
     Ok(telemetry)
 }

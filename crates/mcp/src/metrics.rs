@@ -15,13 +15,6 @@ struct Instruments {
     client_operations: Histogram<f64>,
 }
 
-/// Bucket bounds of the operation durations, in seconds: from a tenth of a millisecond (a
-/// proxied call to a fast server) to five minutes.
-const OPERATION_BUCKETS: [f64; 20] = [
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
-    10.0, 30.0, 60.0, 120.0, 300.0,
-];
-
 fn instruments() -> &'static Instruments {
     static INSTRUMENTS: OnceLock<Instruments> = OnceLock::new();
     INSTRUMENTS.get_or_init(|| {
@@ -39,13 +32,13 @@ fn instruments() -> &'static Instruments {
                 .f64_histogram(names::METRIC_MCP_SERVER_OPERATION_DURATION)
                 .with_unit("s")
                 .with_description("MCP requests the MCP endpoint served")
-                .with_boundaries(OPERATION_BUCKETS.to_vec())
+                .with_boundaries(names::DURATION_BUCKETS.to_vec())
                 .build(),
             client_operations: meter
                 .f64_histogram(names::METRIC_MCP_CLIENT_OPERATION_DURATION)
                 .with_unit("s")
                 .with_description("MCP requests sent to upstream MCP servers")
-                .with_boundaries(OPERATION_BUCKETS.to_vec())
+                .with_boundaries(names::DURATION_BUCKETS.to_vec())
                 .build(),
         }
     })
@@ -109,4 +102,30 @@ impl Operation<'_> {
         attributes.push(KeyValue::new("network.transport", transport));
         instruments().client_operations.record(seconds, &attributes);
     }
+}
+
+/// The servers whose calls in flight are reported, while they live.
+static SERVERS: std::sync::Mutex<Vec<std::sync::Weak<crate::shared::ServerShared>>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Reports the calls in flight of `server` (and of every server) at each collection.
+pub(crate) fn observe_server(server: &std::sync::Arc<crate::shared::ServerShared>) {
+    static GAUGE: OnceLock<()> = OnceLock::new();
+    let mut servers = SERVERS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    servers.retain(|weak| weak.strong_count() > 0);
+    servers.push(std::sync::Arc::downgrade(server));
+    drop(servers);
+    GAUGE.get_or_init(|| {
+        toolmesh_telemetry::observe_gauge(
+            names::METRIC_MCP_IN_FLIGHT,
+            "calls in flight on an MCP server",
+            |observe| {
+                let servers = SERVERS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                for server in servers.iter().filter_map(std::sync::Weak::upgrade) {
+                    let calls = server.inflight_calls().len() as u64;
+                    observe(calls, &[KeyValue::new(names::MCP_SERVER, server.config.name.clone())]);
+                }
+            },
+        );
+    });
 }

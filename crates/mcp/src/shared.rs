@@ -176,7 +176,7 @@ impl ServerShared {
         let remember_in = remember_in.filter(|_| config.remember_tools);
         let remembered =
             remember_in.map(|dir| Arc::new(crate::remembered::Remembered::new(dir, &config)));
-        Arc::new(ServerShared {
+        let shared = Arc::new(ServerShared {
             remembered,
             pins: Mutex::new(crate::pins::Pins::load(remember_in, &config)),
             audit,
@@ -204,7 +204,9 @@ impl ServerShared {
             actor: ArcSwapOption::empty(),
             slots: Arc::new(tokio::sync::Semaphore::new(config.max_concurrency.get())),
             config,
-        })
+        });
+        crate::metrics::observe_server(&shared);
+        shared
     }
 
     /// Returns the HTTP client of the server's connections.

@@ -17,16 +17,18 @@ use crate::members::{Link, Members, PARTIAL_WINDOW, Pending, Pick};
 pub struct RemoteBackend {
     members: Weak<Members>,
     tool: String,
+    /// The pool whose workers serve the tool.
+    pool: String,
 }
 
 impl RemoteBackend {
-    pub(crate) fn new(members: Weak<Members>, tool: String) -> Self {
-        RemoteBackend { members, tool }
+    pub(crate) fn new(members: Weak<Members>, tool: String, pool: String) -> Self {
+        RemoteBackend { members, tool, pool }
     }
 
     /// A backend that reaches no worker: for checking a definition.
     pub(crate) fn nowhere() -> Self {
-        RemoteBackend { members: Weak::new(), tool: String::new() }
+        RemoteBackend { members: Weak::new(), tool: String::new(), pool: String::new() }
     }
 
     /// Waits for a slot on a worker serving the tool, until `by` (the sooner of the
@@ -78,6 +80,28 @@ impl RemoteBackend {
     }
 }
 
+/// Records how long a call of `pool` waited for a worker's slot.
+fn scheduled(pool: &str, waited: Duration) {
+    use std::sync::OnceLock;
+
+    use opentelemetry::{KeyValue, metrics::Histogram};
+    use toolmesh_telemetry::names;
+    static WAITED: OnceLock<Histogram<f64>> = OnceLock::new();
+    WAITED
+        .get_or_init(|| {
+            opentelemetry::global::meter("toolmesh")
+                .f64_histogram(names::METRIC_REMOTE_SCHEDULE_TO_START)
+                .with_unit("s")
+                .with_description("how long remote calls waited for a worker's slot, by pool")
+                .with_boundaries(names::DURATION_BUCKETS.to_vec())
+                .build()
+        })
+        .record(
+            waited.as_secs_f64(),
+            &[KeyValue::new(names::TOOLMESH_SOURCE_NAME, pool.to_owned())],
+        );
+}
+
 /// Gives the slot back when the call ends, however it ends.
 struct Slot<'a> {
     members: &'a Members,
@@ -112,8 +136,14 @@ impl Backend for RemoteBackend {
             attributes: ctx.principal.attributes.clone().into_iter().collect(),
         });
         loop {
-            let link = self.schedule(&members, &ctx, by, patience).await?;
+            let waiting = Instant::now();
+            let link = {
+                let _pending = members.count(&self.pool, false);
+                self.schedule(&members, &ctx, by, patience).await?
+            };
+            scheduled(&self.pool, waiting.elapsed());
             let _slot = Slot { members: &members, key: link.key };
+            let _running = members.count(&self.pool, true);
             let left = ctx.deadline.saturating_duration_since(Instant::now());
             let limit = attempt_limit.map_or(left, |limit| limit.min(left));
             // The worker's session knows the call by an id this router makes: ids that

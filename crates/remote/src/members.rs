@@ -259,11 +259,74 @@ pub(crate) struct Members {
     next_dispatch: AtomicU64,
     /// This router, as workers see it.
     pub(crate) router_id: String,
+    /// Per pool: calls waiting for a worker's slot, and calls on workers.
+    load: Mutex<HashMap<String, PoolLoad>>,
+}
+
+/// The calls of one pool, for its gauges.
+#[derive(Debug, Default, Clone, Copy)]
+struct PoolLoad {
+    pending: usize,
+    running: usize,
+}
+
+/// Counts a call of `pool` as pending or running while it lives.
+pub(crate) struct Counted<'a> {
+    members: &'a Members,
+    pool: &'a str,
+    running: bool,
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        let mut load = self.members.load.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(counts) = load.get_mut(self.pool) {
+            let count = if self.running { &mut counts.running } else { &mut counts.pending };
+            *count = count.saturating_sub(1);
+        }
+    }
 }
 
 impl Members {
+    /// Counts a call of `pool` waiting for a slot (`running` false) or on a worker.
+    pub(crate) fn count<'a>(&'a self, pool: &'a str, running: bool) -> Counted<'a> {
+        let mut load = self.load.lock().unwrap_or_else(PoisonError::into_inner);
+        let counts = load.entry(pool.to_owned()).or_default();
+        *(if running { &mut counts.running } else { &mut counts.pending }) += 1;
+        Counted { members: self, pool, running }
+    }
+
+    /// Reports each pool's pending and running calls at each collection of the metrics.
+    pub(crate) fn observe(self: &Arc<Self>) {
+        use toolmesh_telemetry::{names, observe_gauge};
+        /// A gauge's name, description, and its reading of a pool's calls.
+        type Reading = (&'static str, &'static str, fn(PoolLoad) -> usize);
+        let readings: [Reading; 2] = [
+            (
+                names::METRIC_REMOTE_PENDING,
+                "calls of a remote pool waiting for a worker's slot",
+                |load| load.pending,
+            ),
+            (names::METRIC_REMOTE_IN_FLIGHT, "calls of a remote pool on its workers", |load| {
+                load.running
+            }),
+        ];
+        for (name, description, read) in readings {
+            let members = Arc::downgrade(self);
+            observe_gauge(name, description, move |observe| {
+                let Some(members) = members.upgrade() else { return };
+                let load = members.load.lock().unwrap_or_else(PoisonError::into_inner).clone();
+                for (pool, counts) in load {
+                    let pool = opentelemetry::KeyValue::new(names::TOOLMESH_SOURCE_NAME, pool);
+                    observe(read(counts) as u64, &[pool]);
+                }
+            });
+        }
+    }
+
     pub(crate) fn new(registry: RegistryHandle) -> Self {
         Members {
+            load: Default::default(),
             registry,
             config: Default::default(),
             state: Default::default(),
@@ -531,7 +594,8 @@ impl Members {
                 unchanged.push(name.clone());
                 continue;
             }
-            let backend = Arc::new(RemoteBackend::new(Arc::downgrade(self), name.clone()));
+            let backend =
+                Arc::new(RemoteBackend::new(Arc::downgrade(self), name.clone(), pool.to_owned()));
             match ToolEntry::new(spec.clone(), backend) {
                 Ok(entry) => tools.push(entry),
                 Err(error) => warn!(tool = %name, pool, %error, "remote tool not published"),

@@ -20,10 +20,9 @@ pub struct RemoteWorkers {
 impl RemoteWorkers {
     /// Remote workers whose tools go into `registry`.
     pub fn new(registry: RegistryHandle) -> Self {
-        RemoteWorkers {
-            members: Arc::new(Members::new(registry)),
-            closing: CancellationToken::new(),
-        }
+        let members = Arc::new(Members::new(registry));
+        members.observe();
+        RemoteWorkers { members, closing: CancellationToken::new() }
     }
 
     /// The gRPC service workers connect to. Its sessions end when `closing` is cancelled

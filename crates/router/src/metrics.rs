@@ -15,21 +15,31 @@ fn duration() -> &'static Histogram<f64> {
         opentelemetry::global::meter("toolmesh")
             .f64_histogram(names::METRIC_CALL_DURATION)
             .with_unit("s")
-            .with_description("how long calls took, by source and by error type when they failed")
+            .with_description("how long calls took, by tool, source and outcome")
+            .with_boundaries(names::DURATION_BUCKETS.to_vec())
             .build()
     })
 }
 
-/// Records one call: how long it took, where it ran and how it failed.
+/// Records one call: how long it took, the tool and where it ran (when it was found) and
+/// how it ended.
 pub(crate) fn call_ended(
     took: Duration,
+    tool: &str,
     source: Option<&ToolSource>,
     error_type: Option<&'static str>,
 ) {
-    let mut attributes = Vec::with_capacity(3);
+    let mut attributes = Vec::with_capacity(5);
+    let outcome = match error_type {
+        None => "ok",
+        Some("tool_error") => "tool_error",
+        Some(_) => "error",
+    };
+    attributes.push(KeyValue::new(names::TOOLMESH_CALL_OUTCOME, outcome));
     if let Some(source) = source {
         attributes.push(KeyValue::new(names::TOOLMESH_SOURCE_KIND, source.kind.as_str()));
         attributes.push(KeyValue::new(names::TOOLMESH_SOURCE_NAME, source.name.clone()));
+        attributes.push(KeyValue::new(names::GEN_AI_TOOL_NAME, tool.to_owned()));
     }
     if let Some(kind) = error_type {
         attributes.push(KeyValue::new(names::ERROR_TYPE, kind));

@@ -182,7 +182,7 @@ impl Router {
         // One reading for the metric and the audit, which then agree on how long it took.
         let ended = std::time::Instant::now();
         let took = ended.duration_since(started);
-        crate::metrics::call_ended(took, source.as_ref(), error_type);
+        crate::metrics::call_ended(took, &tool, source.as_ref(), error_type);
         let policy = admission.policy();
         if let Some(decision) = &seen.decision {
             span.record(names::TOOLMESH_POLICY_DECISION, decision.as_str());

@@ -10,8 +10,11 @@ use opentelemetry_sdk::{
     trace::{SdkTracerProvider, span_processor_with_async_runtime::BatchSpanProcessor},
 };
 use tracing::Level;
+
+use crate::prometheus::{Prometheus, SharedReader};
 use tracing_subscriber::{
     EnvFilter, Layer as _,
+    filter::LevelFilter,
     filter::{FilterExt as _, Targets, filter_fn},
     layer::SubscriberExt,
     util::SubscriberInitExt,
@@ -29,6 +32,12 @@ pub struct TelemetryOptions {
     pub otlp_endpoint: Option<String>,
     /// `service.name` of the spans; `OTEL_SERVICE_NAME` wins when set.
     pub service_name: String,
+    /// Export the spans of ractor's actors too (its `Actor` and `message_parent` spans, one
+    /// per actor and message): internals, left out by default.
+    pub actor_spans: bool,
+    /// Keep the metrics for Prometheus to scrape ([`TelemetryGuard::prometheus`]), whether
+    /// or not they are exported over OTLP too.
+    pub prometheus: bool,
 }
 
 /// Telemetry could not be set up.
@@ -61,12 +70,19 @@ pub enum TelemetryError {
 pub struct TelemetryGuard {
     provider: Option<SdkTracerProvider>,
     meters: Option<SdkMeterProvider>,
+    prometheus: Option<Prometheus>,
 }
 
 impl TelemetryGuard {
     /// Returns whether spans are exported.
     pub fn exporting(&self) -> bool {
         self.provider.is_some()
+    }
+
+    /// Returns the metrics for Prometheus, when [`TelemetryOptions::prometheus`] asked for
+    /// them.
+    pub fn prometheus(&self) -> Option<&Prometheus> {
+        self.prometheus.as_ref()
     }
 }
 
@@ -141,7 +157,14 @@ pub fn init(options: &TelemetryOptions) -> Result<TelemetryGuard, TelemetryError
         .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT").ok())
         .or(endpoint)
         .filter(|endpoint| !endpoint.trim().is_empty());
-    let meters = metrics_endpoint.map(|endpoint| build_meters(&endpoint, options)).transpose()?;
+    let (prometheus, scraped) = match options.prometheus {
+        true => {
+            let (prometheus, reader) = Prometheus::new();
+            (Some(prometheus), Some(reader))
+        }
+        false => (None, None),
+    };
+    let meters = build_meters(metrics_endpoint.as_deref(), scraped, options)?;
     if let Some(meters) = &meters {
         opentelemetry::global::set_meter_provider(meters.clone());
     }
@@ -150,15 +173,19 @@ pub fn init(options: &TelemetryOptions) -> Result<TelemetryGuard, TelemetryError
     // every callsite, which would make every span cost as if it were recorded.
     let installed = match &provider {
         Some(provider) => {
+            let mut targets = Targets::new().with_default(Level::INFO);
+            if !options.actor_spans {
+                targets = targets.with_target("ractor", LevelFilter::OFF);
+            }
             let otel = tracing_opentelemetry::layer()
                 .with_tracer(provider.tracer("toolmesh"))
-                .with_filter(Targets::new().with_default(Level::INFO));
+                .with_filter(targets);
             tracing_subscriber::registry().with(fmt).with(otel).try_init()
         }
         None => tracing_subscriber::registry().with(fmt).try_init(),
     };
     installed.map_err(|_| TelemetryError::AlreadyInstalled)?;
-    Ok(TelemetryGuard { provider, meters })
+    Ok(TelemetryGuard { provider, meters, prometheus })
 }
 
 fn resource(options: &TelemetryOptions) -> Resource {
@@ -172,28 +199,40 @@ fn resource(options: &TelemetryOptions) -> Resource {
         .build()
 }
 
-/// Metrics go to the same OTLP endpoint as traces, every `OTEL_METRIC_EXPORT_INTERVAL`
-/// milliseconds (60 s by default).
+/// The meter provider: metrics go to the same OTLP endpoint as traces, every
+/// `OTEL_METRIC_EXPORT_INTERVAL` milliseconds (60 s by default), and are kept for Prometheus
+/// to scrape through `scraped`. `None` when neither is wanted: instruments then cost nothing.
 fn build_meters(
-    endpoint: &str,
+    endpoint: Option<&str>,
+    scraped: Option<SharedReader>,
     options: &TelemetryOptions,
-) -> Result<SdkMeterProvider, TelemetryError> {
-    let exporter = opentelemetry_otlp::MetricExporter::builder()
-        .with_tonic()
-        .with_endpoint(endpoint)
-        .with_timeout(Duration::from_secs(5))
-        .build()
-        .map_err(|error| TelemetryError::Exporter {
-            endpoint: endpoint.to_owned(),
-            reason: error.to_string(),
-        })?;
-    let reader =
+) -> Result<Option<SdkMeterProvider>, TelemetryError> {
+    if endpoint.is_none() && scraped.is_none() {
+        return Ok(None);
+    }
+    let mut builder = SdkMeterProvider::builder().with_resource(resource(options));
+    if let Some(endpoint) = endpoint {
+        let exporter = opentelemetry_otlp::MetricExporter::builder()
+            .with_tonic()
+            .with_endpoint(endpoint)
+            .with_timeout(Duration::from_secs(5))
+            .build()
+            .map_err(|error| TelemetryError::Exporter {
+                endpoint: endpoint.to_owned(),
+                reason: error.to_string(),
+            })?;
+        let reader =
         opentelemetry_sdk::metrics::periodic_reader_with_async_runtime::PeriodicReader::builder(
             exporter,
             runtime::Tokio,
         )
         .build();
-    Ok(SdkMeterProvider::builder().with_reader(reader).with_resource(resource(options)).build())
+        builder = builder.with_reader(reader);
+    }
+    if let Some(scraped) = scraped {
+        builder = builder.with_reader(scraped);
+    }
+    Ok(Some(builder.build()))
 }
 
 fn build_provider(
@@ -210,6 +249,7 @@ fn build_provider(
             reason: error.to_string(),
         })?;
     let resource = resource(options);
+    let exporter = crate::export::Watched::new(exporter, endpoint);
     let processor = BatchSpanProcessor::builder(exporter, runtime::Tokio).build();
     Ok(SdkTracerProvider::builder().with_span_processor(processor).with_resource(resource).build())
 }

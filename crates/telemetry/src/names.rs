@@ -63,9 +63,34 @@ pub const METRIC_MCP_SERVER_OPERATION_DURATION: &str = "mcp.server.operation.dur
 /// [`METRIC_MCP_SERVER_OPERATION_DURATION`], plus `mcp.server` and `network.transport`.
 pub const METRIC_MCP_CLIENT_OPERATION_DURATION: &str = "mcp.client.operation.duration";
 /// Histogram: how long calls took, in seconds, each one counted once; attributes
-/// `toolmesh.source.kind` and `toolmesh.source.name` (when the tool was found) and
+/// `toolmesh.call.outcome`, `toolmesh.source.kind`, `toolmesh.source.name` and
+/// `gen_ai.tool.name` (when the tool was found: a name no tool has is not a label) and
 /// `error.type` (when the call failed, `tool_error` when the tool reported a failure).
 pub const METRIC_CALL_DURATION: &str = "toolmesh.call.duration";
+/// Gauge: the local worker pool's workers (`toolmesh.pool.workers`), those running a call
+/// (`toolmesh.pool.running`) and the calls admitted that wait for one (`toolmesh.pool.queued`).
+pub const METRIC_POOL_WORKERS: &str = "toolmesh.pool.workers";
+/// See [`METRIC_POOL_WORKERS`].
+pub const METRIC_POOL_RUNNING: &str = "toolmesh.pool.running";
+/// See [`METRIC_POOL_WORKERS`].
+pub const METRIC_POOL_QUEUED: &str = "toolmesh.pool.queued";
+/// Gauge: calls of a remote pool (`toolmesh.source.name`) waiting for a free slot on one of
+/// its workers (schedule-to-start); what Kubernetes scales workers on.
+pub const METRIC_REMOTE_PENDING: &str = "toolmesh.remote.pending";
+/// Gauge: calls of a remote pool running on its workers.
+pub const METRIC_REMOTE_IN_FLIGHT: &str = "toolmesh.remote.in_flight";
+/// Histogram, seconds: how long a remote call waited for a worker's slot, by pool.
+pub const METRIC_REMOTE_SCHEDULE_TO_START: &str = "toolmesh.remote.schedule_to_start";
+/// Gauge: calls in flight on an MCP server (`mcp.server`).
+pub const METRIC_MCP_IN_FLIGHT: &str = "toolmesh.mcp.in_flight";
+/// `toolmesh.call.outcome`: `ok`, `tool_error` (the tool reported a failure) or `error`.
+pub const TOOLMESH_CALL_OUTCOME: &str = "toolmesh.call.outcome";
+/// The bucket bounds of every duration histogram, in seconds: from 50 µs (a local tool) to
+/// five minutes (a long tool), so that percentiles can be read at either end.
+pub const DURATION_BUCKETS: [f64; 22] = [
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 180.0, 300.0,
+];
 /// Counter: repetitions of calls whose connection broke (of read-only and idempotent
 /// tools only); attributes `toolmesh.source.kind`, `toolmesh.source.name` and
 /// `gen_ai.tool.name`.

@@ -192,7 +192,7 @@ impl WorkerPool {
         let restarts = Arc::new(AtomicU64::new(0));
         let actor = WorkerPoolActor { size, idle: idle_tx.clone(), restarts: restarts.clone() };
         let (supervisor, _) = Actor::spawn(None, actor, ()).await.map_err(WorkersError::Spawn)?;
-        Ok(WorkerPool {
+        let pool = WorkerPool {
             inner: Arc::new(PoolInner {
                 idle: idle_rx,
                 admission: Arc::new(Semaphore::new(size + options.queue)),
@@ -202,7 +202,33 @@ impl WorkerPool {
                 restarts,
                 stopping: AtomicBool::new(false),
             }),
-        })
+        };
+        pool.observe();
+        Ok(pool)
+    }
+
+    /// Reports the pool's workers, those running and the calls queued, at each collection.
+    fn observe(&self) {
+        use toolmesh_telemetry::{names, observe_gauge};
+        /// A gauge's name, description, and its reading of the pool's figures.
+        type Reading = (&'static str, &'static str, fn(PoolStats) -> usize);
+        let readings: [Reading; 3] = [
+            (names::METRIC_POOL_WORKERS, "the local worker pool's workers", |s| s.size),
+            (names::METRIC_POOL_RUNNING, "local workers running a call", |s| s.size - s.idle),
+            (
+                names::METRIC_POOL_QUEUED,
+                "calls admitted to the local pool waiting for a worker",
+                |s| s.admitted.saturating_sub(s.size - s.idle),
+            ),
+        ];
+        for (name, description, read) in readings {
+            let inner = Arc::downgrade(&self.inner);
+            observe_gauge(name, description, move |observe| {
+                if let Some(inner) = inner.upgrade() {
+                    observe(read(WorkerPool { inner }.stats()) as u64, &[]);
+                }
+            });
+        }
     }
 
     /// Returns the pool's current figures.

@@ -7,7 +7,7 @@ use ractor::ActorRef;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use toolmesh_config::{Config, SectionDef, ServerConfig};
-use toolmesh_core::{HealthBoard, Provider, Supervised, Toolkit};
+use toolmesh_core::{Health, HealthBoard, Provider, Supervised, Toolkit};
 use toolmesh_identity::Authenticator;
 use toolmesh_knowledge::KnowledgeHandle;
 use toolmesh_mcp::McpManager;
@@ -417,6 +417,13 @@ fn publish_health(providers: &[Arc<dyn Provider<Config>>], board: &HealthBoard) 
             entries.insert((provider.kind().to_owned(), name), health);
         }
     }
+    // Whether spans reach the collector: a part of its own, which readiness does not
+    // depend on.
+    if let Some(export) = toolmesh_telemetry::export_health() {
+        let (up, reason) = export.status();
+        let health = if up { Health::up() } else { Health::down(reason) };
+        entries.insert(("telemetry".to_owned(), "otlp".to_owned()), health);
+    }
     for ((kind, name), health) in &entries {
         toolmesh_telemetry::record_source_up(kind, name, health.up);
     }
@@ -434,10 +441,18 @@ async fn watch_health(
     stop: CancellationToken,
 ) {
     // `App::start` published the first board; from here on, each change.
+    let export = toolmesh_telemetry::export_health();
     loop {
         let changes = providers.iter().map(|p| p.health_changed().boxed());
+        let exported = async {
+            match &export {
+                Some(export) => export.changed().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = futures::future::select_all(changes) => {}
+            () = exported => {}
             _ = stop.cancelled() => return,
         }
         publish_health(&providers, &board);

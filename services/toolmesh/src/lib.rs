@@ -57,6 +57,7 @@ pub mod client;
 mod front;
 pub mod ingest;
 mod listener;
+pub mod metrics;
 mod plugin;
 mod server;
 mod supervisor;

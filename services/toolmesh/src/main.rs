@@ -519,7 +519,14 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         json_logs: config.telemetry.log_format == toolmesh_config::LogFormat::Json,
         otlp_endpoint: config.telemetry.otlp_endpoint.clone(),
         service_name: config.telemetry.service_name.clone(),
+        prometheus: config.telemetry.metrics_listen.is_some(),
+        actor_spans: config.telemetry.actor_spans,
     })?;
+    if let (Some(addr), Some(prometheus)) =
+        (config.telemetry.metrics_listen, _telemetry.prometheus())
+    {
+        toolmesh::metrics::serve(addr, prometheus.clone()).await?;
+    }
     let options = toolmesh::worker::WorkerOptions {
         host: toolmesh_remote::host::WorkerOptions {
             routers: args.router,
@@ -652,7 +659,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         json_logs: config.telemetry.log_format == toolmesh_config::LogFormat::Json,
         otlp_endpoint: config.telemetry.otlp_endpoint.clone(),
         service_name: config.telemetry.service_name.clone(),
+        prometheus: config.telemetry.metrics_listen.is_some(),
+        actor_spans: config.telemetry.actor_spans,
     })?;
+    if let (Some(addr), Some(prometheus)) =
+        (config.telemetry.metrics_listen, _telemetry.prometheus())
+    {
+        toolmesh::metrics::serve(addr, prometheus.clone()).await?;
+    }
 
     raise_descriptor_limit();
     let app = App::start(&config, AppOptions::default()).await?;
