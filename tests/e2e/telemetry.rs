@@ -826,6 +826,25 @@ async fn prometheus_scrapes_calls_queues_and_source_health_on_the_metrics_addres
     .await
     .expect("the MCP server's tools are listed");
     client.call_tool(call("py_add", json!({"a": 1, "b": 2}))).await.unwrap();
+    // A remote pool: the shipped worker's tool.
+    let worker_file = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/k8s/base/worker.toml"),
+    )
+    .unwrap();
+    let worker = toolmesh_e2e::BinaryWorker::start_with_env(
+        &server.addr.to_string(),
+        &worker_file,
+        &[],
+        &[("TOOLMESH__TELEMETRY__METRICS_LISTEN", "127.0.0.1:0")],
+    )
+    .unwrap();
+    worker.joined(1).await.unwrap();
+    eventually(Duration::from_secs(20), || async {
+        tool_names(&server.addr.to_string()).await.iter().any(|n| n == "disk_usage").then_some(())
+    })
+    .await
+    .expect("the worker's tool is listed");
+    client.call_tool(call("disk_usage", json!({}))).await.unwrap();
     assert_eq!(client.call_tool(call("nope", json!({}))).await.unwrap_err().code(), Code::NotFound);
 
     let text = scrape(&server).await;
@@ -855,7 +874,13 @@ async fn prometheus_scrapes_calls_queues_and_source_health_on_the_metrics_addres
     // Queues and calls in flight, and the health of every source.
     assert_eq!(sample(&text, "toolmesh_pool_workers"), Some(4.0), "{text}");
     assert_eq!(sample(&text, "toolmesh_pool_queued"), Some(0.0), "{text}");
+    assert_eq!(sample(&text, "toolmesh_pool_wait_seconds_count"), Some(3.0), "{text}");
     assert_eq!(sample(&text, r#"toolmesh_mcp_in_flight{mcp_server="py"}"#), Some(0.0), "{text}");
+    let pool = r#"{toolmesh_source_name="default"}"#;
+    assert_eq!(sample(&text, &format!("toolmesh_remote_pending{pool}")), Some(0.0), "{text}");
+    assert_eq!(sample(&text, &format!("toolmesh_remote_in_flight{pool}")), Some(0.0), "{text}");
+    let waited = format!("toolmesh_remote_schedule_to_start_seconds_count{pool}");
+    assert_eq!(sample(&text, &waited), Some(1.0), "{text}");
     assert_eq!(
         sample(
             &text,

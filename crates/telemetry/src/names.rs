@@ -74,6 +74,8 @@ pub const METRIC_POOL_WORKERS: &str = "toolmesh.pool.workers";
 pub const METRIC_POOL_RUNNING: &str = "toolmesh.pool.running";
 /// See [`METRIC_POOL_WORKERS`].
 pub const METRIC_POOL_QUEUED: &str = "toolmesh.pool.queued";
+/// Histogram, seconds: how long calls admitted to the local pool waited for a worker.
+pub const METRIC_POOL_WAIT: &str = "toolmesh.pool.wait";
 /// Gauge: calls of a remote pool (`toolmesh.source.name`) waiting for a free slot on one of
 /// its workers (schedule-to-start); what Kubernetes scales workers on.
 pub const METRIC_REMOTE_PENDING: &str = "toolmesh.remote.pending";

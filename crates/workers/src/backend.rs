@@ -19,6 +19,23 @@ pub struct ToolLimits {
     pub max_queue: usize,
 }
 
+/// Records how long an admitted call waited for a worker of the local pool.
+fn waited(wait: std::time::Duration) {
+    use std::sync::OnceLock;
+
+    use opentelemetry::metrics::Histogram;
+    static WAIT: OnceLock<Histogram<f64>> = OnceLock::new();
+    WAIT.get_or_init(|| {
+        opentelemetry::global::meter("toolmesh")
+            .f64_histogram(names::METRIC_POOL_WAIT)
+            .with_unit("s")
+            .with_description("how long calls admitted to the local pool waited for a worker")
+            .with_boundaries(names::DURATION_BUCKETS.to_vec())
+            .build()
+    })
+    .record(wait.as_secs_f64(), &[]);
+}
+
 /// The permits of one tool's own limit.
 struct ToolSlots {
     /// Running plus waiting calls; taken without waiting, so a full tool refuses at once.
@@ -86,6 +103,7 @@ impl Backend for LocalBackend {
             ))
         })?;
 
+        let admitted = std::time::Instant::now();
         let wait = async {
             let _running = slots.running.acquire().await;
             let (reply, outcome) = oneshot::channel();
@@ -110,7 +128,10 @@ impl Backend for LocalBackend {
                     reason: "the pool is stopped".into(),
                 })?;
                 match worker.cast(message) {
-                    Ok(()) => break,
+                    Ok(()) => {
+                        waited(admitted.elapsed());
+                        break;
+                    }
                     Err(ractor::MessagingErr::SendErr(returned)) if tries > 1 => {
                         message = returned;
                         tries -= 1;
