@@ -35,46 +35,36 @@ filter_fields = ["lang"]
     )
 }
 
-fn script(path: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(path).display().to_string()
+/// Runs the test script `path` (of tests/) with `program` against a router of [`config`],
+/// and checks that it says it got through; `installed_by` says how the client got there.
+async fn run_against_a_router(program: &str, path: &str, installed_by: &str) {
+    let server = BinaryServer::with_config(&config(), &[]).await.unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+    let output = tokio::process::Command::new(program)
+        .arg(script)
+        .arg(server.addr.to_string())
+        .env_remove("TOOLMESH_TOKEN")
+        .output()
+        .await
+        .unwrap_or_else(|error| panic!("{program} runs: {error}"));
+    assert!(
+        output.status.success(),
+        "{path} failed ({installed_by}):\n{}\n{}\n{}",
+        stdout(&output),
+        stderr(&output),
+        server.logs()
+    );
+    assert!(stdout(&output).contains("knowledge as expected"), "{}", stdout(&output));
 }
 
 #[tokio::test]
 async fn the_python_client_streams_asks_approves_and_ingests() {
-    let server = BinaryServer::with_config(&config(), &[]).await.unwrap();
-    let output = tokio::process::Command::new(python())
-        .arg(script("python/stream_test.py"))
-        .arg(server.addr.to_string())
-        .env_remove("TOOLMESH_TOKEN")
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "the Python client failed (tests/setup installs clients/python):\n{}\n{}\n{}",
-        stdout(&output),
-        stderr(&output),
-        server.logs()
-    );
-    assert!(stdout(&output).contains("knowledge as expected"), "{}", stdout(&output));
+    let installed_by = "tests/setup installs clients/python";
+    run_against_a_router(&python(), "python/stream_test.py", installed_by).await;
 }
 
 #[tokio::test]
 async fn the_node_client_lists_calls_streams_and_ingests() {
-    let server = BinaryServer::with_config(&config(), &[]).await.unwrap();
-    let output = tokio::process::Command::new("node")
-        .arg(script("typescript/client_test.mjs"))
-        .arg(server.addr.to_string())
-        .env_remove("TOOLMESH_TOKEN")
-        .output()
-        .await
-        .expect("node runs");
-    assert!(
-        output.status.success(),
-        "the Node client failed (tests/setup builds clients/typescript):\n{}\n{}\n{}",
-        stdout(&output),
-        stderr(&output),
-        server.logs()
-    );
-    assert!(stdout(&output).contains("knowledge as expected"), "{}", stdout(&output));
+    let installed_by = "tests/setup builds clients/typescript";
+    run_against_a_router("node", "typescript/client_test.mjs", installed_by).await;
 }
