@@ -10,25 +10,25 @@ use tokio::time::Instant;
 use toolmesh_core::{Backend, BackendError, CallContext, CallEvent, ToolOutput};
 use toolmesh_proto::v1;
 
-use crate::members::{Link, Members, PARTIAL_WINDOW, Pending, Pick};
+use crate::members::{Link, Members, PARTIAL_WINDOW, Pending, Pick, PoolLoad};
 
 /// The backend of a tool that remote workers serve.
 #[derive(Debug)]
 pub struct RemoteBackend {
     members: Weak<Members>,
     tool: String,
-    /// The pool whose workers serve the tool.
-    pool: String,
+    /// The calls of the pool whose workers serve the tool.
+    load: Arc<PoolLoad>,
 }
 
 impl RemoteBackend {
-    pub(crate) fn new(members: Weak<Members>, tool: String, pool: String) -> Self {
-        RemoteBackend { members, tool, pool }
+    pub(crate) fn new(members: Weak<Members>, tool: String, load: Arc<PoolLoad>) -> Self {
+        RemoteBackend { members, tool, load }
     }
 
     /// A backend that reaches no worker: for checking a definition.
     pub(crate) fn nowhere() -> Self {
-        RemoteBackend { members: Weak::new(), tool: String::new(), pool: String::new() }
+        RemoteBackend { members: Weak::new(), tool: String::new(), load: Arc::default() }
     }
 
     /// Waits for a slot on a worker serving the tool, until `by` (the sooner of the
@@ -138,12 +138,12 @@ impl Backend for RemoteBackend {
         loop {
             let waiting = Instant::now();
             let link = {
-                let _pending = members.count(&self.pool, false);
+                let _pending = self.load.count(false);
                 self.schedule(&members, &ctx, by, patience).await?
             };
-            scheduled(&self.pool, waiting.elapsed());
+            scheduled(&self.load.pool, waiting.elapsed());
             let _slot = Slot { members: &members, key: link.key };
-            let _running = members.count(&self.pool, true);
+            let _running = self.load.count(true);
             let left = ctx.deadline.saturating_duration_since(Instant::now());
             let limit = attempt_limit.map_or(left, |limit| limit.min(left));
             // The worker's session knows the call by an id this router makes: ids that

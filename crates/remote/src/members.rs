@@ -4,7 +4,7 @@ use std::{
     collections::{BTreeMap, HashMap},
     sync::{
         Arc, Mutex, MutexGuard, PoisonError,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
     },
 };
 
@@ -260,55 +260,57 @@ pub(crate) struct Members {
     /// This router, as workers see it.
     pub(crate) router_id: String,
     /// Per pool: calls waiting for a worker's slot, and calls on workers.
-    load: Mutex<HashMap<String, PoolLoad>>,
+    load: Mutex<HashMap<String, Arc<PoolLoad>>>,
 }
 
-/// The calls of one pool, for its gauges.
-#[derive(Debug, Default, Clone, Copy)]
-struct PoolLoad {
-    pending: usize,
-    running: usize,
+/// The calls of one pool, for its gauges; its backends count them without a lock.
+#[derive(Debug, Default)]
+pub(crate) struct PoolLoad {
+    /// The pool's name.
+    pub(crate) pool: String,
+    pending: AtomicUsize,
+    running: AtomicUsize,
 }
 
-/// Counts a call of `pool` as pending or running while it lives.
-pub(crate) struct Counted<'a> {
-    members: &'a Members,
-    pool: &'a str,
-    running: bool,
+impl PoolLoad {
+    /// Counts a call waiting for a slot (`running` false) or on a worker, while it lives.
+    pub(crate) fn count(&self, running: bool) -> Counted<'_> {
+        let count = if running { &self.running } else { &self.pending };
+        count.fetch_add(1, Ordering::Relaxed);
+        Counted(count)
+    }
 }
+
+/// One call counted in a [`PoolLoad`] until it is dropped.
+pub(crate) struct Counted<'a>(&'a AtomicUsize);
 
 impl Drop for Counted<'_> {
     fn drop(&mut self) {
-        let mut load = self.members.load.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(counts) = load.get_mut(self.pool) {
-            let count = if self.running { &mut counts.running } else { &mut counts.pending };
-            *count = count.saturating_sub(1);
-        }
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
 impl Members {
-    /// Counts a call of `pool` waiting for a slot (`running` false) or on a worker.
-    pub(crate) fn count<'a>(&'a self, pool: &'a str, running: bool) -> Counted<'a> {
+    /// The load of `pool`, which its backends count in.
+    pub(crate) fn load_of(&self, pool: &str) -> Arc<PoolLoad> {
         let mut load = self.load.lock().unwrap_or_else(PoisonError::into_inner);
-        let counts = load.entry(pool.to_owned()).or_default();
-        *(if running { &mut counts.running } else { &mut counts.pending }) += 1;
-        Counted { members: self, pool, running }
+        let new = || Arc::new(PoolLoad { pool: pool.to_owned(), ..PoolLoad::default() });
+        load.entry(pool.to_owned()).or_insert_with(new).clone()
     }
 
     /// Reports each pool's pending and running calls at each collection of the metrics.
     pub(crate) fn observe(self: &Arc<Self>) {
         use toolmesh_telemetry::{names, observe_gauge};
         /// A gauge's name, description, and its reading of a pool's calls.
-        type Reading = (&'static str, &'static str, fn(PoolLoad) -> usize);
+        type Reading = (&'static str, &'static str, fn(&PoolLoad) -> &AtomicUsize);
         let readings: [Reading; 2] = [
             (
                 names::METRIC_REMOTE_PENDING,
                 "calls of a remote pool waiting for a worker's slot",
-                |load| load.pending,
+                |load| &load.pending,
             ),
             (names::METRIC_REMOTE_IN_FLIGHT, "calls of a remote pool on its workers", |load| {
-                load.running
+                &load.running
             }),
         ];
         for (name, description, read) in readings {
@@ -318,7 +320,7 @@ impl Members {
                 let load = members.load.lock().unwrap_or_else(PoisonError::into_inner).clone();
                 for (pool, counts) in load {
                     let pool = opentelemetry::KeyValue::new(names::TOOLMESH_SOURCE_NAME, pool);
-                    observe(read(counts) as u64, &[pool]);
+                    observe(read(&counts).load(Ordering::Relaxed) as u64, &[pool]);
                 }
             });
         }
@@ -594,8 +596,11 @@ impl Members {
                 unchanged.push(name.clone());
                 continue;
             }
-            let backend =
-                Arc::new(RemoteBackend::new(Arc::downgrade(self), name.clone(), pool.to_owned()));
+            let backend = Arc::new(RemoteBackend::new(
+                Arc::downgrade(self),
+                name.clone(),
+                self.load_of(pool),
+            ));
             match ToolEntry::new(spec.clone(), backend) {
                 Ok(entry) => tools.push(entry),
                 Err(error) => warn!(tool = %name, pool, %error, "remote tool not published"),

@@ -217,10 +217,7 @@ fn build_meters(
             .with_endpoint(endpoint)
             .with_timeout(Duration::from_secs(5))
             .build()
-            .map_err(|error| TelemetryError::Exporter {
-                endpoint: endpoint.to_owned(),
-                reason: error.to_string(),
-            })?;
+            .map_err(exporter_error(endpoint))?;
         let reader =
         opentelemetry_sdk::metrics::periodic_reader_with_async_runtime::PeriodicReader::builder(
             exporter,
@@ -235,6 +232,16 @@ fn build_meters(
     Ok(Some(builder.build()))
 }
 
+/// Maps a failure to build the OTLP exporter for `endpoint`.
+fn exporter_error(
+    endpoint: &str,
+) -> impl FnOnce(opentelemetry_otlp::ExporterBuildError) -> TelemetryError {
+    move |error| TelemetryError::Exporter {
+        endpoint: endpoint.to_owned(),
+        reason: error.to_string(),
+    }
+}
+
 fn build_provider(
     endpoint: &str,
     options: &TelemetryOptions,
@@ -244,10 +251,7 @@ fn build_provider(
         .with_endpoint(endpoint)
         .with_timeout(Duration::from_secs(5))
         .build()
-        .map_err(|error| TelemetryError::Exporter {
-            endpoint: endpoint.to_owned(),
-            reason: error.to_string(),
-        })?;
+        .map_err(exporter_error(endpoint))?;
     let resource = resource(options);
     let exporter = crate::export::Watched::new(exporter, endpoint);
     let processor = BatchSpanProcessor::builder(exporter, runtime::Tokio).build();
