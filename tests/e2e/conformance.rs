@@ -151,6 +151,21 @@ fn failed_checks(out: &Path, prefix: &str) -> BTreeMap<String, Vec<String>> {
     scenarios
 }
 
+/// The last 4,000 bytes of `text`, at a character boundary.
+fn tail(text: &str) -> &str {
+    let mut start = text.len().saturating_sub(4000);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    &text[start..]
+}
+
+/// The client's standard error the suite saved in the one scenario directory under `out`.
+fn client_stderr(out: &Path) -> Option<String> {
+    let dir = std::fs::read_dir(out).ok()?.flatten().next()?;
+    std::fs::read_to_string(dir.path().join("stderr.txt")).ok()
+}
+
 /// Runs the server scenarios against `url` (the active suite, or what a revision requires
 /// with `["--requirements", revision]`); returns each scenario's checks that did not
 /// succeed, by scenario.
@@ -274,20 +289,26 @@ async fn toolmesh_s_mcp_client_passes_every_client_scenario_without_oauth() {
             .args(["client", "--command", &command, "--scenario", scenario])
             .args(["--spec-version", revision, "--output-dir"])
             .arg(out.path())
+            // The suite gives a client 30 s by default; a debug toolmesh started beside the
+            // rest of the test suite on two cores can take longer to start and connect.
+            .args(["--timeout", "150000"])
             .env("TOOLMESH_BIN", toolmesh_e2e::toolmesh_bin())
             .stdin(Stdio::null())
             .output();
-        let output = tokio::time::timeout(Duration::from_secs(120), output).await.unwrap().unwrap();
+        let output = tokio::time::timeout(Duration::from_secs(200), output).await.unwrap().unwrap();
         let checks = failed_checks(out.path(), "");
         let failed = match checks.get(*scenario) {
             Some(failed) => failed.clone(),
             None => vec![format!(
                 "did not run:\n{}\n{}",
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
+                tail(&String::from_utf8_lossy(&output.stdout)),
+                tail(&String::from_utf8_lossy(&output.stderr))
             )],
         };
         if !failed.is_empty() {
+            // What the adapter and toolmesh printed, for the failing scenario only.
+            let printed = client_stderr(out.path()).unwrap_or_default();
+            eprintln!("{scenario} ({revision}) fails: {failed:#?}\n{}", tail(&printed));
             failing.insert(format!("{scenario} ({revision})"), failed);
         }
     }

@@ -106,7 +106,7 @@ async def play(session):
 
 
 async def through(endpoint):
-    async with httpx2.AsyncClient(timeout=httpx2.Timeout(20)) as http:
+    async with httpx2.AsyncClient(timeout=httpx2.Timeout(60)) as http:
         async with streamable_http_client(endpoint, http_client=http) as streams:
             async with ClientSession(streams[0], streams[1], elicitation_callback=elicit) as session:
                 await session.initialize()
@@ -119,7 +119,7 @@ def free_port():
         return probe.getsockname()[1]
 
 
-def wait_connected(toolmesh, address, server, timeout_s=20):
+def wait_connected(toolmesh, address, server, timeout_s=90):
     """Until toolmesh's health service says its MCP server is up."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
