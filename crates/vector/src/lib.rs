@@ -19,7 +19,7 @@ use tracing::warn;
 
 pub use embedded::EmbeddedStore;
 pub use provider::VectorProvider;
-pub use server::ServerStore;
+pub use server::{ServerStore, Timeouts};
 
 /// The name of the configuration section this crate reads.
 pub const SECTION: &str = "vector";
@@ -35,8 +35,12 @@ pub struct VectorConfig {
     pub url: Option<String>,
     /// The environment variable that holds the server's API key, if it needs one.
     pub api_key_env: String,
-    /// How long one request to the server may take, in milliseconds.
+    /// How long one read (a search, a lookup) of the server may take, in milliseconds.
     pub timeout_ms: u64,
+    /// How long one write (up to a thousand points, acknowledged once the server has them)
+    /// may take, in milliseconds. Writes come in bulk when a catalog is first indexed, and
+    /// a server busy indexing answers them slower than reads.
+    pub write_timeout_ms: u64,
     /// For `backend = "embedded"`: the MiB the store keeps free on its disk. Below that it
     /// refuses writes (`RESOURCE_EXHAUSTED`, naming the disk), its health entry goes
     /// NOT_SERVING, and reads go on; writes resume once space is freed.
@@ -53,6 +57,7 @@ impl Default for VectorConfig {
             url: None,
             api_key_env: "QDRANT_API_KEY".into(),
             timeout_ms: 2_000,
+            write_timeout_ms: 30_000,
             min_free_mb: embedded::DEFAULT_MIN_FREE_MB,
             stores: BTreeMap::new(),
         }
@@ -115,6 +120,9 @@ impl VectorConfig {
             _ if self.timeout_ms == 0 => {
                 Err((format!("{at}.timeout_ms"), "must be more than 0".into()))
             }
+            _ if self.write_timeout_ms == 0 => {
+                Err((format!("{at}.write_timeout_ms"), "must be more than 0".into()))
+            }
             _ => Ok(()),
         }
     }
@@ -143,8 +151,11 @@ pub async fn open(config: &VectorConfig, dir: &Path) -> Result<Arc<dyn VectorSto
         BackendKind::Qdrant => {
             let url = config.url.as_deref().unwrap_or_default();
             let api_key = std::env::var(&config.api_key_env).ok().filter(|k| !k.is_empty());
-            let timeout = Duration::from_millis(config.timeout_ms);
-            let store = ServerStore::connect(url, api_key, timeout)?;
+            let timeouts = Timeouts {
+                read: Duration::from_millis(config.timeout_ms),
+                write: Duration::from_millis(config.write_timeout_ms),
+            };
+            let store = ServerStore::connect(url, api_key, timeouts)?;
             // A server too old for the store's queries is refused at start. One that does
             // not answer yet is not: the store reports it down until it does, and is
             // checked again then.

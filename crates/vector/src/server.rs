@@ -1,8 +1,9 @@
 //! A Qdrant server over gRPC, for deployments where several routers share one store.
 //!
-//! Every request runs under the configured timeout, so a server that does not answer fails
-//! the request with `UNAVAILABLE` naming it instead of holding the caller. The client's
-//! channel reconnects by itself: a server that comes back is used again without a restart.
+//! Every request runs under a deadline (reads under one, writes under a longer one), so a
+//! server that does not answer fails the request with `UNAVAILABLE` naming it instead of
+//! holding the caller. The client's channels reconnect by themselves: a server that comes
+//! back is used again without a restart.
 
 use std::{collections::HashMap, time::Duration};
 
@@ -45,9 +46,22 @@ fn major_minor(version: &str) -> Option<(u64, u64)> {
     Some((major, minor))
 }
 
+/// How long the store waits for the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// For a read: a search, a lookup, a listing, a health check; and for making a
+    /// connection, so that a server that is down fails writes as fast as reads.
+    pub read: Duration,
+    /// For a write: an upsert, a deletion, a replacement, a new collection.
+    pub write: Duration,
+}
+
 /// A Qdrant server.
 pub struct ServerStore {
+    /// Sends reads.
     client: Qdrant,
+    /// Sends writes: the same server on a channel of its own, with the longer deadline.
+    writer: Qdrant,
     url: String,
 }
 
@@ -60,24 +74,31 @@ impl std::fmt::Debug for ServerStore {
 impl ServerStore {
     /// Returns a store on the server at `url` (its gRPC port, for example
     /// `http://qdrant:6334`). Nothing is sent until the first request; each request gives up
-    /// after `timeout`.
+    /// after its deadline in `timeouts`.
     pub fn connect(
         url: &str,
         api_key: Option<String>,
-        timeout: Duration,
+        timeouts: Timeouts,
     ) -> Result<ServerStore, StoreError> {
-        let client = Qdrant::from_url(url)
-            .api_key(api_key)
-            .timeout(timeout)
-            .connect_timeout(timeout)
-            .keep_alive_while_idle()
-            .skip_compatibility_check()
-            .build()
-            .map_err(|e| StoreError::Failed {
-                store: format!("qdrant at {url}"),
-                reason: format!("bad client configuration: {e}"),
-            })?;
-        Ok(ServerStore { client, url: url.to_owned() })
+        let client = |timeout: Duration| {
+            Qdrant::from_url(url)
+                .api_key(api_key.clone())
+                .timeout(timeout)
+                .connect_timeout(timeouts.read)
+                .keep_alive_while_idle()
+                // The store checks the version itself, at start: see `check`.
+                .skip_compatibility_check()
+                .build()
+                .map_err(|e| StoreError::Failed {
+                    store: format!("qdrant at {url}"),
+                    reason: format!("bad client configuration: {e}"),
+                })
+        };
+        Ok(ServerStore {
+            client: client(timeouts.read)?,
+            writer: client(timeouts.write)?,
+            url: url.to_owned(),
+        })
     }
 
     /// Returns the server's points of `points`.
@@ -205,7 +226,7 @@ impl VectorStore for ServerStore {
             );
             create = create.sparse_vectors_config(sparse);
         }
-        match self.client.create_collection(create).await {
+        match self.writer.create_collection(create).await {
             Ok(_) => {}
             // Another replica created it first.
             Err(QdrantError::ResponseError { status })
@@ -214,7 +235,7 @@ impl VectorStore for ServerStore {
             Err(e) => return Err(self.error(name, e)),
         }
         for field in &spec.keyword_fields {
-            self.client
+            self.writer
                 .create_field_index(
                     CreateFieldIndexCollectionBuilder::new(name, field, FieldType::Keyword)
                         .wait(true),
@@ -231,7 +252,7 @@ impl VectorStore for ServerStore {
             return Ok(());
         }
         let points = self.points(collection, points)?;
-        self.client
+        self.writer
             .upsert_points(qdrant::UpsertPointsBuilder::new(collection, points).wait(true))
             .await
             .map_err(|e| self.error(collection, e))?;
@@ -243,7 +264,7 @@ impl VectorStore for ServerStore {
             return Ok(());
         }
         let ids = PointsIdsList { ids: ids.into_iter().map(Into::into).collect() };
-        self.client
+        self.writer
             .delete_points(DeletePointsBuilder::new(collection).points(ids).wait(true))
             .await
             .map_err(|e| self.error(collection, e))?;
@@ -271,7 +292,7 @@ impl VectorStore for ServerStore {
                 })),
             });
         }
-        self.client
+        self.writer
             .update_points_batch(UpdateBatchPointsBuilder::new(collection, operations).wait(true))
             .await
             .map_err(|e| self.error(collection, e))?;
@@ -423,7 +444,7 @@ impl VectorStore for ServerStore {
     }
 
     async fn delete_collection(&self, collection: &str) -> Result<(), StoreError> {
-        match self.client.delete_collection(collection).await {
+        match self.writer.delete_collection(collection).await {
             Ok(_) => {}
             Err(QdrantError::ResponseError { status })
                 if status.code() == tonic::Code::NotFound => {}

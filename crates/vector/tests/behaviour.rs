@@ -10,7 +10,7 @@ use toolmesh_core::{
     ErrorCode, StoreError, VectorStore,
     vector::{CollectionSpec, Condition, Filter, Point, Precision, Query, Scalar, SparseVector},
 };
-use toolmesh_vector::{EmbeddedStore, ServerStore};
+use toolmesh_vector::{EmbeddedStore, ServerStore, Timeouts};
 
 fn temp_dir(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("toolmesh-vector-{name}-{}", std::process::id()));
@@ -349,14 +349,23 @@ async fn a_query_sees_a_replaced_document_whole_never_half() {
 async fn an_unreachable_server_fails_fast_with_unavailable_naming_it() {
     // Nothing listens on port 1 of the loopback address; with a short timeout and with
     // the shipped default.
-    let default = Duration::from_millis(toolmesh_vector::VectorConfig::default().timeout_ms);
-    for timeout in [Duration::from_millis(500), default] {
-        let store = ServerStore::connect("http://127.0.0.1:1", None, timeout).unwrap();
+    let defaults = toolmesh_vector::VectorConfig::default();
+    let default = Timeouts {
+        read: Duration::from_millis(defaults.timeout_ms),
+        write: Duration::from_millis(defaults.write_timeout_ms),
+    };
+    let short = Timeouts { read: Duration::from_millis(500), write: Duration::from_millis(500) };
+    for timeouts in [short, default] {
+        let store = ServerStore::connect("http://127.0.0.1:1", None, timeouts).unwrap();
         let started = std::time::Instant::now();
         for error in [
             store.check().await.unwrap_err(),
             store.query("tools", query(None, Some(&[1]), 1)).await.unwrap_err(),
             store.ensure(&spec("tools")).await.unwrap_err(),
+            store
+                .upsert("tools", vec![point(1, [1.0, 0.0, 0.0, 0.0], &[1], "a", 0)])
+                .await
+                .unwrap_err(),
         ] {
             assert_eq!(error.code(), ErrorCode::Unavailable, "{error}");
             assert!(error.to_string().contains("qdrant at http://127.0.0.1:1"), "{error}");
@@ -367,12 +376,51 @@ async fn an_unreachable_server_fails_fast_with_unavailable_naming_it() {
 }
 
 #[tokio::test]
+async fn a_server_that_does_not_answer_fails_reads_and_writes_at_their_own_deadlines() {
+    // A listener that accepts connections and never says a word.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let silent = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((connection, _)) = listener.accept().await {
+            held.push(connection);
+        }
+    });
+    let timeouts =
+        Timeouts { read: Duration::from_millis(300), write: Duration::from_millis(1500) };
+    let store = ServerStore::connect(&url, None, timeouts).unwrap();
+
+    let started = std::time::Instant::now();
+    let error = store.query("tools", query(None, Some(&[1]), 1)).await.unwrap_err();
+    let read = started.elapsed();
+    assert_eq!(error.code(), ErrorCode::Unavailable, "{error}");
+    assert!(read >= Duration::from_millis(250) && read < Duration::from_millis(1200), "{read:?}");
+
+    let started = std::time::Instant::now();
+    let error = store
+        .upsert("tools", vec![point(1, [1.0, 0.0, 0.0, 0.0], &[1], "a", 0)])
+        .await
+        .unwrap_err();
+    let write = started.elapsed();
+    assert_eq!(error.code(), ErrorCode::Unavailable, "{error}");
+    assert!(error.to_string().contains(&format!("qdrant at {url}")), "{error}");
+    assert!(write >= Duration::from_millis(1400) && write < Duration::from_secs(5), "{write:?}");
+    silent.abort();
+}
+
+#[tokio::test]
 #[cfg_attr(not(qdrant_url), ignore = "QDRANT_URL is not set: no Qdrant server to test against")]
 async fn a_qdrant_server_behaves_like_the_embedded_engine() {
     let url = std::env::var("QDRANT_URL").expect("QDRANT_URL");
     let key = std::env::var("QDRANT_API_KEY").ok();
-    let store: Arc<dyn VectorStore> =
-        Arc::new(ServerStore::connect(&url, key, Duration::from_secs(10)).unwrap());
+    let store: Arc<dyn VectorStore> = Arc::new(
+        ServerStore::connect(
+            &url,
+            key,
+            Timeouts { read: Duration::from_secs(10), write: Duration::from_secs(10) },
+        )
+        .unwrap(),
+    );
     let name = format!("toolmesh-behaviour-{}", std::process::id());
     assert!(store.shared());
     behaves(store.clone(), &name).await;
