@@ -153,11 +153,7 @@ fn failed_checks(out: &Path, prefix: &str) -> BTreeMap<String, Vec<String>> {
 
 /// The last 4,000 bytes of `text`, at a character boundary.
 fn tail(text: &str) -> &str {
-    let mut start = text.len().saturating_sub(4000);
-    while !text.is_char_boundary(start) {
-        start += 1;
-    }
-    &text[start..]
+    &text[text.ceil_char_boundary(text.len().saturating_sub(4000))..]
 }
 
 /// The client's standard error the suite saved in the one scenario directory under `out`.

@@ -88,6 +88,14 @@ impl toolmesh_config::Section for VectorConfig {
 }
 
 impl VectorConfig {
+    /// The server's read and write deadlines, from `timeout_ms` and `write_timeout_ms`.
+    pub fn timeouts(&self) -> Timeouts {
+        Timeouts {
+            read: Duration::from_millis(self.timeout_ms),
+            write: Duration::from_millis(self.write_timeout_ms),
+        }
+    }
+
     /// Checks the section on its own: a server backend needs its address; a named store
     /// has a name that is not taken by the default store or a backend, and no stores of its
     /// own. The error names the key and what is wrong with it.
@@ -151,11 +159,7 @@ pub async fn open(config: &VectorConfig, dir: &Path) -> Result<Arc<dyn VectorSto
         BackendKind::Qdrant => {
             let url = config.url.as_deref().unwrap_or_default();
             let api_key = std::env::var(&config.api_key_env).ok().filter(|k| !k.is_empty());
-            let timeouts = Timeouts {
-                read: Duration::from_millis(config.timeout_ms),
-                write: Duration::from_millis(config.write_timeout_ms),
-            };
-            let store = ServerStore::connect(url, api_key, timeouts)?;
+            let store = ServerStore::connect(url, api_key, config.timeouts())?;
             // A server too old for the store's queries is refused at start. One that does
             // not answer yet is not: the store reports it down until it does, and is
             // checked again then.

@@ -349,11 +349,7 @@ async fn a_query_sees_a_replaced_document_whole_never_half() {
 async fn an_unreachable_server_fails_fast_with_unavailable_naming_it() {
     // Nothing listens on port 1 of the loopback address; with a short timeout and with
     // the shipped default.
-    let defaults = toolmesh_vector::VectorConfig::default();
-    let default = Timeouts {
-        read: Duration::from_millis(defaults.timeout_ms),
-        write: Duration::from_millis(defaults.write_timeout_ms),
-    };
+    let default = toolmesh_vector::VectorConfig::default().timeouts();
     let short = Timeouts { read: Duration::from_millis(500), write: Duration::from_millis(500) };
     for timeouts in [short, default] {
         let store = ServerStore::connect("http://127.0.0.1:1", None, timeouts).unwrap();
